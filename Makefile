@@ -1,0 +1,37 @@
+# The two newcomer commands are `make run` and `make test`; both set up what they need first.
+.PHONY: setup run test test-unit test-stack-down up down status lint bench clean
+
+VENV := .venv
+SR := $(VENV)/bin/streamrec
+
+setup:
+	@bash deploy/setup.sh
+
+run: setup
+	@$(SR) up
+	@$(SR) status
+
+test: setup
+	STREAMREC_TEST_STOP_STACK=1 $(VENV)/bin/pytest tests
+
+test-unit: setup
+	$(VENV)/bin/pytest tests/unit
+
+test-stack-down:
+	@$(SR) down --run-dir .streamrec-test
+
+up: setup
+	@$(SR) up
+
+down:
+	@$(SR) down
+
+status:
+	@$(SR) status
+
+lint: setup
+	$(VENV)/bin/ruff check stream model serving feature_store deploy tests bench
+	$(VENV)/bin/mypy stream model serving feature_store deploy
+
+clean: down
+	rm -rf .streamrec .streamrec-test

@@ -1,0 +1,145 @@
+"""Subcommands: up, down, status, bench (registered into ``streamrec`` by deploy.cli)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import runpy
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+BENCHES = ("ingest", "features", "train", "serve", "freshness")
+
+
+def register(sub: Any) -> None:
+    up = sub.add_parser(
+        "up",
+        help="start Kafka, Redis, Flink and the project services as local processes",
+        description="Start the local stack as supervised processes (pid files and logs under "
+        "the run folder, default ./.streamrec). Safe to run twice: what already runs is left "
+        "alone. Each component is waited on with a real readiness check under a deadline "
+        "(STREAMREC_STACK__READY_TIMEOUT_S).",
+    )
+    up.add_argument("--only", help="comma-separated components, e.g. kafka,redis")
+    up.add_argument("--infra", action="store_true",
+                    help="only Kafka, Redis and the Flink cluster, not the project services")
+    up.add_argument("--run-dir", help="run folder (STREAMREC_STACK__RUN_DIR)")
+    up.set_defaults(func=_up)
+
+    down = sub.add_parser("down", help="stop everything `up` started",
+                          description="Stop, newest first, every process `up` started (by its "
+                          "pid file): SIGTERM, then SIGKILL after STREAMREC_STACK__STOP_TIMEOUT_S.")
+    down.add_argument("--only", help="comma-separated components")
+    down.add_argument("--run-dir", help="run folder (STREAMREC_STACK__RUN_DIR)")
+    down.set_defaults(func=_down)
+
+    status = sub.add_parser("status", help="show each component with pid, port and health")
+    status.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    status.add_argument("--run-dir", help="run folder (STREAMREC_STACK__RUN_DIR)")
+    status.set_defaults(func=_status)
+
+    topics = sub.add_parser("topics", help="create the Kafka topics (events, events.dlq, samples)",
+                            description="Create the configured topics if they do not exist "
+                            "(STREAMREC_KAFKA__PARTITIONS partitions each). `up` does this too.")
+    topics.set_defaults(func=_topics)
+
+    bench = sub.add_parser("bench", help="run a benchmark from bench/ (prints figures, --json FILE)",
+                           description="Run bench/NAME.py; remaining arguments go to it "
+                           "(try `streamrec bench NAME --help`).")
+    bench.add_argument("name", choices=BENCHES)
+    bench.add_argument("args", nargs=argparse.REMAINDER)
+    bench.set_defaults(func=_bench)
+
+
+def _stack(args: argparse.Namespace) -> Any:
+    if getattr(args, "run_dir", None):
+        os.environ["STREAMREC_STACK__RUN_DIR"] = str(Path(args.run_dir).resolve())
+    from deploy.cli import build_parser
+    from deploy.stack import Stack
+    from feature_store.settings import load_settings
+
+    commands = set(_subcommands(build_parser()))
+    return Stack(load_settings(), available_commands=commands)
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> list[str]:
+    for action in parser._actions:  # noqa: SLF001 - argparse has no public accessor
+        if isinstance(action, argparse._SubParsersAction):  # noqa: SLF001
+            return list(action.choices)
+    return []
+
+
+def _fail(exc: Exception) -> int:
+    print(f"streamrec: {exc}", file=sys.stderr)
+    return 1
+
+
+def _up(args: argparse.Namespace) -> int:
+    from deploy.process import StackError
+    from deploy.stack import INFRA
+
+    stack = _stack(args)
+    only = args.only.split(",") if args.only else (list(INFRA) if args.infra else None)
+    t0 = time.monotonic()
+    try:
+        started = stack.up(only)
+    except StackError as exc:
+        return _fail(exc)
+    print(f"started {', '.join(started) or 'nothing (all running)'} in "
+          f"{time.monotonic() - t0:.1f} s")
+    _print_table(stack.status())
+    return 0
+
+
+def _down(args: argparse.Namespace) -> int:
+    from deploy.process import StackError
+
+    stack = _stack(args)
+    try:
+        stopped = stack.down(args.only.split(",") if args.only else None)
+    except StackError as exc:
+        return _fail(exc)
+    print(f"stopped {', '.join(stopped) or 'nothing (none running)'}")
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    stack = _stack(args)
+    rows = stack.status()
+    if args.json:
+        print(json.dumps(stack.status_dicts(rows), indent=2))
+    else:
+        _print_table(rows)
+    return 0 if all(r.healthy or r.state == "stopped" for r in rows) else 1
+
+
+def _print_table(rows: Any) -> None:
+    print(f"{'COMPONENT':<18} {'STATE':<10} {'PID':>7} {'PORT':>6}  LOG")
+    for r in rows:
+        print(f"{r.name:<18} {r.state:<10} {r.pid or '-':>7} {r.port or '-':>6}  {r.log}")
+
+
+def _topics(args: argparse.Namespace) -> int:
+    from feature_store.settings import load_settings
+    from stream.kafka_io import KafkaUnavailable, ensure_topics
+
+    k = load_settings().kafka
+    try:
+        created = ensure_topics(k, [k.events_topic, k.dlq_topic, k.samples_topic], k.partitions)
+    except KafkaUnavailable as exc:
+        return _fail(exc)
+    print(f"created {', '.join(created) or 'nothing (all exist)'}")
+    return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    path = REPO_ROOT / "bench" / f"{args.name}.py"
+    if not path.exists():
+        print(f"streamrec: benchmark {path} does not exist yet", file=sys.stderr)
+        return 2
+    namespace = runpy.run_path(str(path), run_name="streamrec_bench")
+    return int(namespace["main"](args.args) or 0)

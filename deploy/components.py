@@ -1,0 +1,357 @@
+"""What the local stack runs: Kafka (KRaft), Redis, a standalone Flink cluster, our services.
+
+Each component knows how to prepare its files, the command that runs it in the foreground,
+the port it owns and a real readiness check. ``deploy.stack`` supervises them.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from deploy.process import StackError
+from feature_store.settings import Settings
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+JVM_LIB = REPO_ROOT / "deploy" / "jvm" / "lib"
+KAFKA_LIB = JVM_LIB / "kafka"
+FLINK_CONNECTOR_DIR = JVM_LIB / "flink"
+FLINK_JOB_NAME = "streamrec-features"
+
+SETUP_HINT = "Run `make setup` (it installs Python packages, redis-server and the JVM jars)."
+
+
+@dataclass(frozen=True)
+class Component:
+    name: str
+    port: int
+    argv: Callable[[], list[str]]
+    ready: Callable[[], bool]
+    prepare: Callable[[], None] = lambda: None
+    env: dict[str, str] = field(default_factory=dict)
+    #: A string that must appear in the process's command line (pid-file sanity check).
+    marker: str = ""
+    #: One-shot components run to completion; readiness is checked afterwards.
+    oneshot: bool = False
+
+
+def http_ok(url: str, timeout_s: float = 2.0) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as resp:  # noqa: S310 - loopback
+            return 200 <= resp.status < 300
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+def http_json(url: str, timeout_s: float = 2.0) -> object:
+    with urllib.request.urlopen(url, timeout=timeout_s) as resp:  # noqa: S310 - loopback
+        return json.loads(resp.read())
+
+
+def require_java() -> str:
+    java = shutil.which("java")
+    if not java:
+        raise StackError(
+            "Java was not found on PATH. Kafka and Flink need a Java 17+ runtime: install it "
+            "(Debian: `apt-get install openjdk-17-jre-headless`) and run `streamrec up` again."
+        )
+    return java
+
+
+def flink_home() -> Path:
+    import importlib.util
+
+    spec = importlib.util.find_spec("pyflink")
+    if spec is None or not spec.submodule_search_locations:
+        raise StackError(f"PyFlink (apache-flink) is not installed in this Python. {SETUP_HINT}")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def connector_jar() -> Path:
+    jars = sorted(FLINK_CONNECTOR_DIR.glob("flink-sql-connector-kafka-*.jar"))
+    if not jars:
+        raise StackError(f"The Flink Kafka connector jar is missing in {FLINK_CONNECTOR_DIR}. {SETUP_HINT}")
+    return jars[-1]
+
+
+# --------------------------------------------------------------------------- Kafka
+
+
+def kafka_component(s: Settings, run_dir: Path) -> Component:
+    k = s.kafka
+    home = run_dir / "kafka"
+    props = home / "server.properties"
+    log4j = home / "log4j2.properties"
+    data = home / "data"
+
+    def prepare() -> None:
+        java = require_java()
+        if not list(KAFKA_LIB.glob("kafka_2.13-*.jar")):
+            raise StackError(f"The Kafka broker jars are missing in {KAFKA_LIB}. {SETUP_HINT}")
+        home.mkdir(parents=True, exist_ok=True)
+        props.write_text(
+            "\n".join(
+                [
+                    "process.roles=broker,controller",
+                    "node.id=1",
+                    f"controller.quorum.voters=1@{k.host}:{k.controller_port}",
+                    f"listeners=PLAINTEXT://{k.host}:{k.port},CONTROLLER://{k.host}:{k.controller_port}",
+                    f"advertised.listeners=PLAINTEXT://{k.host}:{k.port}",
+                    "controller.listener.names=CONTROLLER",
+                    "inter.broker.listener.name=PLAINTEXT",
+                    "listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+                    f"log.dirs={data}",
+                    f"num.partitions={k.partitions}",
+                    "offsets.topic.replication.factor=1",
+                    "offsets.topic.num.partitions=4",
+                    "transaction.state.log.replication.factor=1",
+                    "transaction.state.log.min.isr=1",
+                    "transaction.state.log.num.partitions=4",
+                    "share.coordinator.state.topic.replication.factor=1",
+                    "share.coordinator.state.topic.min.isr=1",
+                    "group.initial.rebalance.delay.ms=0",
+                    "auto.create.topics.enable=true",
+                    "log.retention.hours=168",
+                    "",
+                ]
+            )
+        )
+        log4j.write_text(
+            "status = warn\n"
+            "appender.out.type = Console\n"
+            "appender.out.name = OUT\n"
+            "appender.out.layout.type = PatternLayout\n"
+            "appender.out.layout.pattern = [%d] %p %m (%c)%n\n"
+            "rootLogger.level = INFO\n"
+            "rootLogger.appenderRef.out.ref = OUT\n"
+            "logger.state.name = state.change.logger\n"
+            "logger.state.level = WARN\n"
+        )
+        if not (data / "meta.properties").exists():
+            cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+            result = subprocess.run(
+                [java, *_kafka_jvm_args(), "kafka.tools.StorageTool", "format",
+                 "-t", cluster_id, "-c", str(props)],
+                capture_output=True, text=True, timeout=120, check=False,
+            )
+            if result.returncode != 0:
+                raise StackError(
+                    "Formatting Kafka's KRaft storage failed:\n"
+                    f"{(result.stdout + result.stderr)[-2000:]}\n"
+                    f"Remove {data} to start from empty storage."
+                )
+
+    def _kafka_jvm_args() -> list[str]:
+        return [
+            f"-Xmx{k.heap}", "-Xms128m", "-XX:+UseG1GC", "-Djava.awt.headless=true",
+            f"-Dlog4j2.configurationFile={log4j}", "-cp", f"{KAFKA_LIB}/*",
+        ]
+
+    def argv() -> list[str]:
+        return [require_java(), *_kafka_jvm_args(), "kafka.Kafka", str(props)]
+
+    def ready() -> bool:
+        from stream.kafka_io import broker_ready
+
+        return broker_ready(k)
+
+    return Component("kafka", k.port, argv, ready, prepare, marker=str(props))
+
+
+# --------------------------------------------------------------------------- Redis
+
+
+def redis_component(s: Settings, run_dir: Path) -> Component:
+    r = s.redis
+    home = run_dir / "redis"
+
+    def argv() -> list[str]:
+        exe = shutil.which("redis-server")
+        if not exe:
+            raise StackError(f"redis-server was not found on PATH. {SETUP_HINT}")
+        args = [exe, "--port", str(r.port), "--bind", s.stack.bind_host, "--dir", str(home),
+                "--save", "", "--daemonize", "no", "--protected-mode", "yes"]
+        args += ["--appendonly", "yes" if r.appendonly else "no"]
+        if r.password is not None:
+            args += ["--requirepass", r.password.get_secret_value()]
+        return args
+
+    def ready() -> bool:
+        import redis
+
+        client = redis.Redis(
+            host=r.host, port=r.port, socket_timeout=1,
+            password=r.password.get_secret_value() if r.password else None,
+        )
+        try:
+            return bool(client.ping())
+        finally:
+            client.close()
+
+    return Component(
+        "redis", r.port, argv, ready, lambda: home.mkdir(parents=True, exist_ok=True),
+        marker=f":{r.port}",
+    )
+
+
+# --------------------------------------------------------------------------- Flink
+
+
+def install_connector() -> Path:
+    """Put the Kafka connector jar into the distribution's lib/ (idempotent).
+
+    ``pipeline.jars`` alone does not reach the PyFlink client's table planner, so the jar goes
+    where both the cluster and the client load it, as in the official Flink images.
+    """
+    jar = connector_jar()
+    target = flink_home() / "lib" / jar.name
+    if not target.exists() or target.stat().st_size != jar.stat().st_size:
+        for old in (flink_home() / "lib").glob("flink-sql-connector-kafka-*.jar"):
+            old.unlink()
+        shutil.copyfile(jar, target)
+    return target
+
+
+def flink_conf_dir(run_dir: Path) -> Path:
+    return run_dir / "flink" / "conf"
+
+
+def flink_env(s: Settings, run_dir: Path) -> dict[str, str]:
+    home = flink_home()
+    return {
+        "FLINK_HOME": str(home),
+        "FLINK_CONF_DIR": str(flink_conf_dir(run_dir)),
+        "FLINK_LOG_DIR": str(run_dir / "flink" / "log"),
+        "FLINK_PID_DIR": str(run_dir / "flink"),
+    }
+
+
+def write_flink_conf(s: Settings, run_dir: Path) -> None:
+    f = s.flink
+    home = flink_home()
+    conf = flink_conf_dir(run_dir)
+    conf.mkdir(parents=True, exist_ok=True)
+    (run_dir / "flink" / "log").mkdir(parents=True, exist_ok=True)
+    for name in ("log4j-console.properties", "log4j-cli.properties", "log4j.properties"):
+        shutil.copyfile(home / "conf" / name, conf / name)
+    shipped = (home / "conf" / "config.yaml").read_text()
+    java_opts = next(
+        (line.split("all:", 1)[1].strip() for line in shipped.splitlines()
+         if line.strip().startswith("all: --add-exports")), "",
+    )
+    host = s.stack.bind_host
+    checkpoints = (run_dir / "flink" / "checkpoints").resolve()
+    settings = {
+        "env.java.opts.all": java_opts,
+        "jobmanager.rpc.address": host,
+        "jobmanager.rpc.port": f.rpc_port,
+        "jobmanager.bind-host": host,
+        "jobmanager.memory.process.size": f.jobmanager_memory,
+        "jobmanager.execution.failover-strategy": "region",
+        "taskmanager.bind-host": host,
+        "taskmanager.host": host,
+        "taskmanager.numberOfTaskSlots": f.taskmanager_slots,
+        "taskmanager.memory.process.size": f.taskmanager_memory,
+        "parallelism.default": f.parallelism,
+        "rest.address": host,
+        "rest.bind-address": host,
+        "rest.port": f.rest_port,
+        "blob.server.port": "0",
+        "taskmanager.rpc.port": "0",
+        "taskmanager.data.port": "0",
+        "execution.checkpointing.dir": f"file://{checkpoints}",
+        "state.checkpoints.dir": f"file://{checkpoints}",
+        "execution.checkpointing.interval": f"{f.checkpoint_interval_ms}ms",
+        "execution.checkpointing.externalized-checkpoint-retention": "RETAIN_ON_CANCELLATION",
+        "python.execution-mode": "thread",
+        "python.executable": sys.executable,
+        "python.client.executable": sys.executable,
+    }
+    lines = ["# Written by `streamrec up` from the project's settings; edits are overwritten."]
+    lines += [f"{key}: {json.dumps(value) if isinstance(value, str) else value}"
+              for key, value in settings.items()]
+    (conf / "config.yaml").write_text("\n".join(lines) + "\n")
+
+
+def flink_components(s: Settings, run_dir: Path) -> list[Component]:
+    f = s.flink
+    rest = f"http://{s.stack.bind_host}:{f.rest_port}"
+
+    def prepare() -> None:
+        require_java()
+        install_connector()
+        write_flink_conf(s, run_dir)
+
+    def jm_argv() -> list[str]:
+        return ["bash", str(flink_home() / "bin" / "jobmanager.sh"), "start-foreground"]
+
+    def tm_argv() -> list[str]:
+        return ["bash", str(flink_home() / "bin" / "taskmanager.sh"), "start-foreground"]
+
+    def jm_ready() -> bool:
+        return http_ok(f"{rest}/config")
+
+    def tm_ready() -> bool:
+        overview = http_json(f"{rest}/overview")
+        return isinstance(overview, dict) and int(overview.get("taskmanagers", 0)) >= 1
+
+    env_fn = flink_env(s, run_dir)
+    return [
+        Component("flink-jobmanager", f.rest_port, jm_argv, jm_ready, prepare, env=env_fn,
+                  marker="standalonesession|jobmanager.sh"),
+        Component("flink-taskmanager", 0, tm_argv, tm_ready, env=env_fn,
+                  marker="taskexecutor|taskmanager.sh"),
+    ]
+
+
+def flink_job_running(s: Settings, job_name: str = FLINK_JOB_NAME) -> bool:
+    rest = f"http://{s.stack.bind_host}:{s.flink.rest_port}"
+    jobs = http_json(f"{rest}/jobs/overview")
+    return isinstance(jobs, dict) and any(
+        j.get("name") == job_name and j.get("state") == "RUNNING" for j in jobs.get("jobs", [])
+    )
+
+
+# --------------------------------------------------------------------------- our services
+
+
+def service_components(s: Settings, available: set[str]) -> list[Component]:
+    """The project's own processes, for those whose CLI command exists so far."""
+    py = sys.executable
+    host = s.stack.bind_host
+    services = [
+        Component("ingest-api", s.ingest.port,
+                  lambda: [py, "-m", "deploy.cli", "ingest-api"],
+                  lambda: http_ok(f"http://{host}:{s.ingest.port}/health"),
+                  marker="ingest-api"),
+        Component("features", 0,
+                  lambda: [py, "-m", "deploy.cli", "features"],
+                  lambda: flink_job_running(s), marker="features", oneshot=True),
+        Component("trainer", s.trainer.metrics_port,
+                  lambda: [py, "-m", "deploy.cli", "train"],
+                  lambda: http_ok(f"http://{host}:{s.trainer.metrics_port}/health"),
+                  marker="train"),
+        Component("serving", s.serving.port,
+                  lambda: [py, "-m", "deploy.cli", "serve"],
+                  lambda: http_ok(f"http://{host}:{s.serving.port}/health"),
+                  marker="serve"),
+    ]
+    command_of = {"ingest-api": "ingest-api", "features": "features", "trainer": "train",
+                  "serving": "serve"}
+    return [c for c in services if command_of[c.name] in available]
+
+
+def child_env(extra: dict[str, str]) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(extra)
+    return env

@@ -1,0 +1,153 @@
+"""One frozen settings object per process, read from the environment at the edge.
+
+Every field can be set with an environment variable: the prefix ``STREAMREC_``, then the
+section and the field joined by ``__``, e.g. ``STREAMREC_KAFKA__PORT=19092`` or
+``STREAMREC_TRAINER__EXPORT_EVERY_S=10``. Process entry points (the CLI) call
+:func:`load_settings` once and pass the object down; library code never reads the
+environment itself.
+
+This module lives in ``feature_store`` because it is the one package every other package may
+import (see DESIGN.md: ``stream``, ``model`` and ``serving`` depend on ``feature_store``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+_SECTION = ConfigDict(frozen=True, extra="forbid")
+
+#: Default weight of each event type; a sample is emitted for every event whose weight > 0.
+DEFAULT_EVENT_WEIGHTS: dict[str, float] = {
+    "impression": 0.0,
+    "click": 1.0,
+    "like": 2.0,
+    "add_to_cart": 3.0,
+    "purchase": 5.0,
+    "rating": 1.0,
+}
+
+
+class StackSettings(BaseModel):
+    """Where the local stack keeps its pid files, logs and data."""
+
+    model_config = _SECTION
+    run_dir: Path = Field(Path(".streamrec"), description="Run folder: pids, logs, data.")
+    ready_timeout_s: float = Field(90.0, description="Deadline for each readiness check.")
+    stop_timeout_s: float = Field(20.0, description="Grace period before SIGKILL on `down`.")
+    bind_host: str = Field("127.0.0.1", description="Interface local services bind to.")
+
+
+class KafkaSettings(BaseModel):
+    model_config = _SECTION
+    host: str = "127.0.0.1"
+    port: int = Field(9092, description="Broker (client) port.")
+    controller_port: int = Field(9093, description="KRaft controller port.")
+    events_topic: str = "events"
+    dlq_topic: str = "events.dlq"
+    samples_topic: str = "samples"
+    partitions: int = Field(2, ge=1, description="Partitions of each topic created by `up`.")
+    heap: str = Field("768m", description="Broker JVM heap (-Xmx).")
+
+    @property
+    def bootstrap(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+class RedisSettings(BaseModel):
+    model_config = _SECTION
+    host: str = "127.0.0.1"
+    port: int = 6379
+    db: int = 0
+    key_prefix: str = Field("sr:", description="Prefix of every key we write (FORMAT.md).")
+    appendonly: bool = Field(False, description="Enable AOF persistence for the local Redis.")
+    password: SecretStr | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://{self.host}:{self.port}/{self.db}"
+
+
+class FlinkSettings(BaseModel):
+    model_config = _SECTION
+    host: str = Field("127.0.0.1", description="JobManager host (REST and job submission).")
+    rest_port: int = Field(8081, description="JobManager REST/web UI port.")
+    rpc_port: int = Field(6123, description="JobManager RPC port.")
+    taskmanager_slots: int = 2
+    parallelism: int = 1
+    jobmanager_memory: str = "1024m"
+    taskmanager_memory: str = "1728m"
+    checkpoint_interval_ms: int = 5000
+
+
+class FeatureSettings(BaseModel):
+    model_config = _SECTION
+    event_weights: dict[str, float] = Field(default_factory=lambda: dict(DEFAULT_EVENT_WEIGHTS))
+    history_len: int = Field(50, description="Items kept in a user's recent history.")
+    item_half_life_s: float = Field(3600.0, description="Half-life of the decayed item score.")
+    trending_n: int = Field(100, description="Items kept in the global trending list.")
+    max_out_of_orderness_ms: int = Field(2000, description="Watermark bound.")
+    user_ttl_s: int = Field(30 * 86400, description="TTL of user feature keys (0 = none).")
+    item_ttl_s: int = Field(30 * 86400, description="TTL of item feature keys (0 = none).")
+
+
+class IngestSettings(BaseModel):
+    model_config = _SECTION
+    host: str = "127.0.0.1"
+    port: int = 8001
+    max_batch: int = 10_000
+    max_body_bytes: int = 10 * 1024 * 1024
+    produce_timeout_s: float = 10.0
+    api_key: SecretStr | None = Field(None, description="If set, POST /events needs X-API-Key.")
+
+
+class TrainerSettings(BaseModel):
+    model_config = _SECTION
+    model_name: str = "two_tower"
+    registry_dir: Path = Field(Path(".streamrec/models"), description="Model registry root.")
+    checkpoint_dir: Path = Field(Path(".streamrec/trainer"), description="Checkpoints+offsets.")
+    group_id: str = "streamrec-trainer"
+    embedding_dim: int = 32
+    batch_size: int = 512
+    learning_rate: float = 0.05
+    export_every_s: float = 30.0
+    export_every_samples: int = 200_000
+    keep_versions: int = 5
+    metrics_port: int = 8002
+    seed: int = 7
+
+
+class ServingSettings(BaseModel):
+    model_config = _SECTION
+    host: str = "127.0.0.1"
+    port: int = 8000
+    default_k: int = 20
+    poll_interval_s: float = Field(5.0, description="Backup check of the CURRENT pointer.")
+    admin_token: SecretStr | None = Field(None, description="Token for pin/rollback.")
+
+
+class Settings(BaseSettings):
+    """Everything a streamrec process can be configured with."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="STREAMREC_",
+        env_nested_delimiter="__",
+        frozen=True,
+        extra="forbid",
+    )
+
+    stack: StackSettings = StackSettings()
+    kafka: KafkaSettings = KafkaSettings()
+    redis: RedisSettings = RedisSettings()
+    flink: FlinkSettings = FlinkSettings()
+    features: FeatureSettings = FeatureSettings()
+    ingest: IngestSettings = IngestSettings()
+    trainer: TrainerSettings = TrainerSettings()
+    serving: ServingSettings = ServingSettings()
+
+
+def load_settings(**overrides: object) -> Settings:
+    """Read settings from the environment; keyword overrides win (used by the CLI and tests)."""
+    return Settings(**overrides)  # type: ignore[arg-type]

@@ -1,0 +1,75 @@
+"""Session-wide fixtures: the real local stack on test ports, and per-test isolation.
+
+The stack (Kafka, Redis, Flink) is started once per pytest session in ``.streamrec-test/``
+on ports that do not collide with a developer's `streamrec up` (Kafka 19092, Redis 16379,
+Flink REST 18081). If it is already running it is reused. What this session started is
+stopped at the end when STREAMREC_TEST_STOP_STACK=1 (as `make test` and CI set it); otherwise
+it is left running so the next run starts fast (`make test-stack-down` stops it).
+Each test that takes ``settings`` gets its own topics, Redis key prefix, consumer group and
+model registry folder.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from feature_store.settings import Settings, load_settings
+from tests.support import REPO_ROOT
+
+TEST_RUN_DIR = REPO_ROOT / ".streamrec-test"
+
+
+def test_stack_settings() -> Settings:
+    base = load_settings()
+    return base.model_copy(update={
+        "stack": base.stack.model_copy(update={"run_dir": TEST_RUN_DIR, "ready_timeout_s": 120.0}),
+        "kafka": base.kafka.model_copy(update={"port": 19092, "controller_port": 19093}),
+        "redis": base.redis.model_copy(update={"port": 16379}),
+        "flink": base.flink.model_copy(update={"rest_port": 18081, "rpc_port": 16123}),
+        "ingest": base.ingest.model_copy(update={"port": 18001}),
+        "serving": base.serving.model_copy(update={"port": 18000}),
+        "trainer": base.trainer.model_copy(update={"metrics_port": 18002}),
+    })
+
+
+@pytest.fixture(scope="session")
+def stack() -> Iterator[Settings]:
+    """The real infrastructure, up for the whole session."""
+    from deploy.stack import INFRA, Stack
+
+    settings = test_stack_settings()
+    runner = Stack(settings)
+    started = runner.up(list(INFRA))
+    try:
+        yield settings
+    finally:
+        if started and os.environ.get("STREAMREC_TEST_STOP_STACK") == "1":
+            runner.down(started)
+
+
+@pytest.fixture
+def settings(stack: Settings, tmp_path: Path) -> Settings:
+    """Settings of one test: its own topics, key prefix, group and registry."""
+    from stream.kafka_io import ensure_topics
+
+    uid = f"t{uuid.uuid4().hex[:10]}"
+    s = stack.model_copy(update={
+        "kafka": stack.kafka.model_copy(update={
+            "events_topic": f"{uid}.events",
+            "dlq_topic": f"{uid}.events.dlq",
+            "samples_topic": f"{uid}.samples",
+        }),
+        "redis": stack.redis.model_copy(update={"key_prefix": f"{uid}:"}),
+        "trainer": stack.trainer.model_copy(update={
+            "group_id": f"{uid}-trainer",
+            "registry_dir": tmp_path / "models",
+            "checkpoint_dir": tmp_path / "trainer",
+        }),
+    })
+    ensure_topics(s.kafka, [s.kafka.events_topic, s.kafka.dlq_topic, s.kafka.samples_topic])
+    return s

@@ -1,0 +1,77 @@
+"""Helpers shared by the test suites: bounded waits, Kafka reads, paths."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def repo_root() -> Path:
+    return REPO_ROOT
+
+
+def shared_data() -> Path:
+    """The shared data folder that sits beside the clone (``../shared/data``)."""
+    return REPO_ROOT.parent / "shared" / "data"
+
+
+def wait_until(
+    predicate: Callable[[], T], timeout_s: float, what: str, interval_s: float = 0.1
+) -> T:
+    """Poll ``predicate`` until it returns a truthy value; fail with ``what`` at the deadline."""
+    deadline = time.monotonic() + timeout_s
+    last_exc: BaseException | None = None
+    while True:
+        try:
+            value = predicate()
+            if value:
+                return value
+        except Exception as exc:  # noqa: BLE001 - remembered and reported at the deadline
+            last_exc = exc
+        if time.monotonic() > deadline:
+            detail = f" (last error: {last_exc!r})" if last_exc else ""
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}{detail}")
+        time.sleep(interval_s)
+
+
+def consume(bootstrap: str, topic: str, n: int, timeout_s: float = 30.0) -> list[Any]:
+    """Read ``topic`` from the beginning until ``n`` records arrived or the deadline passes.
+
+    Returns what it read (possibly more than ``n`` if more were there); the caller asserts.
+    """
+    from kafka import KafkaConsumer
+
+    consumer = KafkaConsumer(
+        topic,
+        bootstrap_servers=bootstrap,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        group_id=None,
+        consumer_timeout_ms=1000,
+    )
+    records: list[Any] = []
+    deadline = time.monotonic() + timeout_s
+    try:
+        while time.monotonic() < deadline and len(records) < n:
+            batch = consumer.poll(timeout_ms=500, max_records=10_000)
+            for part in batch.values():
+                records.extend(part)
+        # One more short poll so that "more than expected" can be seen by the caller.
+        for part in consumer.poll(timeout_ms=300).values():
+            records.extend(part)
+    finally:
+        consumer.close()
+    return records
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
