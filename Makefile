@@ -9,7 +9,7 @@ setup:
 
 run: setup
 	@$(SR) up
-	@$(SR) status
+	@$(SR) demo
 
 test: setup
 	STREAMREC_TEST_STOP_STACK=1 $(VENV)/bin/pytest tests

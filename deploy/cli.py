@@ -13,9 +13,9 @@ import sys
 from collections.abc import Sequence
 
 from deploy import cli_stack
-from model import cli_registry, cli_train
+from model import cli_eval, cli_registry, cli_train
 from serving import cli as serving_cli
-from stream import cli_features, cli_ingest
+from stream import cli_features, cli_ingest, cli_sim
 
 EPILOG = """\
 Configuration comes from STREAMREC_* environment variables (see README, "Configuration").
@@ -36,7 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for module in (cli_stack, cli_ingest, cli_features, cli_train, cli_registry, serving_cli):
+    for module in (cli_stack, cli_ingest, cli_features, cli_sim, cli_train, cli_registry,
+                   cli_eval, serving_cli):
         module.register(sub)
     return parser
 

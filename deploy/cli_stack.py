@@ -37,10 +37,24 @@ def register(sub: Any) -> None:
     down.add_argument("--run-dir", help="run folder (STREAMREC_STACK__RUN_DIR)")
     down.set_defaults(func=_down)
 
-    status = sub.add_parser("status", help="show each component with pid, port and health")
+    status = sub.add_parser("status", help="show each component with pid, port and health",
+                            description="Show every component of the local stack: state, pid, "
+                            "port, health (its real readiness check) and log file. Exits 1 if "
+                            "a running component is unhealthy.")
     status.add_argument("--json", action="store_true", help="print JSON instead of a table")
     status.add_argument("--run-dir", help="run folder (STREAMREC_STACK__RUN_DIR)")
     status.set_defaults(func=_status)
+
+    demo = sub.add_parser(
+        "demo", help="live demo: simulated clicks into the running stack, status every 2 s",
+        description="Post simulated impressions and clicks to the ingest API and print, every "
+        "2 s: events/s, samples/s, trained examples/s, served model version and age, rolling "
+        "Recall@10 and serving p99. Needs `streamrec up`. Ctrl-C stops the demo, not the stack.")
+    demo.add_argument("--rate", type=float, default=300.0, help="events/s (default 300)")
+    demo.add_argument("--duration", type=float, help="seconds (default: until Ctrl-C)")
+    demo.add_argument("--users", type=int, default=500, help="simulated users (default 500)")
+    demo.add_argument("--items", type=int, default=2000, help="simulated items (default 2000)")
+    demo.set_defaults(func=_demo)
 
     topics = sub.add_parser("topics", help="create the Kafka topics (events, events.dlq, samples)",
                             description="Create the configured topics if they do not exist "
@@ -121,6 +135,13 @@ def _print_table(rows: Any) -> None:
     print(f"{'COMPONENT':<18} {'STATE':<10} {'PID':>7} {'PORT':>6}  LOG")
     for r in rows:
         print(f"{r.name:<18} {r.state:<10} {r.pid or '-':>7} {r.port or '-':>6}  {r.log}")
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from deploy.demo import run_demo
+    from feature_store.settings import load_settings
+
+    return run_demo(load_settings(), args.rate, args.duration, args.users, args.items)
 
 
 def _topics(args: argparse.Namespace) -> int:

@@ -344,7 +344,9 @@ def service_components(s: Settings, available: set[str]) -> list[Component]:
         Component("serving", s.serving.port,
                   lambda: [py, "-m", "deploy.cli", "serve"],
                   lambda: http_ok(f"http://{host}:{s.serving.port}/health"),
-                  marker="serve"),
+                  # One BLAS thread per request thread: 16 request threads oversubscribe
+                  # OpenBLAS otherwise (bench/serve.py measured ~5x the requests/s).
+                  env={"OPENBLAS_NUM_THREADS": "1"}, marker="serve"),
     ]
     command_of = {"ingest-api": "ingest-api", "features": "features", "trainer": "train",
                   "serving": "serve"}

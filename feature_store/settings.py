@@ -12,6 +12,7 @@ import (see DESIGN.md: ``stream``, ``model`` and ``serving`` depend on ``feature
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
@@ -146,6 +147,20 @@ class Settings(BaseSettings):
     ingest: IngestSettings = IngestSettings()
     trainer: TrainerSettings = TrainerSettings()
     serving: ServingSettings = ServingSettings()
+
+
+def to_env(settings: Settings) -> dict[str, str]:
+    """The ``STREAMREC_*`` variables that reproduce ``settings`` in a child process."""
+    env: dict[str, str] = {}
+    for section_name, section in settings:
+        for field_name, value in section:
+            if value is None:
+                continue
+            if isinstance(value, SecretStr):
+                value = value.get_secret_value()
+            key = f"STREAMREC_{section_name.upper()}__{field_name.upper()}"
+            env[key] = json.dumps(value) if isinstance(value, dict) else str(value)
+    return env
 
 
 def load_settings(**overrides: object) -> Settings:

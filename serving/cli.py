@@ -1,9 +1,56 @@
-"""Subcommands: serve (registered into ``streamrec`` by deploy.cli)."""
+"""Subcommands: serve (registered into ``streamrec`` by deploy.cli).
+
+Keep imports here light: heavy modules are imported inside the handlers.
+"""
 
 from __future__ import annotations
 
+import argparse
 from typing import Any
 
 
 def register(sub: Any) -> None:
     """Add these subcommands to the ``streamrec`` parser."""
+    p = sub.add_parser(
+        "serve",
+        help="run the recommendation API (hot-swaps model versions)",
+        description="Serve GET /recommend, /model, /health, /metrics and the feature routes. "
+        "New model versions are picked up from the registry (Redis pub/sub, plus a periodic "
+        "check of CURRENT), verified and swapped in without dropping a request.",
+    )
+    p.add_argument("--host", help="bind address (default: serving.host)")
+    p.add_argument("--port", type=int, help="port (default: serving.port)")
+    p.add_argument("--workers", type=int, default=1,
+                   help="worker processes (each loads and swaps versions on its own)")
+    p.add_argument("--log-level", default="warning", help="uvicorn access/error log level")
+    p.set_defaults(func=_serve)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from feature_store.settings import load_settings
+    from serving.app import create_app
+
+    settings = load_settings()
+    target: Any = create_app(settings) if args.workers == 1 else "serving.cli:app_factory"
+    uvicorn.run(
+        target,
+        factory=args.workers > 1,
+        workers=args.workers,
+        host=args.host or settings.serving.host,
+        port=args.port or settings.serving.port,
+        loop="uvloop",
+        http="httptools",
+        log_level=args.log_level,
+        access_log=False,
+    )
+    return 0
+
+
+def app_factory() -> Any:
+    """App of one worker process when ``serve --workers N`` (N > 1) forks several."""
+    from feature_store.settings import load_settings
+    from serving.app import create_app
+
+    return create_app(load_settings())

@@ -1,0 +1,309 @@
+"""Serving benchmark: p50/p99 latency and requests/s of GET /recommend.
+
+For each item count (default 10k and 100k) it builds a random artifact (d=32, two dense
+layers), seeds a throwaway ``redis-server`` with user histories and a trending list, starts
+``streamrec serve`` as its own process, and drives it at each concurrency with the load
+generator ``bench/serve.py loadgen`` — a separate process: an asyncio (uvloop) client that
+keeps one HTTP/1.1 keep-alive connection per concurrent worker and sends requests back to
+back (closed loop). Each concurrency is run twice: steady, and while a new version is
+published every ``--swap-every`` seconds (errors counted).
+
+    streamrec bench serve [--items 10000,100000] [--concurrency 1,16,64] [--duration 8]
+                          [--json FILE]
+
+JSON: a list with one object per run: concurrency, items, p50_ms, p99_ms, rps, errors,
+swapping (plus requests, non_model answers, versions swapped in during the run and the
+machine's 1-minute load average at its end: the figures are only comparable at equal load).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+HERE = Path(__file__).resolve()
+REPO = HERE.parent.parent
+USERS = 10_000
+D = 32
+
+
+# ----------------------------------------------------------------------------- load generator
+
+
+async def _worker(host: str, port: int, users: list[str], k: int, stop_at: float,
+                  warm_until: float, lat: list[float], counts: dict[str, int], seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        while True:
+            now = time.perf_counter()
+            if now >= stop_at:
+                return
+            user = users[int(rng.integers(len(users)))]
+            writer.write(f"GET /recommend?user_id={user}&k={k} HTTP/1.1\r\n"
+                         f"Host: {host}\r\n\r\n".encode())
+            try:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = 0
+                for line in head.split(b"\r\n"):
+                    if line[:15].lower() == b"content-length:":
+                        length = int(line[15:])
+                body = await reader.readexactly(length)
+            except (asyncio.IncompleteReadError, ConnectionError, ValueError):
+                counts["errors"] += 1
+                writer.close()
+                reader, writer = await asyncio.open_connection(host, port)
+                continue
+            done = time.perf_counter()
+            if now < warm_until:
+                continue
+            lat.append(done - now)
+            if not head.startswith(b"HTTP/1.1 200"):
+                counts["errors"] += 1
+            elif b'"source":"model"' not in body:
+                counts["non_model"] += 1
+    finally:
+        writer.close()
+
+
+async def _loadgen(url: str, concurrency: int, duration: float, warmup: float,
+                   users: list[str], k: int) -> dict[str, Any]:
+    host, port = url.split("//", 1)[1].rsplit(":", 1)
+    lat: list[float] = []
+    counts = {"errors": 0, "non_model": 0}
+    start = time.perf_counter()
+    warm_until = start + warmup
+    stop_at = warm_until + duration
+    await asyncio.gather(*(
+        _worker(host, int(port), users, k, stop_at, warm_until, lat, counts, i)
+        for i in range(concurrency)))
+    arr = np.array(lat) * 1000.0
+    return {
+        "concurrency": concurrency,
+        "requests": int(arr.size),
+        "p50_ms": round(float(np.percentile(arr, 50)), 3) if arr.size else None,
+        "p99_ms": round(float(np.percentile(arr, 99)), 3) if arr.size else None,
+        "rps": round(arr.size / duration, 1),
+        **counts,
+    }
+
+
+def loadgen_main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="bench/serve.py loadgen")
+    p.add_argument("--url", required=True)
+    p.add_argument("--concurrency", type=int, default=16)
+    p.add_argument("--duration", type=float, default=8.0)
+    p.add_argument("--warmup", type=float, default=1.0)
+    p.add_argument("--users", type=int, default=USERS)
+    p.add_argument("-k", type=int, default=20)
+    a = p.parse_args(argv)
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    users = [f"u{i}" for i in range(a.users)]
+    result = asyncio.run(_loadgen(a.url, a.concurrency, a.duration, a.warmup, users, a.k))
+    print(json.dumps(result))
+    return 0
+
+
+# ----------------------------------------------------------------------------- orchestration
+
+
+def _publish(reg: Any, version: str, n_items: int, seed: int) -> None:
+    from feature_store.ids import item_keys, user_key
+    from model.artifact import write_artifact
+
+    rng = np.random.default_rng(seed)
+    items = [f"i{i}" for i in range(n_items)]
+    reg.publish(version, lambda d: write_artifact(
+        d, version=version, item_ids=items,
+        item_vectors=rng.normal(size=(n_items, D)).astype(np.float32),
+        item_hist_keys=item_keys(items), item_hist_rows=rng.normal(size=(n_items, D)),
+        user_keys=np.array([user_key(f"u{i}") for i in range(USERS)]),
+        user_rows=rng.normal(size=(USERS, D)), default_user_row=np.zeros(D),
+        layers=[(rng.normal(size=(2 * D, 2 * D)) / 8, np.zeros(2 * D), "relu"),
+                (rng.normal(size=(2 * D, D)) / 8, np.zeros(D), "linear")],
+        normalize=True, manifest_extra={"trained_through_ms": 1_772_000_000_000 + seed},
+    ))
+
+
+def _seed_store(settings: Any, n_items: int) -> None:
+    from feature_store.redis_store import RedisOnlineStore
+    from feature_store.store import HistoryEntry, Trending, UserFeatures
+
+    rng = np.random.default_rng(0)
+    store = RedisOnlineStore(settings.redis, settings.features)
+    users = []
+    for i in range(USERS):
+        hist = tuple(HistoryEntry(f"i{j}", "click", 10_000 - n)
+                     for n, j in enumerate(rng.integers(n_items, size=20).tolist()))
+        users.append(UserFeatures(f"u{i}", hist, {}, 10_000, 10_000))
+        if len(users) == 1000:
+            store.write_batch(users=users)
+            users = []
+    store.write_batch(trending=Trending(tuple((f"i{j}", 100.0 - j) for j in range(100)), 10_000))
+    store.close()
+
+
+def _wait(predicate: Any, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+def _healthy(url: str) -> bool:
+    import httpx
+
+    try:
+        return httpx.get(url + "/health", timeout=1.0).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _run_items(n_items: int, concurrencies: list[int], duration: float, swap_every: float,
+               work: Path, workers: int) -> list[dict[str, Any]]:
+    import httpx
+    import redis
+
+    from feature_store.settings import load_settings
+    from model.registry import Registry
+    rport, sport = free_port(), free_port()
+    settings = load_settings(redis={"port": rport, "key_prefix": "bench:"},
+                             trainer={"registry_dir": work / f"models{n_items}",
+                                      "model_name": "bench", "keep_versions": 3})
+    (work / f"redis{n_items}").mkdir()
+    procs: list[subprocess.Popen] = []
+    try:
+        procs.append(subprocess.Popen(
+            [shutil.which("redis-server") or "redis-server", "--port", str(rport), "--save", "",
+             "--appendonly", "no", "--dir", str(work / f"redis{n_items}")],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        client = redis.Redis(port=rport)
+        _wait(lambda: _ping(client), 20, "redis")
+        _seed_store(settings, n_items)
+        reg = Registry(settings.trainer.registry_dir, "bench", redis_client=client,
+                       key_prefix="bench:", keep=3)
+        _publish(reg, "v0001", n_items, 1)
+        env = dict(os.environ, STREAMREC_REDIS__PORT=str(rport), STREAMREC_REDIS__KEY_PREFIX="bench:",
+                   STREAMREC_TRAINER__REGISTRY_DIR=str(settings.trainer.registry_dir),
+                   STREAMREC_TRAINER__MODEL_NAME="bench", STREAMREC_TRAINER__KEEP_VERSIONS="3",
+                   OPENBLAS_NUM_THREADS=os.environ.get("OPENBLAS_NUM_THREADS", "1"))
+        log = (work / f"serve{n_items}.log").open("w")
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "deploy.cli", "serve", "--port", str(sport),
+             "--workers", str(workers)],
+            cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT))
+        url = f"http://127.0.0.1:{sport}"
+        _wait(lambda: _healthy(url), 60, "serve /health")
+        seq = [1]
+        results = []
+        for swapping in (False, True):
+            for c in concurrencies:
+                stop = threading.Event()
+                swapper = threading.Thread(
+                    target=_swap_loop, args=(reg, n_items, swap_every, stop, seq), daemon=True)
+                swaps_before = _swaps(httpx, url)
+                if swapping:
+                    swapper.start()
+                out = subprocess.run(
+                    [sys.executable, str(HERE), "loadgen", "--url", url, "--concurrency", str(c),
+                     "--duration", str(duration)],
+                    check=True, capture_output=True, text=True)
+                stop.set()
+                if swapping:
+                    swapper.join()
+                row = json.loads(out.stdout)
+                row.update(items=n_items, swapping=swapping,
+                           swaps=_swaps(httpx, url) - swaps_before,
+                           loadavg_1m=round(os.getloadavg()[0], 2))
+                print(f"items={n_items:>6} c={c:>2} swapping={swapping!s:5} "
+                      f"p50={row['p50_ms']}ms p99={row['p99_ms']}ms rps={row['rps']} "
+                      f"errors={row['errors']} swaps={row['swaps']} load={row['loadavg_1m']}", flush=True)
+                results.append(row)
+        return results
+    finally:
+        for proc in reversed(procs):
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _ping(client: Any) -> bool:
+    import redis
+
+    try:
+        return bool(client.ping())
+    except redis.RedisError:
+        return False
+
+
+def _swaps(httpx: Any, url: str) -> int:
+    for line in httpx.get(url + "/metrics", timeout=5.0).text.splitlines():
+        if line.startswith("streamrec_serving_model_swaps_total "):
+            return int(float(line.split()[1]))
+    return 0
+
+
+def _swap_loop(reg: Any, n_items: int, every: float, stop: threading.Event, seq: list[int]) -> None:
+    while not stop.wait(every):
+        seq[0] += 1
+        _publish(reg, f"v{seq[0]:04d}", n_items, seq[0])
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["loadgen"]:
+        return loadgen_main(argv[1:])
+    p = argparse.ArgumentParser(prog="streamrec bench serve", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--items", default="10000,100000")
+    p.add_argument("--concurrency", default="1,16,64")
+    p.add_argument("--duration", type=float, default=10.0, help="measured seconds per run")
+    p.add_argument("--swap-every", type=float, default=5.0)
+    p.add_argument("--workers", type=int, default=1, help="streamrec serve --workers")
+    p.add_argument("--json", type=Path, help="write the results here")
+    a = p.parse_args(argv)
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    concurrencies = [int(c) for c in a.concurrency.split(",")]
+    results: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="bench-serve-") as tmp:
+        for n in (int(x) for x in a.items.split(",")):
+            results.extend(_run_items(n, concurrencies, a.duration, a.swap_every, Path(tmp),
+                                      a.workers))
+    if a.json:
+        a.json.write_text(json.dumps(results, indent=1))
+        print(f"wrote {a.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

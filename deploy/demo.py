@@ -1,0 +1,177 @@
+"""The live demo: simulated traffic into the running stack, and a status line every 2 s.
+
+The simulator (``stream.simulate``) posts impressions and clicks to the ingest API; a small
+probe asks the serving API for recommendations of simulated users. Each status line shows:
+events/s accepted by ingest, samples/s on the ``samples`` topic, examples/s trained, the served
+model version and its age, the trainer's rolling test-then-train Recall@10, and the serving
+p99 latency seen by the probe with the share of ``popular``/``degraded`` answers.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from feature_store.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+def scrape(url: str, timeout_s: float = 2.0) -> dict[str, float]:
+    """Prometheus text at ``url`` as {sample name + labels: value}; {} if unreachable."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as resp:  # noqa: S310 - loopback
+            text = resp.read().decode()
+    except (urllib.error.URLError, OSError):
+        return {}
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
+            out[f"{s.name}{{{labels}}}" if labels else s.name] = float(s.value)
+    return out
+
+
+def get_json(url: str, timeout_s: float = 2.0) -> Any:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as resp:  # noqa: S310 - loopback
+            return orjson.loads(resp.read())
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
+
+
+def first(metrics: dict[str, float], *needles: str) -> float | None:
+    """The first metric whose name contains every needle (case-insensitive)."""
+    for name, value in metrics.items():
+        low = name.lower()
+        if all(n in low for n in needles):
+            return value
+    return None
+
+
+def samples_end_offset(settings: Settings) -> int | None:
+    from kafka import KafkaConsumer, TopicPartition
+    from kafka.errors import KafkaError
+
+    try:
+        consumer = KafkaConsumer(bootstrap_servers=settings.kafka.bootstrap,
+                                 enable_auto_commit=False, request_timeout_ms=5000)
+    except KafkaError:
+        return None
+    try:
+        topic = settings.kafka.samples_topic
+        parts = consumer.partitions_for_topic(topic) or set()
+        ends = consumer.end_offsets([TopicPartition(topic, p) for p in parts])
+        return int(sum(ends.values()))
+    except KafkaError:
+        return None
+    finally:
+        consumer.close()
+
+
+@dataclass
+class Probe:
+    latencies_ms: deque[float] = field(default_factory=lambda: deque(maxlen=500))
+    sources: deque[str] = field(default_factory=lambda: deque(maxlen=500))
+    errors: int = 0
+
+    def p99(self) -> float | None:
+        if not self.latencies_ms:
+            return None
+        ordered = sorted(self.latencies_ms)
+        return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+
+    def share(self, *sources: str) -> float:
+        return sum(s in sources for s in self.sources) / max(1, len(self.sources))
+
+
+def _probe_loop(serving_url: str, users: int, probe: Probe, stop: threading.Event) -> None:
+    rng = random.Random(7)
+    while not stop.is_set():
+        user = f"sim-u{rng.randrange(users)}"
+        t0 = time.perf_counter()
+        answer = get_json(f"{serving_url}/recommend?user_id={user}&k=10", timeout_s=5.0)
+        if isinstance(answer, dict):
+            probe.latencies_ms.append((time.perf_counter() - t0) * 1000)
+            probe.sources.append(str(answer.get("source", "")))
+        else:
+            probe.errors += 1
+        stop.wait(0.1)
+
+
+def run_demo(settings: Settings, rate: float, duration_s: float | None, users: int,
+             items: int, interval_s: float = 2.0) -> int:
+    from stream.simulate import ClickSimulator, SimConfig, run
+
+    host = settings.stack.bind_host
+    ingest = f"http://{host}:{settings.ingest.port}"
+    serving = f"http://{host}:{settings.serving.port}"
+    trainer = f"http://{host}:{settings.trainer.metrics_port}"
+    key = settings.ingest.api_key.get_secret_value() if settings.ingest.api_key else None
+    stop = threading.Event()
+    probe = Probe()
+    sim = ClickSimulator(SimConfig(users=users, items=items))
+    sim_thread = threading.Thread(
+        target=run, name="simulator", daemon=True,
+        args=(sim, ingest, rate),
+        kwargs={"api_key": key, "duration_s": duration_s, "should_stop": stop.is_set},
+    )
+    probe_thread = threading.Thread(target=_probe_loop, args=(serving, users, probe, stop),
+                                    name="probe", daemon=True)
+    print(f"demo: {users} simulated users, {items} items, {rate:.0f} events/s -> {ingest}; "
+          f"recommendations from {serving}; Ctrl-C stops (the stack keeps running).")
+    sim_thread.start()
+    probe_thread.start()
+    t0 = time.monotonic()
+    prev: dict[str, float] = {}
+    prev_t = t0
+    try:
+        while duration_s is None or time.monotonic() - t0 < duration_s:
+            stop.wait(interval_s)
+            now = time.monotonic()
+            dt = max(1e-6, now - prev_t)
+            ing = scrape(f"{ingest}/metrics")
+            trn = scrape(f"{trainer}/metrics")
+            accepted = first(ing, "events_accepted_total")
+            trained = first(trn, "trained", "total") or first(trn, "examples", "total")
+            samples = samples_end_offset(settings)
+            model = get_json(f"{serving}/model") or {}
+            recall = first(trn, "recall", "10")
+            cur = {"accepted": accepted, "samples": samples, "trained": trained}
+
+            def rate_of(name: str, now_vals: dict[str, Any] = cur) -> str:
+                if now_vals.get(name) is None or prev.get(name) is None:
+                    return "-"
+                return f"{(now_vals[name] - prev[name]) / dt:,.0f}"
+
+            p99 = probe.p99()
+            age = model.get("age_s")
+            print(
+                f"[{now - t0:6.0f}s] events/s {rate_of('accepted'):>7}  samples/s "
+                f"{rate_of('samples'):>6}  trained/s {rate_of('trained'):>7}  model "
+                f"{model.get('version') or '-'} age {f'{age:.0f}s' if age is not None else '-'}"
+                f"  recall@10 {f'{recall:.3f}' if recall is not None else '-'}  serving p99 "
+                f"{f'{p99:.1f}ms' if p99 is not None else '-'} popular/degraded "
+                f"{probe.share('popular', 'degraded'):.0%}",
+                flush=True,
+            )
+            prev = {k: v for k, v in cur.items() if v is not None}
+            prev_t = now
+    except KeyboardInterrupt:
+        print("\ndemo stopped; the stack is still running (`streamrec down` stops it).")
+    finally:
+        stop.set()
+        sim_thread.join(timeout=5)
+        probe_thread.join(timeout=5)
+    return 0

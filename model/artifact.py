@@ -1,0 +1,360 @@
+"""Model artifact: what serving needs, as plain ``.npy`` files plus ``manifest.json``.
+
+Reading an artifact needs numpy only (this module must never import TensorFlow).
+
+Layout of one version directory ``<registry_dir>/<model_name>/<version>/`` (format 1)::
+
+    manifest.json            see below; the only file not listed in manifest["files"]
+    item_ids.npy             <U*  [N]        external item ids, row i of item_vectors is item_ids[i]
+    item_vectors.npy         f32  [N, d]     item tower output, one row per item
+    item_hist_keys.npy       i64  [H]        ids.item_key() of items with a history embedding,
+                                             strictly increasing (the writer sorts)
+    item_hist_rows.npy       f32  [H, e_h]   history embedding row of item_hist_keys[j]
+    user_keys.npy            i64  [U]        ids.user_key() of known users, strictly increasing
+    user_rows.npy            f32  [U, e_u]   user embedding row of user_keys[j]
+    default_user_row.npy     f32  [e_u]      row used for a user the model does not know
+    layer_<i>_w.npy          f32  [in_i, out_i]  dense layer i of the user tower
+    layer_<i>_b.npy          f32  [out_i]
+
+User tower (exactly what :meth:`ServingArtifact.user_vectors` computes)::
+
+    x = concat(user_row(user_key) or default_user_row,
+               mean(item_hist_rows of the history items the model knows) or zeros(e_h))
+    for each layer i:  x = act_i(x @ W_i + b_i)         act_i in {"relu", "linear"}
+    if manifest["normalize"]:  x = x / max(||x||_2, 1e-12)
+
+so ``in_0 == e_u + e_h`` and the last ``out`` equals ``d`` (with no layers, ``e_u + e_h == d``).
+Scores are ``item_vectors @ x``.
+
+``manifest.json``::
+
+    {"format": "streamrec-artifact", "format_version": 1,
+     "version": str, "created_at": RFC 3339 UTC str | null,
+     "normalize": bool,
+     "dims": {"items": N, "d": d, "hist_items": H, "hist_dim": e_h, "users": U, "user_dim": e_u},
+     "layers": [{"w": "layer_0_w.npy", "b": "layer_0_b.npy", "activation": "relu"}, ...],
+     "files": {"<name>.npy": {"sha256": hex, "bytes": int, "shape": [...], "dtype": str}, ...},
+     ...manifest_extra}
+
+``manifest_extra`` is merged at top level (it may not override the keys above). Keys serving
+reads when present: ``trained_through_ms`` (int, epoch ms: event time of the newest sample the
+version learnt from), ``kafka_offsets`` (``{"<topic>:<partition>": next_offset}``), ``metrics``
+(dict), ``feature_schema_hash`` (str).
+
+Writer: :func:`write_artifact` (into an empty or new directory; the registry stages it in a
+temp dir and renames it into place). Reader: :func:`load_artifact` (verifies every checksum,
+shape and dtype; raises :class:`ArtifactError`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from feature_store.ids import item_keys, user_key
+
+log = logging.getLogger(__name__)
+
+FORMAT = "streamrec-artifact"
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+ACTIVATIONS = ("relu", "linear")
+_RESERVED = frozenset(
+    {"format", "format_version", "version", "created_at", "normalize", "dims", "layers", "files"}
+)
+_CHUNK = 1 << 20
+
+
+class ArtifactError(Exception):
+    """An artifact is missing, malformed, or fails its checksums."""
+
+
+Layer = tuple[np.ndarray, np.ndarray, str]
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _sorted_table(keys: np.ndarray, rows: np.ndarray, what: str) -> tuple[np.ndarray, np.ndarray]:
+    keys = np.asarray(keys, dtype=np.int64).reshape(-1)
+    rows = np.asarray(rows, dtype=np.float32)
+    if rows.ndim != 2 or rows.shape[0] != keys.shape[0]:
+        raise ArtifactError(f"{what}: rows {rows.shape} do not match {keys.shape[0]} keys")
+    order = np.argsort(keys, kind="stable")
+    keys, rows = keys[order], rows[order]
+    if keys.size > 1 and not np.all(keys[1:] > keys[:-1]):
+        raise ArtifactError(f"{what}: duplicate keys")
+    return keys, rows
+
+
+def write_artifact(
+    directory: str | Path,
+    *,
+    version: str,
+    item_ids: Sequence[str] | np.ndarray,
+    item_vectors: np.ndarray,
+    item_hist_keys: np.ndarray,
+    item_hist_rows: np.ndarray,
+    user_keys: np.ndarray,
+    user_rows: np.ndarray,
+    default_user_row: np.ndarray,
+    layers: Sequence[Layer] = (),
+    normalize: bool = False,
+    manifest_extra: Mapping[str, Any] | None = None,
+    created_at: datetime | None = None,
+) -> dict[str, Any]:
+    """Write one artifact into ``directory`` and return its manifest (see the module doc)."""
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    extra = dict(manifest_extra or {})
+    clash = _RESERVED & extra.keys()
+    if clash:
+        raise ArtifactError(f"manifest_extra may not set {sorted(clash)}")
+    if created_at is not None and created_at.tzinfo is None:
+        raise ArtifactError("created_at must be timezone-aware")
+
+    ids = np.asarray([str(i) for i in item_ids], dtype=np.str_)
+    vectors = np.ascontiguousarray(item_vectors, dtype=np.float32)
+    if vectors.ndim != 2 or vectors.shape[0] != ids.shape[0]:
+        raise ArtifactError(f"item_vectors {vectors.shape} do not match {ids.shape[0]} item ids")
+    if len(set(ids.tolist())) != ids.shape[0]:
+        raise ArtifactError("duplicate item ids")
+    hist_keys, hist_rows = _sorted_table(item_hist_keys, item_hist_rows, "item_hist")
+    ukeys, urows = _sorted_table(user_keys, user_rows, "users")
+    default = np.asarray(default_user_row, dtype=np.float32).reshape(-1)
+    if default.shape[0] != urows.shape[1]:
+        raise ArtifactError(f"default_user_row has {default.shape[0]} dims, users {urows.shape[1]}")
+
+    arrays: dict[str, np.ndarray] = {
+        "item_ids.npy": ids,
+        "item_vectors.npy": vectors,
+        "item_hist_keys.npy": hist_keys,
+        "item_hist_rows.npy": hist_rows,
+        "user_keys.npy": ukeys,
+        "user_rows.npy": urows,
+        "default_user_row.npy": default,
+    }
+    layer_specs = []
+    for i, (w, b, act) in enumerate(layers):
+        if act not in ACTIVATIONS:
+            raise ArtifactError(f"layer {i}: activation {act!r} not in {ACTIVATIONS}")
+        wn, bn = f"layer_{i}_w.npy", f"layer_{i}_b.npy"
+        arrays[wn] = np.ascontiguousarray(w, dtype=np.float32)
+        arrays[bn] = np.asarray(b, dtype=np.float32).reshape(-1)
+        layer_specs.append({"w": wn, "b": bn, "activation": act})
+
+    files: dict[str, dict[str, Any]] = {}
+    for name, arr in arrays.items():
+        path = out / name
+        np.save(path, arr, allow_pickle=False)
+        files[name] = {
+            "sha256": _sha256(path),
+            "bytes": path.stat().st_size,
+            "shape": list(arr.shape),
+            "dtype": arr.dtype.str,
+        }
+    manifest: dict[str, Any] = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "version": version,
+        "created_at": created_at.isoformat() if created_at else None,
+        "normalize": bool(normalize),
+        "dims": {
+            "items": int(ids.shape[0]),
+            "d": int(vectors.shape[1]),
+            "hist_items": int(hist_keys.shape[0]),
+            "hist_dim": int(hist_rows.shape[1]),
+            "users": int(ukeys.shape[0]),
+            "user_dim": int(urows.shape[1]),
+        },
+        "layers": layer_specs,
+        "files": files,
+        **extra,
+    }
+    _check_dims(manifest, arrays)
+    (out / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
+    log.info("wrote artifact %s (%d items) to %s", version, ids.shape[0], out)
+    return manifest
+
+
+def _check_dims(manifest: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> None:
+    dims = manifest["dims"]
+    width = dims["user_dim"] + dims["hist_dim"]
+    for i, spec in enumerate(manifest["layers"]):
+        w, b = arrays[spec["w"]], arrays[spec["b"]]
+        if w.ndim != 2 or w.shape[0] != width or b.shape != (w.shape[1],):
+            raise ArtifactError(f"layer {i}: W {w.shape} b {b.shape} after width {width}")
+        width = w.shape[1]
+    if width != dims["d"]:
+        raise ArtifactError(f"user tower outputs {width} dims, item vectors have {dims['d']}")
+
+
+def read_manifest(directory: str | Path) -> dict[str, Any]:
+    """Parse and sanity-check ``manifest.json`` (no checksum verification)."""
+    path = Path(directory) / MANIFEST
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ArtifactError(f"cannot read {path}: {exc}") from exc
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise ArtifactError(f"{path}: not a {FORMAT} manifest")
+    if manifest.get("format_version") != FORMAT_VERSION:
+        raise ArtifactError(f"{path}: unsupported format_version {manifest.get('format_version')}")
+    for key in ("version", "dims", "layers", "files"):
+        if key not in manifest:
+            raise ArtifactError(f"{path}: missing {key!r}")
+    return manifest
+
+
+@dataclass(frozen=True, eq=False)
+class ServingArtifact:
+    """One loaded, verified version; immutable once built (arrays are read-only)."""
+
+    path: Path
+    manifest: Mapping[str, Any]
+    item_ids: np.ndarray
+    item_vectors: np.ndarray
+    item_hist_keys: np.ndarray
+    item_hist_rows: np.ndarray
+    user_keys: np.ndarray
+    user_rows: np.ndarray
+    default_user_row: np.ndarray
+    layers: tuple[Layer, ...]
+    normalize: bool
+    item_index: Mapping[str, int] = field(repr=False)
+
+    @property
+    def version(self) -> str:
+        return str(self.manifest["version"])
+
+    @property
+    def dim(self) -> int:
+        return int(self.item_vectors.shape[1])
+
+    def _lookup(self, keys: np.ndarray, table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Positions of ``keys`` in the sorted ``table`` and whether each was found."""
+        if table.size == 0:
+            return np.zeros(keys.shape, np.int64), np.zeros(keys.shape, bool)
+        pos = np.searchsorted(table, keys)
+        pos = np.minimum(pos, table.size - 1)
+        return pos, table[pos] == keys
+
+    def known_users(self, user_ids: Sequence[str]) -> np.ndarray:
+        """Boolean mask: which users have their own row in this version."""
+        keys = np.fromiter((user_key(u) for u in user_ids), np.int64, len(user_ids))
+        return self._lookup(keys, self.user_keys)[1]
+
+    def user_vectors(
+        self, user_ids: Sequence[str], histories: Sequence[Sequence[str]]
+    ) -> np.ndarray:
+        """User tower output, float32 ``[B, d]``; unknown users get the default row and
+        history items the model does not know are skipped."""
+        if len(user_ids) != len(histories):
+            raise ValueError("user_ids and histories differ in length")
+        b = len(user_ids)
+        keys = np.fromiter((user_key(u) for u in user_ids), np.int64, b)
+        pos, found = self._lookup(keys, self.user_keys)
+        urows = np.empty((b, self.default_user_row.shape[0]), np.float32)
+        urows[:] = self.default_user_row
+        if found.any():
+            urows[found] = self.user_rows[pos[found]]
+        hrows = np.zeros((b, self.item_hist_rows.shape[1]), np.float32)
+        for i, hist in enumerate(histories):
+            if not hist:
+                continue
+            hpos, hfound = self._lookup(item_keys(hist), self.item_hist_keys)
+            if hfound.any():
+                hrows[i] = self.item_hist_rows[hpos[hfound]].mean(axis=0)
+        x = np.concatenate([urows, hrows], axis=1)
+        for w, bias, act in self.layers:
+            x = x @ w + bias
+            if act == "relu":
+                np.maximum(x, 0.0, out=x)
+        if self.normalize:
+            x = x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+        return np.ascontiguousarray(x, dtype=np.float32)
+
+
+def _load_npy(directory: Path, name: str, spec: Mapping[str, Any], verify: bool) -> np.ndarray:
+    path = directory / name
+    if not path.is_file():
+        raise ArtifactError(f"{path}: missing")
+    if path.stat().st_size != spec.get("bytes"):
+        raise ArtifactError(f"{path}: {path.stat().st_size} bytes, manifest says {spec.get('bytes')}")
+    if verify and _sha256(path) != spec.get("sha256"):
+        raise ArtifactError(f"{path}: sha256 mismatch")
+    try:
+        arr = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise ArtifactError(f"{path}: {exc}") from exc
+    if list(arr.shape) != list(spec.get("shape", [])) or arr.dtype.str != spec.get("dtype"):
+        raise ArtifactError(f"{path}: {arr.dtype.str}{arr.shape} differs from the manifest")
+    arr.setflags(write=False)
+    return arr
+
+
+def load_artifact(directory: str | Path, *, verify: bool = True) -> ServingArtifact:
+    """Load a version directory, verifying every file's size, sha256, shape and dtype."""
+    path = Path(directory)
+    manifest = read_manifest(path)
+    files = manifest["files"]
+    if not isinstance(files, dict):
+        raise ArtifactError(f"{path}: files is not a mapping")
+    arrays: dict[str, np.ndarray] = {}
+    for name, spec in files.items():
+        if "/" in name or name.startswith("."):
+            raise ArtifactError(f"{path}: bad file name {name!r}")
+        arrays[name] = _load_npy(path, name, spec, verify)
+    needed = {
+        "item_ids.npy", "item_vectors.npy", "item_hist_keys.npy", "item_hist_rows.npy",
+        "user_keys.npy", "user_rows.npy", "default_user_row.npy",
+    }
+    for spec in manifest["layers"]:
+        needed |= {spec.get("w"), spec.get("b")}
+        if spec.get("activation") not in ACTIVATIONS:
+            raise ArtifactError(f"{path}: activation {spec.get('activation')!r}")
+    missing = needed - arrays.keys()
+    if missing:
+        raise ArtifactError(f"{path}: manifest lacks {sorted(str(m) for m in missing)}")
+    try:
+        _check_dims(manifest, arrays)
+    except KeyError as exc:
+        raise ArtifactError(f"{path}: dims lack {exc}") from exc
+    ids = arrays["item_ids.npy"]
+    vectors = arrays["item_vectors.npy"]
+    if vectors.ndim != 2 or vectors.shape[0] != ids.shape[0] or not np.isfinite(vectors).all():
+        raise ArtifactError(f"{path}: item vectors are malformed or not finite")
+    for keys_name in ("item_hist_keys.npy", "user_keys.npy"):
+        keys = arrays[keys_name]
+        if keys.size > 1 and not np.all(keys[1:] > keys[:-1]):
+            raise ArtifactError(f"{path}: {keys_name} not strictly increasing")
+    layers = tuple(
+        (arrays[s["w"]], arrays[s["b"]], str(s["activation"])) for s in manifest["layers"]
+    )
+    return ServingArtifact(
+        path=path,
+        manifest=manifest,
+        item_ids=ids,
+        item_vectors=vectors,
+        item_hist_keys=arrays["item_hist_keys.npy"],
+        item_hist_rows=arrays["item_hist_rows.npy"],
+        user_keys=arrays["user_keys.npy"],
+        user_rows=arrays["user_rows.npy"],
+        default_user_row=arrays["default_user_row.npy"],
+        layers=layers,
+        normalize=bool(manifest.get("normalize", False)),
+        item_index={str(item): i for i, item in enumerate(ids.tolist())},
+    )

@@ -1,0 +1,288 @@
+"""The serving API: ``create_app(settings)`` with a lifespan that owns the version watcher.
+
+Request path of ``GET /recommend``: user features from the online store (FORMAT.md, read only
+through ``feature_store.store.OnlineStore``) -> user vector from the served version -> exact
+top-k -> drop seen items -> pad with trending items. The answer's ``source`` says how it was
+made: ``model``; ``popular`` (no model yet, or a user neither the store nor the model knows);
+``degraded`` (the store failed: the model on what it can use, else the cached trending list).
+The endpoint never answers 5xx for a store or model failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from fastapi import FastAPI, Header, Query, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel, ConfigDict
+
+from feature_store.settings import Settings
+from feature_store.store import OnlineStore
+from model.registry import Registry, RegistryError
+from serving import metrics as m
+from serving import retrieval as r
+from serving.errors import Forbidden, NotFound, ServingError, Unauthorized
+from serving.features_api import features_router
+from serving.loader import ModelLoader, TrendingCache
+from serving.metrics import ServingMetrics
+
+log = logging.getLogger(__name__)
+
+MAX_K = 500
+
+
+def utc_now() -> datetime:
+    """The production clock (tests inject their own)."""
+    return datetime.now(UTC)
+
+
+class PinRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    version: str
+
+
+class RollbackRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    to: str | None = None
+
+
+class ServingState:
+    """Everything the routes use, built once per app."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        store: OnlineStore,
+        registry: Registry,
+        clock: Callable[[], datetime],
+        pubsub_factory: Callable[[], Any] | None,
+    ) -> None:
+        self.settings = settings
+        self.clock = clock
+        self.metrics = ServingMetrics()
+        self.registry = registry
+        self.loader = ModelLoader(registry, self.metrics, clock, settings.serving.poll_interval_s)
+        self.trending = TrendingCache(store, settings.features.trending_n)
+        self.recommender = r.Recommender(
+            lambda: self.loader.current, lambda: self.trending.items, r.StoreGuard(store),
+            self.metrics)
+        self.pubsub_factory = pubsub_factory
+        self.metrics.track_version_age(self.loader.age_s)
+
+    async def recommend(self, user_id: str, k: int, exclude_seen: bool) -> dict[str, Any]:
+        start = time.perf_counter()
+        try:
+            answer = await self.recommender.submit(r.Ask(user_id, k, exclude_seen))
+        except Exception:  # noqa: BLE001 - the endpoint always answers
+            log.exception("recommendation failed for %s; answering from trending", user_id)
+            self.metrics.fallbacks.labels(m.INTERNAL_ERROR).inc()
+            answer = r.Answer(r.popular(self.trending.items, k, set()), r.DEGRADED, None)
+        took = time.perf_counter() - start
+        self.metrics.request_seconds.labels(answer.source).observe(took)
+        return {
+            "user_id": user_id,
+            "items": [{"item_id": s.item_id, "score": s.score} for s in answer.items],
+            "model_version": answer.version,
+            "source": answer.source,
+            "took_ms": round(took * 1000.0, 3),
+        }
+
+    def model_info(self) -> dict[str, Any]:
+        model = self.loader.current
+        info: dict[str, Any] = {
+            "version": None,
+            "current_pointer": self.registry.current(),
+            "pinned": self.registry.pinned(),
+            "refused": self.loader.refused,
+        }
+        if model is None:
+            return info
+        through = model.trained_through_ms
+        created = model.created_at
+        info.update(
+            version=model.version,
+            loaded_at=model.loaded_at.isoformat(),
+            created_at=created.isoformat() if created else None,
+            trained_through_ms=through,
+            trained_through=(
+                datetime.fromtimestamp(through / 1000.0, UTC).isoformat() if through else None
+            ),
+            age_s=self.loader.age_s(),
+            trained_through_age_s=(
+                (self.clock() - datetime.fromtimestamp(through / 1000.0, UTC)).total_seconds()
+                if through else None
+            ),
+            items=int(model.artifact.item_ids.shape[0]),
+            dim=model.artifact.dim,
+        )
+        return info
+
+    def check_admin(self, authorization: str | None, x_admin_token: str | None) -> None:
+        token = x_admin_token
+        if token is None and authorization and authorization.lower().startswith("bearer "):
+            token = authorization[7:].strip()
+        if not token:
+            raise Unauthorized("admin token required (Authorization: Bearer ... or X-Admin-Token)")
+        expected = self.settings.serving.admin_token
+        if expected is None:
+            raise Forbidden("admin endpoints are disabled (no serving.admin_token configured)")
+        if not hmac.compare_digest(token.encode(), expected.get_secret_value().encode()):
+            raise Forbidden("wrong admin token")
+
+    def pin(self, version: str) -> dict[str, Any]:
+        try:
+            self.registry.path(version)
+        except RegistryError as exc:
+            raise NotFound(str(exc)) from exc
+        model = self.loader.prepare(version)  # refuses (422) before the pointer moves
+        self.registry.pin(version)
+        self.loader.swap(model)
+        return self.model_info()
+
+    def rollback(self, to: str | None) -> dict[str, Any]:
+        try:
+            target = self.registry.rollback_target(to)
+        except RegistryError as exc:
+            raise NotFound(str(exc)) from exc
+        model = self.loader.prepare(target)
+        self.registry.rollback(target)
+        self.loader.swap(model)
+        return self.model_info()
+
+    def unpin(self) -> dict[str, Any]:
+        self.registry.unpin()
+        self.loader.check()
+        return self.model_info()
+
+
+def _default_store(settings: Settings) -> OnlineStore:
+    from feature_store.redis_store import RedisOnlineStore
+
+    return RedisOnlineStore(settings.redis, settings.features, socket_timeout_s=1.0)
+
+
+def _redis_kwargs(settings: Settings) -> dict[str, Any]:
+    rs = settings.redis
+    password = rs.password.get_secret_value() if rs.password else None
+    return {"host": rs.host, "port": rs.port, "db": rs.db, "password": password,
+            "socket_timeout": 2.0, "socket_connect_timeout": 1.0}
+
+
+def create_app(
+    settings: Settings,
+    store: OnlineStore | None = None,
+    clock: Callable[[], datetime] = utc_now,
+    *,
+    registry: Registry | None = None,
+    pubsub_factory: Callable[[], Any] | None = None,
+    watch: bool = True,
+) -> FastAPI:
+    """Build the serving app. ``store``/``registry``/``pubsub_factory`` default to the
+    Redis-backed ones from ``settings``; ``watch=False`` skips the background tasks."""
+    if registry is None:
+        import redis
+
+        registry = Registry(
+            settings.trainer.registry_dir,
+            settings.trainer.model_name,
+            redis_client=redis.Redis(**_redis_kwargs(settings)),
+            key_prefix=settings.redis.key_prefix,
+            keep=settings.trainer.keep_versions,
+        )
+    if pubsub_factory is None and watch:
+        import redis.asyncio
+
+        kwargs = _redis_kwargs(settings) | {"socket_timeout": None}
+        pubsub_factory = lambda: redis.asyncio.Redis(**kwargs)  # noqa: E731
+    store = store or _default_store(settings)
+    state = ServingState(settings, store, registry, clock, pubsub_factory)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await asyncio.to_thread(state.loader.check)
+        await asyncio.to_thread(state.trending.refresh)
+        tasks = []
+        if watch:
+            tasks.append(asyncio.create_task(state.loader.watch(), name="model-watch"))
+            tasks.append(asyncio.create_task(state.trending.run(), name="trending"))
+            if state.pubsub_factory is not None:
+                tasks.append(asyncio.create_task(
+                    state.loader.listen(state.pubsub_factory), name="model-pubsub"))
+        try:
+            yield
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    app = FastAPI(title="streamrec serving", lifespan=lifespan)
+    app.state.serving = state
+    app.include_router(features_router(store))
+    default_k = settings.serving.default_k
+
+    @app.exception_handler(ServingError)
+    async def _serving_error(request: Request, exc: ServingError) -> JSONResponse:
+        return JSONResponse({"error": exc.code, "detail": exc.message}, status_code=exc.status)
+
+    @app.get("/recommend")
+    async def recommend(
+        user_id: str = Query(min_length=1, max_length=128),
+        k: int = Query(default_k, ge=1, le=MAX_K),
+        exclude_seen: bool = True,
+    ) -> JSONResponse:
+        return JSONResponse(await state.recommend(user_id, k, exclude_seen))
+
+    @app.get("/model")
+    def model_info() -> dict[str, Any]:
+        return state.model_info()
+
+    @app.post("/model/pin")
+    def pin(
+        body: PinRequest,
+        authorization: str | None = Header(None),
+        x_admin_token: str | None = Header(None),
+    ) -> dict[str, Any]:
+        state.check_admin(authorization, x_admin_token)
+        return state.pin(body.version)
+
+    @app.delete("/model/pin")
+    def unpin(
+        authorization: str | None = Header(None),
+        x_admin_token: str | None = Header(None),
+    ) -> dict[str, Any]:
+        state.check_admin(authorization, x_admin_token)
+        return state.unpin()
+
+    @app.post("/model/rollback")
+    def rollback(
+        body: RollbackRequest | None = None,
+        authorization: str | None = Header(None),
+        x_admin_token: str | None = Header(None),
+    ) -> dict[str, Any]:
+        state.check_admin(authorization, x_admin_token)
+        return state.rollback(body.to if body else None)
+
+    @app.get("/health")
+    def health() -> JSONResponse:
+        model = state.loader.current
+        ready = model is not None or state.trending.loaded
+        body = {
+            "status": "ready" if ready else "starting",
+            "model_version": model.version if model else None,
+            "trending_items": len(state.trending.items),
+        }
+        return JSONResponse(body, status_code=200 if ready else 503)
+
+    @app.get("/metrics")
+    def metrics() -> Response:
+        return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app

@@ -1,0 +1,50 @@
+"""Read side of the online store: ``GET /users/{user_id}/features``, ``GET /items/{item_id}/features``.
+
+A router factory taking an :class:`~feature_store.store.OnlineStore`; the serving app mounts it
+(``app.include_router(features_router(store))``). Answers what the store holds, with the event
+time it is current to (``as_of_ms``); 404 for an id the store does not hold; 503 if the store
+cannot be reached.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict
+from typing import Any
+
+from fastapi import APIRouter, HTTPException
+from starlette.concurrency import run_in_threadpool
+
+from feature_store.store import OnlineStore, OnlineStoreError
+
+log = logging.getLogger(__name__)
+
+
+def features_router(store: OnlineStore) -> APIRouter:
+    """Routes that read user and item features from ``store``."""
+    router = APIRouter(tags=["features"])
+
+    @router.get("/users/{user_id}/features")
+    async def user_features(user_id: str) -> dict[str, Any]:
+        found = await _read(store.read_users, user_id)
+        if found is None:
+            raise HTTPException(status_code=404, detail=f"unknown user_id {user_id!r}")
+        return asdict(found)
+
+    @router.get("/items/{item_id}/features")
+    async def item_features(item_id: str) -> dict[str, Any]:
+        found = await _read(store.read_items, item_id)
+        if found is None:
+            raise HTTPException(status_code=404, detail=f"unknown item_id {item_id!r}")
+        return asdict(found)
+
+    return router
+
+
+async def _read(reader: Any, key: str) -> Any:
+    try:
+        (found,) = await run_in_threadpool(reader, [key])
+    except OnlineStoreError as exc:
+        log.warning("online store read failed: %s", exc)
+        raise HTTPException(status_code=503, detail="feature store unavailable") from exc
+    return found

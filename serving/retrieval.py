@@ -1,0 +1,285 @@
+"""The request path: exact top-k over a version's item vectors, seen filtering, trending
+padding, fallbacks, and micro-batching of concurrent requests (:class:`Recommender`).
+
+Exact search: one BLAS matrix product for a batch of queries, then per query an exact
+block-max pruning (the k blocks of 64 rows with the largest maxima hold the top k) and
+``argpartition`` over the few candidates. At 100k items and d=32 the product costs about
+0.25 ms per query on one core and the selection about 0.04 ms, so no ANN index is used.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from feature_store.store import OnlineStore, UserFeatures
+from model.artifact import ServingArtifact
+from serving import metrics as m
+from serving.metrics import ServingMetrics
+
+if TYPE_CHECKING:
+    from serving.loader import LoadedModel
+
+log = logging.getLogger(__name__)
+
+MODEL = "model"
+POPULAR = "popular"
+DEGRADED = "degraded"
+
+
+@dataclass(frozen=True, slots=True)
+class Scored:
+    item_id: str
+    score: float
+
+
+#: Block size of the block-max pruning in :func:`top_k`.
+BLOCK = 64
+
+
+def _candidates(scores: np.ndarray, k: int) -> np.ndarray | None:
+    """Indices that surely hold the top ``k`` of ``scores``, or ``None`` if pruning does not
+    pay. Exact: with the rows cut into ``m`` blocks of ``BLOCK`` (block ``j`` = rows ``j,
+    j+m, j+2m, ...``, so the maxima are one vectorised pass over contiguous memory), every
+    top-k row lies in one of the ``k`` blocks with the largest maxima — a row outside them is
+    beaten by ``k`` block maxima."""
+    n = scores.shape[0]
+    m = n // BLOCK
+    if m <= 4 * k:
+        return None
+    maxima = scores[: m * BLOCK].reshape(BLOCK, m).max(axis=0)
+    blocks = np.argpartition(maxima, m - k)[m - k :]
+    cand = (np.arange(BLOCK)[:, None] * m + blocks[None, :]).ravel()
+    return np.concatenate([cand, np.arange(m * BLOCK, n)])
+
+
+def top_k(
+    vectors: np.ndarray, query: np.ndarray, k: int, exclude: Iterable[int] = ()
+) -> tuple[np.ndarray, np.ndarray]:
+    """Indices and scores of the ``k`` best rows of ``vectors @ query``, best first,
+    never returning an index in ``exclude``. Fewer than ``k`` if not enough rows remain."""
+    return top_k_scores(vectors @ query, k, exclude)
+
+
+def top_k_scores(
+    scores: np.ndarray, k: int, exclude: Iterable[int] = ()
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`top_k` on precomputed ``scores`` (overwritten where excluded)."""
+    n = scores.shape[0]
+    drop = np.unique(np.fromiter(exclude, dtype=np.int64))
+    if drop.size:
+        scores[drop] = -np.inf
+    k = min(k, n - drop.size)
+    if k <= 0:
+        return np.empty(0, np.int64), np.empty(0, np.float32)
+    cand = _candidates(scores, k)
+    if cand is not None:
+        sub = scores[cand]
+        part = cand[np.argpartition(sub, sub.size - k)[sub.size - k :]]
+    elif k < n:
+        part = np.argpartition(scores, n - k)[n - k :]
+    else:
+        part = np.arange(n)
+    order = part[np.argsort(-scores[part], kind="stable")]
+    return order, scores[order]
+
+
+def pad(
+    ranked: Sequence[Scored], trending: Sequence[tuple[str, float]], k: int, seen: set[str]
+) -> list[Scored]:
+    """``ranked`` followed by trending items not already listed or seen, up to ``k``."""
+    out = list(ranked[:k])
+    if len(out) >= k:
+        return out
+    taken = {s.item_id for s in out} | seen
+    for item_id, score in trending:
+        if item_id in taken:
+            continue
+        out.append(Scored(item_id, float(score)))
+        taken.add(item_id)
+        if len(out) >= k:
+            break
+    return out
+
+
+def rank_with_model(
+    artifact: ServingArtifact,
+    user_ids: Sequence[str],
+    histories: Sequence[Sequence[str]],
+    ks: Sequence[int],
+    exclude_seen: Sequence[bool],
+) -> list[list[Scored]]:
+    """Top ``ks[i]`` of each user by the model, in one matrix product; seen items
+    (``histories[i]``) dropped where ``exclude_seen[i]``."""
+    queries = artifact.user_vectors(user_ids, histories)
+    all_scores = queries @ artifact.item_vectors.T
+    index, ids = artifact.item_index, artifact.item_ids
+    out = []
+    for row, hist, k, excl in zip(all_scores, histories, ks, exclude_seen, strict=True):
+        exclude = [index[i] for i in hist if i in index] if excl else []
+        idx, scores = top_k_scores(row, k, exclude)
+        out.append([Scored(str(ids[i]), float(v))
+                    for i, v in zip(idx.tolist(), scores.tolist(), strict=True)])
+    return out
+
+
+def popular(trending: Sequence[tuple[str, float]], k: int, seen: set[str]) -> list[Scored]:
+    """Top ``k`` trending items not in ``seen``."""
+    return pad((), trending, k, seen)
+
+
+class StoreGuard:
+    """Reads users from the store; after a failure skips the store for ``cooldown_s`` so a
+    dead Redis costs one timeout per cooldown, not one per request."""
+
+    def __init__(
+        self,
+        store: OnlineStore,
+        cooldown_s: float = 1.0,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.store = store
+        self.cooldown_s = cooldown_s
+        self.monotonic = monotonic
+        self._open_until = 0.0
+
+    def read_users(self, user_ids: Sequence[str]) -> tuple[list[UserFeatures | None], bool]:
+        """``(features or None per user, store_ok)``."""
+        if self.monotonic() < self._open_until:
+            return [None] * len(user_ids), False
+        try:
+            return self.store.read_users(user_ids), True
+        except Exception as exc:  # noqa: BLE001 - any store failure degrades, never 500s
+            self._open_until = self.monotonic() + self.cooldown_s
+            log.warning("online store read failed (%s); degraded for %.1fs", exc, self.cooldown_s)
+            return [None] * len(user_ids), False
+
+
+@dataclass(frozen=True, slots=True)
+class Ask:
+    user_id: str
+    k: int
+    exclude_seen: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    items: list[Scored]
+    source: str
+    version: str | None
+
+
+class Recommender:
+    """The request path, batched: concurrent requests that queue up while a batch runs are
+    answered together by the next batch (one store round trip, one matrix product), so a
+    lone request is never delayed and a busy server does less work per request."""
+
+    def __init__(
+        self,
+        current: Callable[[], LoadedModel | None],
+        trending: Callable[[], Sequence[tuple[str, float]]],
+        guard: StoreGuard,
+        metrics: ServingMetrics,
+        max_batch: int = 32,
+    ) -> None:
+        self.current = current
+        self.trending = trending
+        self.guard = guard
+        self.metrics = metrics
+        self.max_batch = max_batch
+        self._queue: list[tuple[Ask, asyncio.Future[Answer]]] = []
+        self._draining = False
+        self._drainer: asyncio.Task[None] | None = None
+
+    async def submit(self, ask: Ask) -> Answer:
+        """Answer one request (in the next batch)."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Answer] = loop.create_future()
+        self._queue.append((ask, future))
+        if not self._draining:
+            self._draining = True
+            self._drainer = loop.create_task(self._drain())
+        return await future
+
+    async def _drain(self) -> None:
+        try:
+            while self._queue:
+                batch = self._queue[: self.max_batch]
+                del self._queue[: self.max_batch]
+                try:
+                    answers = await asyncio.to_thread(self.rank, [a for a, _ in batch])
+                except Exception as exc:  # noqa: BLE001 - handed to every waiting request
+                    for _, future in batch:
+                        if not future.done():
+                            future.set_exception(exc)
+                    continue
+                for (_, future), answer in zip(batch, answers, strict=True):
+                    if not future.done():
+                        future.set_result(answer)
+        finally:
+            self._draining = False
+
+    def rank(self, asks: Sequence[Ask]) -> list[Answer]:
+        """Answer a batch synchronously; every request of the batch uses the same version."""
+        model = self.current()
+        trending = self.trending()
+        users, store_ok = self.guard.read_users([a.user_id for a in asks])
+        known = (model.artifact.known_users([a.user_id for a in asks]) if model is not None
+                 else np.zeros(len(asks), bool))
+        answers: list[Answer | None] = [None] * len(asks)
+        todo: list[int] = []
+        for i, (ask, features) in enumerate(zip(asks, users, strict=True)):
+            seen = {h.item_id for h in features.history} if features and ask.exclude_seen else set()
+            reason = None
+            if not store_ok:
+                reason = m.STORE_ERROR
+            elif model is None:
+                reason = m.NO_MODEL
+            elif features is None and not known[i]:
+                reason = m.UNKNOWN_USER
+            if reason is not None:
+                self.metrics.fallbacks.labels(reason).inc()
+            if model is None or not known[i] and (features is None or not store_ok):
+                source = DEGRADED if not store_ok else POPULAR
+                answers[i] = Answer(popular(trending, ask.k, seen), source, None)
+            else:
+                todo.append(i)
+        if todo and model is not None:
+            self._rank_model(model, asks, users, store_ok, todo, trending, answers)
+        return [a if a is not None else Answer([], DEGRADED, None) for a in answers]
+
+    def _rank_model(
+        self,
+        model: LoadedModel,
+        asks: Sequence[Ask],
+        users: Sequence[UserFeatures | None],
+        store_ok: bool,
+        todo: list[int],
+        trending: Sequence[tuple[str, float]],
+        answers: list[Answer | None],
+    ) -> None:
+        histories = [[h.item_id for h in u.history] if (u := users[i]) else [] for i in todo]
+        try:
+            ranked = rank_with_model(
+                model.artifact, [asks[i].user_id for i in todo], histories,
+                [asks[i].k for i in todo], [asks[i].exclude_seen for i in todo])
+        except Exception:  # noqa: BLE001 - a model bug must not fail the requests
+            log.exception("model %s failed on a batch of %d", model.version, len(todo))
+            for i, hist in zip(todo, histories, strict=True):
+                self.metrics.fallbacks.labels(m.MODEL_ERROR).inc()
+                seen = set(hist) if asks[i].exclude_seen else set()
+                answers[i] = Answer(popular(trending, asks[i].k, seen), DEGRADED, None)
+            return
+        source = MODEL if store_ok else DEGRADED
+        for i, hist, items in zip(todo, histories, ranked, strict=True):
+            k = asks[i].k
+            if len(items) < k:
+                self.metrics.fallbacks.labels(m.PADDED).inc()
+                items = pad(items, trending, k, set(hist) if asks[i].exclude_seen else set())
+            answers[i] = Answer(items, source, model.version)

@@ -1,0 +1,183 @@
+"""Artifact format and registry: round trip, tower maths, checksums, pointers, pruning."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from feature_store.ids import item_keys, user_key
+from model.artifact import ArtifactError, load_artifact, write_artifact
+from model.registry import Registry, RegistryError, natural_key
+
+
+def make(directory: Path, version: str = "v1", n: int = 50, seed: int = 0, **kw: object) -> dict:
+    rng = np.random.default_rng(seed)
+    items = [f"i{i}" for i in range(n)]
+    users = ["u0", "u1", "u2"]
+    args: dict = dict(
+        version=version,
+        item_ids=items,
+        item_vectors=rng.normal(size=(n, 8)),
+        item_hist_keys=item_keys(items),
+        item_hist_rows=rng.normal(size=(n, 4)),
+        user_keys=np.array([user_key(u) for u in users]),
+        user_rows=rng.normal(size=(3, 6)),
+        default_user_row=rng.normal(size=6),
+        layers=[(rng.normal(size=(10, 16)), rng.normal(size=16), "relu"),
+                (rng.normal(size=(16, 8)), rng.normal(size=8), "linear")],
+        normalize=True,
+        manifest_extra={"trained_through_ms": 1_700_000_000_000},
+        created_at=datetime(2026, 1, 1, tzinfo=UTC),
+    )
+    args.update(kw)
+    write_artifact(directory, **args)
+    return args
+
+
+def reference_tower(args: dict, user: str, history: list[str]) -> np.ndarray:
+    """The documented tower, written independently with Python loops over ids."""
+    keys = [int(k) for k in args["user_keys"]]
+    key = user_key(user)
+    urow = args["user_rows"][keys.index(key)] if key in keys else args["default_user_row"]
+    hist_keys = [int(k) for k in args["item_hist_keys"]]
+    rows = [args["item_hist_rows"][hist_keys.index(int(item_keys([h])[0]))]
+            for h in history if int(item_keys([h])[0]) in hist_keys]
+    hrow = np.mean(rows, axis=0) if rows else np.zeros(args["item_hist_rows"].shape[1])
+    x = np.concatenate([urow, hrow])
+    for w, b, act in args["layers"]:
+        x = x @ w + b
+        if act == "relu":
+            x = np.maximum(x, 0)
+    return x / np.linalg.norm(x) if args["normalize"] else x
+
+
+def test_round_trip_and_tower(tmp_path: Path) -> None:
+    args = make(tmp_path / "a")
+    art = load_artifact(tmp_path / "a")
+    assert art.version == "v1" and art.dim == 8
+    assert art.item_ids.tolist() == args["item_ids"]
+    np.testing.assert_allclose(art.item_vectors, args["item_vectors"].astype(np.float32))
+    cases = [("u1", ["i3", "i7"]), ("stranger", ["i2", "not-an-item"]), ("u2", []),
+             ("nobody", ["unknown"])]
+    got = art.user_vectors([u for u, _ in cases], [h for _, h in cases])
+    assert got.dtype == np.float32 and got.shape == (4, 8)
+    for row, (user, hist) in zip(got, cases, strict=True):
+        np.testing.assert_allclose(row, reference_tower(args, user, hist), rtol=1e-4, atol=1e-5)
+    assert art.known_users(["u0", "stranger"]).tolist() == [True, False]
+    manifest = json.loads((tmp_path / "a" / "manifest.json").read_text())
+    assert manifest["trained_through_ms"] == 1_700_000_000_000
+    assert manifest["created_at"] == "2026-01-01T00:00:00+00:00"
+
+
+def test_corrupt_file_is_refused(tmp_path: Path) -> None:
+    make(tmp_path / "a")
+    path = tmp_path / "a" / "item_vectors.npy"
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(ArtifactError, match="sha256"):
+        load_artifact(tmp_path / "a")
+
+
+def test_missing_file_and_manifest_are_refused(tmp_path: Path) -> None:
+    make(tmp_path / "a")
+    (tmp_path / "a" / "user_rows.npy").unlink()
+    with pytest.raises(ArtifactError, match="missing"):
+        load_artifact(tmp_path / "a")
+    (tmp_path / "b").mkdir()
+    with pytest.raises(ArtifactError):
+        load_artifact(tmp_path / "b")
+
+
+def test_writer_rejects_inconsistent_input(tmp_path: Path) -> None:
+    with pytest.raises(ArtifactError, match="tower outputs"):
+        make(tmp_path / "a", layers=[(np.ones((10, 5)), np.ones(5), "relu")])
+    with pytest.raises(ArtifactError, match="activation"):
+        make(tmp_path / "b", layers=[(np.ones((10, 8)), np.ones(8), "tanh")])
+    with pytest.raises(ArtifactError, match="manifest_extra"):
+        make(tmp_path / "c", manifest_extra={"version": "x"})
+
+
+def test_natural_order() -> None:
+    assert sorted(["v10", "v2", "v1"], key=natural_key) == ["v1", "v2", "v10"]
+
+
+def test_registry_publish_pin_rollback_prune(tmp_path: Path) -> None:
+    reg = Registry(tmp_path, "tt", keep=2)
+    assert reg.current() is None and reg.versions() == []
+    for i in range(1, 5):
+        reg.publish(f"v{i}", lambda d, i=i: make(d, version=f"v{i}", seed=i))
+    assert reg.versions() == ["v3", "v4"] and reg.current() == "v4"
+    assert not list((tmp_path / "tt" / ".staging").glob("v*"))
+    assert reg.rollback() == "v3"
+    assert reg.current() == "v3" and reg.pinned() == "v3"
+    reg.publish("v5", lambda d: make(d, version="v5"))
+    reg.publish("v6", lambda d: make(d, version="v6"))
+    # pinned v3 stays current and is never pruned
+    assert reg.current() == "v3" and reg.versions() == ["v3", "v5", "v6"]
+    assert reg.unpin() == "v6" and reg.current() == "v6" and reg.pinned() is None
+    with pytest.raises(RegistryError):
+        reg.pin("v1")
+    with pytest.raises(RegistryError, match="immutable"):
+        reg.publish("v6", lambda d: make(d, version="v6"))
+    assert reg.show("v6")["version"] == "v6"
+
+
+def test_registry_refuses_bad_staged_version(tmp_path: Path) -> None:
+    reg = Registry(tmp_path, "tt")
+    reg.publish("v1", lambda d: make(d, version="v1"))
+
+    def corrupt(d: Path) -> None:
+        make(d, version="v2")
+        (d / "item_ids.npy").write_bytes(b"garbage")
+
+    with pytest.raises(ArtifactError):
+        reg.publish("v2", corrupt)
+    assert reg.versions() == ["v1"] and reg.current() == "v1"
+
+
+class FakeRedis:
+    def __init__(self) -> None:
+        self.kv: dict[str, str] = {}
+        self.messages: list[tuple[str, str]] = []
+
+    def set(self, key: str, value: str) -> None:
+        self.kv[key] = value
+
+    def publish(self, channel: str, message: str) -> None:
+        self.messages.append((channel, message))
+
+
+def test_registry_announces_on_redis(tmp_path: Path) -> None:
+    fake = FakeRedis()
+    reg = Registry(tmp_path, "tt", redis_client=fake, key_prefix="p:")
+    reg.publish("v1", lambda d: make(d, version="v1"))
+    reg.publish("v2", lambda d: make(d, version="v2"))
+    reg.rollback()
+    assert fake.kv == {"p:model:tt:current": "v1"}
+    assert fake.messages == [("p:model:tt:published", v) for v in ("v1", "v2", "v1")]
+
+
+def test_models_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    from deploy.cli import main
+    from tests.support import free_port
+
+    monkeypatch.setenv("STREAMREC_TRAINER__REGISTRY_DIR", str(tmp_path))
+    monkeypatch.setenv("STREAMREC_TRAINER__MODEL_NAME", "tt")
+    monkeypatch.setenv("STREAMREC_REDIS__PORT", str(free_port()))  # nothing listens: no announce
+    reg = Registry(tmp_path, "tt")
+    for v in ("v1", "v2"):
+        reg.publish(v, lambda d, v=v: make(d, version=v))
+    assert main(["models", "list"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("   v1") and out[1].startswith("*  v2")
+    assert main(["models", "rollback"]) == 0 and reg.current() == "v1" and reg.pinned() == "v1"
+    assert main(["models", "show"]) == 0
+    assert '"version": "v1"' in capsys.readouterr().out
+    assert main(["models", "pin", "v9"]) == 1
+    assert main(["models", "unpin"]) == 0 and reg.current() == "v2"
+    assert main(["models", "pin", "v2"]) == 0 and reg.pinned() == "v2"

@@ -1,0 +1,46 @@
+"""The `streamrec` CLI: every subcommand explains itself, and help stays light."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+
+import pytest
+
+from deploy.cli import build_parser, main
+
+
+def _subcommands() -> dict[str, argparse.ArgumentParser]:
+    for action in build_parser()._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    raise AssertionError("no subcommands")
+
+
+def test_stack_and_pipeline_commands_exist() -> None:
+    names = set(_subcommands())
+    assert {"up", "down", "status", "topics", "bench", "simulate"} <= names
+
+
+@pytest.mark.parametrize("name", sorted(_subcommands()))
+def test_each_subcommand_has_a_description(name: str) -> None:
+    parser = _subcommands()[name]
+    assert (parser.description or "").strip(), f"`streamrec {name} --help` explains nothing"
+
+
+def test_help_does_not_load_heavy_libraries() -> None:
+    code = (
+        "import sys\n"
+        "from deploy.cli import build_parser\n"
+        "build_parser().format_help()\n"
+        "heavy = [m for m in ('tensorflow', 'pyflink', 'fastapi', 'kafka') if m in sys.modules]\n"
+        "print(','.join(heavy))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""
+
+
+def test_no_command_prints_help_and_fails(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([]) == 2
+    assert "streamrec" in capsys.readouterr().out
