@@ -58,22 +58,40 @@ def submit_python_job(
             f"no Flink configuration in {conf}: start the cluster first with `streamrec up`"
         )
     home = flink_home()
-    env = dict(os.environ, FLINK_HOME=str(home), FLINK_CONF_DIR=str(conf),
-               FLINK_LOG_DIR=str(conf.parent / "log"))
+    env = dict(
+        os.environ,
+        FLINK_HOME=str(home),
+        FLINK_CONF_DIR=str(conf),
+        FLINK_LOG_DIR=str(conf.parent / "log"),
+    )
     argv = [
-        "bash", str(home / "bin" / "flink"), "run", "-d",
-        "-m", f"{settings.flink.host}:{settings.flink.rest_port}",
-        "-pyexec", sys.executable, "-pyclientexec", sys.executable,
+        "bash",
+        str(home / "bin" / "flink"),
+        "run",
+        "-d",
+        "-m",
+        f"{settings.flink.host}:{settings.flink.rest_port}",
+        "-pyexec",
+        sys.executable,
+        "-pyclientexec",
+        sys.executable,
     ]
     if parallelism:
         argv += ["-p", str(parallelism)]
     argv += ["-py", str(job_file), *job_args]
     log.info("submitting %s to %s", job_file.name, rest_url(settings))
-    result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout_s,
-                            check=False)
+    result = subprocess.run(
+        argv, env=env, capture_output=True, text=True, timeout=timeout_s, check=False
+    )
     output = result.stdout + result.stderr
-    job_id = next((line.rsplit(" ", 1)[-1].strip() for line in output.splitlines()
-                   if "has been submitted with JobID" in line), None)
+    job_id = next(
+        (
+            line.rsplit(" ", 1)[-1].strip()
+            for line in output.splitlines()
+            if "has been submitted with JobID" in line
+        ),
+        None,
+    )
     if result.returncode != 0 or not job_id:
         raise FlinkSubmitError(f"flink run failed (exit {result.returncode}):\n{output[-3000:]}")
     return job_id
