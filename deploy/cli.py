@@ -49,8 +49,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    # kafka-python logs every connection at INFO; keep it to warnings unless debugging.
-    logging.getLogger("kafka").setLevel(logging.DEBUG if args.verbose else logging.WARNING)
+    # kafka-python and httpx log every connection/request at INFO; keep them to warnings.
+    for noisy in ("kafka", "httpx"):
+        logging.getLogger(noisy).setLevel(logging.DEBUG if args.verbose else logging.WARNING)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

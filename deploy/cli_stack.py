@@ -106,6 +106,9 @@ def _up(args: argparse.Namespace) -> int:
     print(f"started {', '.join(started) or 'nothing (all running)'} in "
           f"{time.monotonic() - t0:.1f} s")
     _print_table(stack.status())
+    s = stack.settings.serving
+    if any(r.name == "serving" and r.healthy for r in stack.status()):
+        print(f"\ndashboard: http://{s.host}:{s.port}/dashboard")
     return 0
 
 

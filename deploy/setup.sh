@@ -54,6 +54,8 @@ need=()
 command -v redis-server >/dev/null || need+=(redis-server)
 command -v java >/dev/null || need+=(openjdk-17-jre-headless)
 command -v mvn >/dev/null || need+=(maven)
+# Headless Chromium loads the dashboard page in its test.
+command -v chromium >/dev/null || need+=(chromium fonts-dejavu-core)
 [ "${#need[@]}" -eq 0 ] || apt_install "${need[@]}"
 
 # 3. JVM artifacts from Maven Central ---------------------------------------------------------

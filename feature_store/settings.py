@@ -116,6 +116,7 @@ class TrainerSettings(BaseModel):
     export_every_s: float = 30.0
     export_every_samples: int = 200_000
     keep_versions: int = 5
+    metrics_host: str = Field("127.0.0.1", description="Host of the trainer's /metrics.")
     metrics_port: int = 8002
     seed: int = 7
 

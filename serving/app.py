@@ -6,6 +6,9 @@ top-k -> drop seen items -> pad with trending items. The answer's ``source`` say
 made: ``model``; ``popular`` (no model yet, or a user neither the store nor the model knows);
 ``degraded`` (the store failed: the model on what it can use, else the cached trending list).
 The endpoint never answers 5xx for a store or model failure.
+
+Request bodies (only the admin routes take one) are capped at ``max_body_bytes`` by
+:class:`BodyLimit` before any route parses them: 413 beyond it, declared or streamed.
 """
 
 from __future__ import annotations
@@ -29,14 +32,68 @@ from feature_store.store import OnlineStore
 from model.registry import Registry, RegistryError
 from serving import metrics as m
 from serving import retrieval as r
+from serving.dashboard import collector_from_settings, dashboard_router
 from serving.errors import Forbidden, NotFound, ServingError, Unauthorized
 from serving.features_api import features_router
 from serving.loader import ModelLoader, TrendingCache
 from serving.metrics import ServingMetrics
+from serving.stats import ModelStatus, StatsCollector
 
 log = logging.getLogger(__name__)
 
 MAX_K = 500
+#: Default cap on request bodies: the largest legitimate one is a pin request of ~150 bytes.
+MAX_BODY_BYTES = 64 * 1024
+
+
+class BodyLimit:
+    """ASGI middleware: buffer at most ``limit`` bytes of a request body, else answer 413.
+
+    FastAPI parses a JSON body before the route runs (so before the admin token is checked);
+    without a cap an anonymous client could make the process hold an arbitrarily large body.
+    """
+
+    def __init__(self, app: Any, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        for name, value in scope.get("headers", ()):
+            if name == b"content-length" and value.isdigit() and int(value) > self.limit:
+                await self._too_large(scope, receive, send)
+                return
+        chunks: list[bytes] = []
+        size, more = 0, True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":  # client went away
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.limit:
+                await self._too_large(scope, receive, send)
+                return
+            chunks.append(chunk)
+            more = message.get("more_body", False)
+        replayed = False
+
+        async def replay() -> Any:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+    async def _too_large(self, scope: Any, receive: Any, send: Any) -> None:
+        response = JSONResponse(
+            {"error": "payload_too_large", "detail": f"request body exceeds {self.limit} bytes"},
+            status_code=413, headers={"Connection": "close"})
+        await response(scope, receive, send)
 
 
 def utc_now() -> datetime:
@@ -184,9 +241,13 @@ def create_app(
     registry: Registry | None = None,
     pubsub_factory: Callable[[], Any] | None = None,
     watch: bool = True,
+    stats: StatsCollector | None = None,
+    max_body_bytes: int = MAX_BODY_BYTES,
 ) -> FastAPI:
     """Build the serving app. ``store``/``registry``/``pubsub_factory`` default to the
-    Redis-backed ones from ``settings``; ``watch=False`` skips the background tasks."""
+    Redis-backed ones from ``settings``; ``watch=False`` skips the background tasks;
+    ``stats`` (the dashboard's collector) defaults to one scraping the sources in ``settings``;
+    ``max_body_bytes`` caps request bodies (413 beyond)."""
     if registry is None:
         import redis
 
@@ -204,6 +265,13 @@ def create_app(
         pubsub_factory = lambda: redis.asyncio.Redis(**kwargs)  # noqa: E731
     store = store or _default_store(settings)
     state = ServingState(settings, store, registry, clock, pubsub_factory)
+    if stats is None:
+        stats = collector_from_settings(
+            settings, state.metrics.registry,
+            lambda: ModelStatus(
+                state.loader.current.version if state.loader.current else None,
+                state.loader.age_s()),
+            clock)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -216,16 +284,21 @@ def create_app(
             if state.pubsub_factory is not None:
                 tasks.append(asyncio.create_task(
                     state.loader.listen(state.pubsub_factory), name="model-pubsub"))
+            tasks.append(asyncio.create_task(stats.run(), name="dashboard-stats"))
         try:
             yield
         finally:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            await stats.aclose()
 
     app = FastAPI(title="streamrec serving", lifespan=lifespan)
+    app.add_middleware(BodyLimit, limit=max_body_bytes)
     app.state.serving = state
+    app.state.stats = stats
     app.include_router(features_router(store))
+    app.include_router(dashboard_router(stats))
     default_k = settings.serving.default_k
 
     @app.exception_handler(ServingError)

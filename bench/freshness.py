@@ -1,0 +1,169 @@
+"""Freshness of the running pipeline: how soon an event shows in features, model, answers.
+
+Needs the stack up (`streamrec up`). A simulator keeps background load on the ingest API;
+every ``--interval`` seconds a probe posts one click of a simulated user on an item and then
+polls, each on its own thread, until:
+
+  (a) feature_s         the click is in the user's history (GET /users/{id}/features)
+  (b) model_s           the served model version was trained through the click's event time
+                        (GET /model ``trained_through_ms`` >= the click's ts; the trainer reads
+                        the samples topic in order per partition, so this is when a version that
+                        can contain the click is served)
+  (c) recommendation_s  the user's recommendations differ from those just before the click
+
+Prints p50/p95/p99 of each in seconds; ``--json FILE`` writes ``feature_s``, ``model_s`` and
+``recommendation_s`` each with ``p50``, ``p95``, ``p99`` (and the raw values); ``--png FILE``
+draws their distributions (matplotlib, if installed).
+
+    streamrec bench freshness --probes 20 --interval 2 --json bench/results/freshness.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+
+def _pct(values: list[float]) -> dict[str, Any]:
+    if not values:
+        return {"p50": None, "p95": None, "p99": None, "n": 0, "values": []}
+    arr = np.asarray(values)
+    return {"p50": float(np.percentile(arr, 50)), "p95": float(np.percentile(arr, 95)),
+            "p99": float(np.percentile(arr, 99)), "n": len(values),
+            "values": [round(v, 3) for v in values]}
+
+
+def _items(answer: dict[str, Any]) -> list[str]:
+    return [it["item_id"] for it in answer.get("items", [])]
+
+
+def probe(client: httpx.Client, ingest: str, serving: str, user: str, item: str,
+          timeout_s: float, out: dict[str, list[float]], lock: threading.Lock) -> None:
+    before = _items(client.get(f"{serving}/recommend", params={"user_id": user, "k": 20}).json())
+    ts = time.time_ns() // 1_000_000
+    t0 = time.monotonic()
+    resp = client.post(f"{ingest}/events", json=[
+        {"user_id": user, "item_id": item, "event_type": "click", "ts": ts}])
+    resp.raise_for_status()
+    pending = {"feature_s", "model_s", "recommendation_s"}
+    while pending and time.monotonic() - t0 < timeout_s:
+        now = time.monotonic() - t0
+        if "feature_s" in pending:
+            r = client.get(f"{serving}/users/{user}/features")
+            if r.status_code == 200 and any(h["item_id"] == item and h["ts_ms"] == ts
+                                            for h in r.json().get("history", [])):
+                pending.discard("feature_s")
+                with lock:
+                    out["feature_s"].append(now)
+        if "model_s" in pending:
+            through = client.get(f"{serving}/model").json().get("trained_through_ms")
+            if through is not None and through >= ts:
+                pending.discard("model_s")
+                with lock:
+                    out["model_s"].append(now)
+        if "recommendation_s" in pending:
+            after = _items(client.get(f"{serving}/recommend",
+                                      params={"user_id": user, "k": 20}).json())
+            if after != before:
+                pending.discard("recommendation_s")
+                with lock:
+                    out["recommendation_s"].append(now)
+        time.sleep(0.05)  # polling cadence of the probe
+    with lock:
+        for name in pending:
+            out.setdefault(f"{name}_timeouts", []).append(timeout_s)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from feature_store.settings import load_settings
+    from stream.simulate import ClickSimulator, SimConfig, run
+
+    s = load_settings()
+    p = argparse.ArgumentParser(prog="streamrec bench freshness", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--probes", type=int, default=20)
+    p.add_argument("--interval", type=float, default=2.0, help="seconds between probes")
+    p.add_argument("--rate", type=float, default=300.0, help="background events/s")
+    p.add_argument("--timeout", type=float, default=180.0, help="per-probe deadline (s)")
+    p.add_argument("--ingest", default=f"http://{s.stack.bind_host}:{s.ingest.port}")
+    p.add_argument("--serving", default=f"http://{s.stack.bind_host}:{s.serving.port}")
+    p.add_argument("--json", type=Path)
+    p.add_argument("--png", type=Path)
+    args = p.parse_args(argv)
+
+    config = SimConfig(users=500, items=2000, seed=3)
+    sim = ClickSimulator(config)
+    stop = threading.Event()
+    load = threading.Thread(target=run, args=(sim, args.ingest, args.rate),
+                            kwargs={"should_stop": stop.is_set}, daemon=True)
+    load.start()
+    out: dict[str, list[float]] = {"feature_s": [], "model_s": [], "recommendation_s": []}
+    lock = threading.Lock()
+    rng = random.Random(5)
+    threads = []
+    client = httpx.Client(timeout=30.0)
+    print(f"freshness: {args.probes} probes every {args.interval}s under {args.rate:.0f} "
+          f"events/s of background load")
+    for i in range(args.probes):
+        user = sim.user_id(rng.randrange(config.users))
+        item = sim.item_id(rng.randrange(config.items))
+        t = threading.Thread(target=probe, args=(client, args.ingest, args.serving, user, item,
+                                                 args.timeout, out, lock), daemon=True)
+        t.start()
+        threads.append(t)
+        time.sleep(args.interval)  # probe cadence
+    for t in threads:
+        t.join(args.timeout + 30)
+    stop.set()
+    result = {name: _pct(out.get(name, [])) for name in ("feature_s", "model_s",
+                                                          "recommendation_s")}
+    result["timeouts"] = {k: len(v) for k, v in out.items() if k.endswith("_timeouts")}
+    result["probes"] = args.probes
+    result["background_rate"] = args.rate
+    for name in ("feature_s", "model_s", "recommendation_s"):
+        r = result[name]
+        if r["n"]:
+            print(f"{name:<17} p50 {r['p50']:7.2f}  p95 {r['p95']:7.2f}  p99 {r['p99']:7.2f}  "
+                  f"(n={r['n']})")
+        else:
+            print(f"{name:<17} no probe completed")
+    if result["timeouts"]:
+        print(f"timeouts: {result['timeouts']}")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2))
+    if args.png:
+        _plot(result, args.png)
+    return 0
+
+
+def _plot(result: dict[str, Any], path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no PNG written")
+        return
+    fig, ax = plt.subplots(figsize=(7, 4))
+    names = ["feature_s", "recommendation_s", "model_s"]
+    ax.boxplot([result[n]["values"] or [0] for n in names], labels=["feature", "recs change",
+                                                                    "model version"])
+    ax.set_ylabel("seconds after the event")
+    ax.set_title("streamrec freshness")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,132 @@
+"""The live dashboard: ``GET /stats`` (JSON) and ``GET /dashboard`` (one self-contained page).
+
+:func:`dashboard_router` takes the app's :class:`~serving.stats.StatsCollector`;
+:func:`collector_from_settings` builds that collector from the process settings, with
+:class:`TopicEndOffsets` as its ``samples`` source. The page
+(``serving/static/dashboard.html`` + ``dashboard.js``, plain SVG drawn by hand-written JS, no
+build step, no CDN) polls ``/stats`` every 2 s; its user box reads the existing
+``GET /users/{id}/features`` and ``GET /recommend`` routes.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from datetime import datetime
+from importlib import resources
+from typing import Any
+
+from fastapi import APIRouter
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+from prometheus_client import CollectorRegistry
+
+from feature_store.settings import Settings
+from serving.stats import ModelStatus, ScrapeError, StatsCollector
+
+log = logging.getLogger(__name__)
+
+_NO_CACHE = {"Cache-Control": "no-store"}
+
+
+def _asset(name: str) -> str:
+    return resources.files("serving").joinpath("static", name).read_text(encoding="utf-8")
+
+
+def dashboard_router(collector: StatsCollector) -> APIRouter:
+    """``GET /stats``, ``GET /dashboard`` and the page's script."""
+    router = APIRouter(tags=["dashboard"])
+    page = _asset("dashboard.html")
+    script = _asset("dashboard.js")
+
+    @router.get("/stats")
+    def stats() -> JSONResponse:
+        return JSONResponse(collector.snapshot(), headers=_NO_CACHE)
+
+    @router.get("/dashboard", response_class=HTMLResponse)
+    def dashboard() -> HTMLResponse:
+        return HTMLResponse(page, headers=_NO_CACHE)
+
+    @router.get("/dashboard/dashboard.js")
+    def dashboard_js() -> Response:
+        return Response(script, media_type="text/javascript", headers=_NO_CACHE)
+
+    return router
+
+
+class TopicEndOffsets:
+    """Sum of a topic's end offsets (records ever produced), read with kafka-python."""
+
+    def __init__(self, bootstrap: str, topic: str, timeout_s: float = 1.5) -> None:
+        self.bootstrap = bootstrap
+        self.topic = topic
+        self.timeout_ms = int(timeout_s * 1000)
+        self._consumer: Any = None
+        self._lock = threading.Lock()
+
+    def __call__(self) -> int:
+        with self._lock:
+            return self._read()
+
+    def _read(self) -> int:
+        from kafka import KafkaConsumer, TopicPartition
+        from kafka.errors import KafkaError
+
+        try:
+            if self._consumer is None:
+                self._consumer = KafkaConsumer(
+                    bootstrap_servers=self.bootstrap, group_id=None, enable_auto_commit=False,
+                    request_timeout_ms=self.timeout_ms + 1000,
+                    connections_max_idle_ms=self.timeout_ms + 600_000,
+                    bootstrap_timeout_ms=self.timeout_ms,
+                )
+            parts = self._consumer.partitions_for_topic(self.topic)
+            if not parts:
+                raise ScrapeError(f"topic {self.topic} not found")
+            ends = self._consumer.end_offsets(
+                [TopicPartition(self.topic, p) for p in sorted(parts)], timeout_ms=self.timeout_ms)
+            return int(sum(ends.values()))
+        except KafkaError as exc:
+            self._drop()
+            text = f"{type(exc).__name__}: {exc}"
+            unreachable = "NoBrokersAvailable" in text or "bootstrap" in text.lower()
+            reason = f"broker unreachable at {self.bootstrap}" if unreachable else text
+            raise ScrapeError(reason) from exc
+
+    def close(self) -> None:
+        with self._lock:
+            self._drop()
+
+    def _drop(self) -> None:
+        consumer, self._consumer = self._consumer, None
+        if consumer is not None:
+            try:
+                consumer.close(timeout_ms=1000)
+            except Exception as exc:  # noqa: BLE001 - closing a broken client; log and drop it
+                log.debug("closing the offsets consumer failed: %r", exc)
+
+
+def collector_from_settings(
+    settings: Settings,
+    serving_registry: CollectorRegistry,
+    model_status: Callable[[], ModelStatus],
+    clock: Callable[[], datetime],
+    *,
+    ingest_url: str | None = None,
+    trainer_url: str | None = None,
+    **options: Any,
+) -> StatsCollector:
+    """The serving app's collector; the sources' addresses come from ``settings`` unless
+    given (``ingest_url``/``trainer_url``: full ``/metrics`` URLs, e.g. other hosts)."""
+    ingest_host = settings.ingest.host
+    if ingest_host in ("0.0.0.0", "::", ""):
+        ingest_host = "127.0.0.1"
+    return StatsCollector(
+        clock=clock,
+        serving_registry=serving_registry,
+        model_status=model_status,
+        ingest_url=ingest_url or f"http://{ingest_host}:{settings.ingest.port}/metrics",
+        trainer_url=trainer_url or f"http://{settings.trainer.metrics_host}:{settings.trainer.metrics_port}/metrics",
+        samples_offsets=TopicEndOffsets(settings.kafka.bootstrap, settings.kafka.samples_topic),
+        **options,
+    )
