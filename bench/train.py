@@ -1,0 +1,289 @@
+"""Trainer benchmark: step examples/s, end-to-end examples/s from Kafka, export time and
+size, and model freshness.
+
+    streamrec bench train [--json FILE] [--batches 512,2048] [--e2e-samples 100000]
+                          [--export-ids 100000,1000000] [--freshness-s 75] [--skip ...]
+
+* step: the compiled train step alone on pre-built synthetic batches (history_len 50, d 32,
+  10k users, 20k items), after warm-up; at each batch size, plus batch 512 with history rows
+  frozen (``--no-history-grad``). Test-then-train evaluation is off here.
+* e2e: ``--e2e-samples`` samples pre-produced to a fresh topic of the Kafka in the settings
+  (``STREAMREC_KAFKA__PORT``), then the trainer service (decode, evaluate 128 rows/batch,
+  train, checkpoint + export at the default cadence) drains them; rate = samples / wall time
+  of ``run()`` (the step is traced before the clock starts).
+* export: tables filled with N users and N items (random rows), time to write the artifact
+  (``model.export.write_version``), its size on disk, and the time to load and verify it
+  (``model.artifact.load_artifact``, what serving does).
+* freshness: a producer writes samples stamped with the wall clock at ``--freshness-rate``
+  per second for ``--freshness-s`` seconds while the trainer runs with the default export
+  interval (``trainer.export_every_s``); a sample's freshness is the publication time of the
+  first version whose Kafka offsets cover it minus its event time.
+
+JSON keys: ``step_examples_per_s`` (batch 512), ``step_examples_per_s_by_batch``,
+``step_examples_per_s_frozen_history`` (and ``*_per_cpu_s*``: examples per CPU second of the
+process, steadier than wall time on a shared machine), ``e2e_examples_per_s``, ``export`` (list),
+``model_freshness_s`` {p50, p95, n}, ``load_avg`` (the machine is shared: read figures with it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+HIST = 50
+
+
+def _batches(n_batches: int, batch: int, seed: int = 1) -> list[Any]:
+    from model.samples import KeyCache, to_batch
+    from model.synthetic import SyntheticConfig, SyntheticStream
+
+    stream = SyntheticStream(SyntheticConfig(users=10_000, items=20_000, clusters=50, seed=seed))
+    keys = KeyCache()
+    return [to_batch(stream.take(batch), HIST, keys) for _ in range(n_batches)]
+
+
+def bench_step(batch: int, seconds: float, train_history: bool = True) -> tuple[float, float]:
+    """(examples per wall second, examples per CPU second of this process)."""
+    from model.trainer import Trainer, TrainOptions
+    from model.two_tower import ModelConfig
+
+    trainer = Trainer(
+        ModelConfig(history_len=HIST, train_history=train_history),
+        TrainOptions(batch_size=batch, eval_rows=0),
+        tag=f"b{batch}{int(train_history)}",
+    )
+    batches = _batches(max(8, int(seconds * 120_000 / batch) + 6), batch)
+    for b in batches[:5]:
+        trainer.train_step(b)
+    done, started, cpu = 0, time.perf_counter(), time.process_time()
+    for b in batches[5:]:
+        trainer.train_step(b)
+        done += len(b)
+        if time.perf_counter() - started > seconds:
+            break
+    return done / (time.perf_counter() - started), done / (time.process_time() - cpu)
+
+
+def _settings(root: Path) -> Any:
+    from feature_store.settings import load_settings
+    from stream.kafka_io import ensure_topics
+
+    base = load_settings()
+    uid = f"bench{uuid.uuid4().hex[:8]}"
+    s = base.model_copy(update={
+        "kafka": base.kafka.model_copy(update={
+            "samples_topic": f"{uid}.samples", "dlq_topic": f"{uid}.events.dlq",
+        }),
+        "trainer": base.trainer.model_copy(update={
+            "registry_dir": root / "models", "checkpoint_dir": root / "ckpt",
+        }),
+    })
+    ensure_topics(s.kafka, [s.kafka.samples_topic, s.kafka.dlq_topic])
+    return s
+
+
+def _service(settings: Any) -> Any:
+    from model.trainer import TrainOptions
+    from model.trainer_loop import LoopOptions, build_service
+    from model.two_tower import ModelConfig
+
+    service = build_service(
+        settings,
+        ModelConfig(history_len=HIST),
+        TrainOptions(batch_size=settings.trainer.batch_size),
+        LoopOptions(export_every_s=settings.trainer.export_every_s,
+                    export_every_samples=settings.trainer.export_every_samples),
+        clock=lambda: datetime.now(UTC),
+    )
+    warm = _batches(2, settings.trainer.batch_size, seed=99)
+    for b in warm:  # trace the step and the evaluation before timing
+        service.trainer.fit_batch(b)
+    return service
+
+
+def bench_e2e(n: int, root: Path) -> float:
+    from model.samples import encode_sample
+    from model.synthetic import SyntheticConfig, SyntheticStream
+    from stream.kafka_io import make_producer
+
+    settings = _settings(root)
+    stream = SyntheticStream(SyntheticConfig(users=10_000, items=20_000, clusters=50, seed=3))
+    producer = make_producer(settings.kafka, linger_ms=50, batch_size=512 * 1024,
+                             max_in_flight_requests_per_connection=5)
+    for s in stream.take(n):
+        producer.send(settings.kafka.samples_topic, key=s.user_id.encode(), value=encode_sample(s))
+    producer.flush(timeout=300)
+    producer.close()
+    service = _service(settings)
+    service.loop = replace(service.loop, max_samples=n)
+    started = time.perf_counter()
+    state = service.run()
+    elapsed = time.perf_counter() - started
+    assert state.samples_trained == n, state
+    return n / elapsed
+
+
+def bench_export(n_ids: int, root: Path) -> dict[str, Any]:
+    from model.artifact import load_artifact
+    from model.export import write_version
+    from model.tf_env import tf
+    from model.trainer import Trainer, TrainOptions
+    from model.two_tower import ModelConfig
+
+    trainer = Trainer(ModelConfig(), TrainOptions(), tag=f"x{n_ids}")
+    rng = np.random.default_rng(0)
+    d = trainer.config.embedding_dim
+    item_ids: dict[int, str] = {}
+    for start in range(0, n_ids, 100_000):
+        m = min(100_000, n_ids - start)
+        ukeys = rng.integers(1, 2**62, m, dtype=np.int64)
+        ikeys = rng.integers(1, 2**62, m, dtype=np.int64)
+        trainer.model.users.params.upsert(tf.constant(ukeys), tf.constant(rng.normal(size=(m, d)), tf.float32))
+        trainer.model.items.params.upsert(tf.constant(ikeys), tf.constant(rng.normal(size=(m, d)), tf.float32))
+        item_ids.update({int(k): f"item-{start + i}" for i, k in enumerate(ikeys.tolist())})
+    out = root / f"export-{n_ids}"
+    started = time.perf_counter()
+    write_version(out, trainer, item_ids, f"v{n_ids}", created_at=datetime.now(UTC))
+    export_s = time.perf_counter() - started
+    size = sum(p.stat().st_size for p in out.iterdir())
+    started = time.perf_counter()
+    load_artifact(out)
+    load_s = time.perf_counter() - started
+    shutil.rmtree(out, ignore_errors=True)
+    return {"ids": n_ids, "export_s": round(export_s, 3), "bytes": size,
+            "load_verify_s": round(load_s, 3)}
+
+
+def bench_freshness(seconds: float, rate: float, root: Path) -> dict[str, float]:
+    from model.samples import Sample, encode_sample
+    from model.synthetic import SyntheticConfig, SyntheticStream
+    from stream.kafka_io import make_producer
+
+    settings = _settings(root)
+    service = _service(settings)
+    published: list[tuple[float, dict[str, int]]] = []
+    export = service.export
+
+    def recording_export() -> str:
+        version = export()
+        published.append((time.time() * 1000.0, dict(service.state.offsets)))
+        return version
+
+    service.export = recording_export  # type: ignore[method-assign]
+    produced: list[tuple[str, int]] = []  # ("topic:partition", offset) per sample, with ts
+    stamps: list[int] = []
+    lock = threading.Lock()
+    stop_producing = threading.Event()
+
+    def produce() -> None:
+        stream = SyntheticStream(SyntheticConfig(users=10_000, items=20_000, clusters=50, seed=4))
+        producer = make_producer(settings.kafka)
+        started = time.monotonic()
+        sent = 0
+        while not stop_producing.is_set() and time.monotonic() - started < seconds:
+            due = int((time.monotonic() - started) * rate)
+            while sent < due:
+                s = stream.next()
+                now_ms = int(time.time() * 1000)
+                s = Sample(s.sample_id, s.user_id, s.item_id, s.event_type, s.weight, now_ms, s.history)
+
+                def done(meta: Any, ts: int = now_ms) -> None:
+                    with lock:
+                        produced.append((f"{meta.topic}:{meta.partition}", meta.offset))
+                        stamps.append(ts)
+
+                producer.send(settings.kafka.samples_topic, key=s.user_id.encode(),
+                              value=encode_sample(s)).add_callback(done)
+                sent += 1
+            time.sleep(0.01)
+        producer.flush(timeout=60)
+        producer.close()
+
+    runner = threading.Thread(target=service.run, name="trainer")
+    producer_thread = threading.Thread(target=produce, name="producer")
+    runner.start()
+    producer_thread.start()
+    producer_thread.join()
+    periodic = len(published)
+    service.stop_event.set()
+    runner.join(timeout=300)
+    versions = published[:periodic]  # the stop-time export is not a periodic publication
+    fresh: list[float] = []
+    for (part, offset), ts in zip(produced, stamps, strict=True):
+        for at_ms, offsets in versions:
+            if offsets.get(part, 0) > offset:
+                fresh.append((at_ms - ts) / 1000.0)
+                break
+    if not fresh:
+        return {"p50": float("nan"), "p95": float("nan"), "n": 0, "versions": periodic}
+    arr = np.array(fresh)
+    return {"p50": round(float(np.percentile(arr, 50)), 2),
+            "p95": round(float(np.percentile(arr, 95)), 2), "n": int(arr.size),
+            "versions": periodic, "export_every_s": settings.trainer.export_every_s}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="streamrec bench train", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", help="write the figures to this file")
+    parser.add_argument("--batches", default="512,2048")
+    parser.add_argument("--step-seconds", type=float, default=4.0)
+    parser.add_argument("--e2e-samples", type=int, default=100_000)
+    parser.add_argument("--export-ids", default="100000,1000000")
+    parser.add_argument("--freshness-s", type=float, default=75.0)
+    parser.add_argument("--freshness-rate", type=float, default=2000.0)
+    parser.add_argument("--skip", default="", help="comma list of step,e2e,export,freshness")
+    args = parser.parse_args(argv)
+    skip = set(filter(None, args.skip.split(",")))
+    result: dict[str, Any] = {"load_avg_start": os.getloadavg()[0]}
+    root = Path(tempfile.mkdtemp(prefix="bench-train-"))
+    try:
+        if "step" not in skip:
+            by_batch, by_cpu = {}, {}
+            for b in (int(x) for x in args.batches.split(",")):
+                wall, cpu = bench_step(b, args.step_seconds)
+                by_batch[str(b)], by_cpu[str(b)] = round(wall), round(cpu)
+                print(f"step batch {b}: {wall:,.0f} examples/s ({cpu:,.0f} per CPU second)")
+            result["step_examples_per_s_by_batch"] = by_batch
+            result["step_examples_per_cpu_s_by_batch"] = by_cpu
+            result["step_examples_per_s"] = by_batch.get("512", next(iter(by_batch.values())))
+            wall, cpu = bench_step(512, args.step_seconds, train_history=False)
+            result["step_examples_per_s_frozen_history"] = round(wall)
+            result["step_examples_per_cpu_s_frozen_history"] = round(cpu)
+            print(f"step batch 512, history rows frozen: {wall:,.0f} examples/s "
+                  f"({cpu:,.0f} per CPU second)")
+        if "e2e" not in skip:
+            result["e2e_examples_per_s"] = round(bench_e2e(args.e2e_samples, root))
+            print(f"end to end from Kafka: {result['e2e_examples_per_s']:,} examples/s")
+        if "export" not in skip:
+            result["export"] = []
+            for n in (int(x) for x in args.export_ids.split(",")):
+                fig = bench_export(n, root)
+                result["export"].append(fig)
+                print(f"export {n:,} ids: {fig['export_s']} s, {fig['bytes'] / 1e6:.1f} MB, "
+                      f"load+verify {fig['load_verify_s']} s")
+        if "freshness" not in skip:
+            result["model_freshness_s"] = bench_freshness(args.freshness_s, args.freshness_rate, root)
+            print(f"model freshness: {result['model_freshness_s']}")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    result["load_avg_end"] = os.getloadavg()[0]
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,162 @@
+"""Test-then-train evaluation: Recall@K and NDCG@K before each training batch.
+
+Candidate set (documented choice): every item the model knows (has its own row) at the
+last candidate refresh — refreshed every ``refresh_steps`` training steps, so a few
+items admitted since then are missing from the candidates (they count as misses, which
+only makes the figure conservative). Each sample has one relevant item (its target), so
+``recall@K = [rank < K]`` and ``NDCG@K = 1 / log2(rank + 2)`` if ``rank < K`` else 0.
+
+The popularity baseline ranks the same candidates by how often they were a training
+target so far, evaluated on the same rows.
+
+Rolling figures cover the last ``window`` evaluated samples; lifetime figures are kept
+apart (CONVENTIONS.md, metrics).
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from dataclasses import dataclass
+
+import numpy as np
+
+
+def top_k(scores: np.ndarray, k: int) -> np.ndarray:
+    """Indices of the ``k`` best columns of each row, best first. ``scores`` [B, N]."""
+    k = min(k, scores.shape[1])
+    if k == 0:
+        return np.zeros((scores.shape[0], 0), np.int64)
+    part = np.argpartition(-scores, k - 1, axis=1)[:, :k]
+    order = np.argsort(-np.take_along_axis(scores, part, axis=1), axis=1, kind="stable")
+    return np.take_along_axis(part, order, axis=1)
+
+
+def recall_ndcg(ranked_keys: np.ndarray, targets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-row recall and NDCG for one relevant item; ``ranked_keys`` [B, K] best first."""
+    hit = ranked_keys == targets[:, None]
+    found = hit.any(axis=1)
+    rank = np.argmax(hit, axis=1)
+    ndcg = np.where(found, 1.0 / np.log2(rank + 2.0), 0.0)
+    return found.astype(np.float64), ndcg
+
+
+def rank_metrics(
+    scores: np.ndarray, target_pos: np.ndarray, k: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per-row recall@k and NDCG@k from the target's rank (number of candidates scoring
+    strictly higher); ``target_pos`` -1 = target not among the candidates (a miss).
+    Same figures as ranking the top k, without sorting."""
+    rows = np.arange(scores.shape[0])
+    found = target_pos >= 0
+    target = scores[rows, np.maximum(target_pos, 0)]
+    rank = (scores > target[:, None]).sum(axis=1)
+    hit = found & (rank < k)
+    ndcg = np.where(hit, 1.0 / np.log2(rank + 2.0), 0.0)
+    return hit.astype(np.float64), ndcg
+
+
+@dataclass
+class Rolling:
+    """Sum of a per-sample figure over the last ``window`` samples plus lifetime totals."""
+
+    window: int = 10_000
+
+    def __post_init__(self) -> None:
+        self._chunks: deque[tuple[int, float]] = deque()
+        self._n = 0
+        self._sum = 0.0
+        self.lifetime_n = 0
+        self.lifetime_sum = 0.0
+
+    def add(self, values: np.ndarray) -> None:
+        n, s = int(values.size), float(values.sum())
+        if n == 0:
+            return
+        self._chunks.append((n, s))
+        self._n += n
+        self._sum += s
+        self.lifetime_n += n
+        self.lifetime_sum += s
+        while self._chunks and self._n - self._chunks[0][0] >= self.window:
+            old_n, old_s = self._chunks.popleft()
+            self._n -= old_n
+            self._sum -= old_s
+
+    @property
+    def value(self) -> float:
+        return self._sum / self._n if self._n else 0.0
+
+    @property
+    def lifetime(self) -> float:
+        return self.lifetime_sum / self.lifetime_n if self.lifetime_n else 0.0
+
+
+class Popularity:
+    """Target counts so far; ranks a candidate set by count (ties by key)."""
+
+    def __init__(self) -> None:
+        self.counts: Counter[int] = Counter()
+
+    def observe(self, item_keys: np.ndarray) -> None:
+        uniq, cnt = np.unique(item_keys, return_counts=True)
+        self.counts.update(dict(zip(uniq.tolist(), cnt.tolist(), strict=True)))
+
+    def top(self, candidates: np.ndarray, k: int) -> np.ndarray:
+        if candidates.size == 0:
+            return np.zeros(0, np.int64)
+        c = np.fromiter((self.counts.get(int(x), 0) for x in candidates), np.float64, candidates.size)
+        return candidates[top_k(c[None, :], k)[0]]
+
+
+class Evaluator:
+    """Holds the candidate set and the rolling figures of model and popularity baseline."""
+
+    def __init__(self, k: int = 10, window: int = 10_000) -> None:
+        self.k = k
+        self.candidate_keys = np.zeros(0, np.int64)
+        self.candidate_vectors = np.zeros((0, 0), np.float32)
+        self._position: dict[int, int] = {}
+        self.popularity = Popularity()
+        self._pop_top = np.zeros(0, np.int64)
+        self.recall = Rolling(window)
+        self.ndcg = Rolling(window)
+        self.pop_recall = Rolling(window)
+        self.pop_ndcg = Rolling(window)
+
+    def set_candidates(self, keys: np.ndarray, vectors: np.ndarray) -> None:
+        self.candidate_keys = np.asarray(keys, np.int64)
+        self.candidate_vectors = np.ascontiguousarray(vectors, np.float32)
+        self._position = {int(k): i for i, k in enumerate(self.candidate_keys.tolist())}
+        self._pop_top = self.popularity.top(self.candidate_keys, self.k)
+
+    def evaluate(self, user_vectors: np.ndarray, targets: np.ndarray) -> None:
+        """Score rows against the candidates (before the model trains on them)."""
+        if self.candidate_keys.size == 0 or targets.size == 0:
+            zeros = np.zeros(targets.size)
+            for r in (self.recall, self.ndcg, self.pop_recall, self.pop_ndcg):
+                r.add(zeros)
+            return
+        rec, ndcg = rank_metrics(
+            user_vectors @ self.candidate_vectors.T,
+            np.fromiter((self._position.get(int(t), -1) for t in targets), np.int64, targets.size),
+            self.k,
+        )
+        self.recall.add(rec)
+        self.ndcg.add(ndcg)
+        pop_ranked = np.broadcast_to(self._pop_top, (targets.size, self._pop_top.size))
+        prec, pndcg = recall_ndcg(pop_ranked, targets)
+        self.pop_recall.add(prec)
+        self.pop_ndcg.add(pndcg)
+
+    def summary(self) -> dict[str, float]:
+        k = self.k
+        return {
+            f"recall@{k}": self.recall.value,
+            f"ndcg@{k}": self.ndcg.value,
+            f"popularity_recall@{k}": self.pop_recall.value,
+            f"popularity_ndcg@{k}": self.pop_ndcg.value,
+            f"lifetime_recall@{k}": self.recall.lifetime,
+            f"lifetime_ndcg@{k}": self.ndcg.lifetime,
+            f"lifetime_popularity_recall@{k}": self.pop_recall.lifetime,
+            "evaluated_samples": float(self.recall.lifetime_n),
+        }

@@ -1,0 +1,154 @@
+"""In-batch sampled softmax with logQ correction and streaming item-frequency estimation.
+
+Reference: X. Yi et al., "Sampling-Bias-Corrected Neural Modeling for Large Corpus Item
+Recommendations", RecSys 2019.
+
+* In-batch softmax: for a batch of (user vector u_i, positive item vector v_i) pairs the
+  other positives of the batch are the negatives. Logit ``s_ij = <u_i, v_j> / T - log q_j``
+  where ``q_j`` is the estimated probability that item j appears in a batch (the logQ
+  correction removes the popularity bias of in-batch negatives). Loss of row i is the
+  cross-entropy of the softmax over row i at column i, weighted by the event weight ``w_i``;
+  the batch loss is ``sum_i w_i * ce_i / sum_i w_i``. Columns j != i holding the same item
+  as row i are masked out (they are not negatives).
+* ``num_groups`` > 1 splits the batch into that many near-equal consecutive blocks and draws the
+  negatives of each row only from its own block — the loss that gradient accumulation over
+  ``num_groups`` micro-batches optimises (see ``model.trainer``).
+* Streaming frequency estimation (Yi et al., Algorithm 2): arrays ``A`` (global step an
+  item was last seen) and ``B`` (estimated steps between two sightings) over ``H`` hash
+  buckets. Seeing item y at step t: ``B[h] <- (1 - alpha) B[h] + alpha (t - A[h])``,
+  ``A[h] <- t``. The probability estimate is ``q = 1 / B[h]``. Item keys are already
+  64-bit hashes, so ``h = key mod H``.
+
+The numpy functions (``*_np``) are the references the TF code is tested against.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from model.tf_env import tf
+
+#: B of a bucket never seen: a large gap, i.e. a small probability (1e-6 per step).
+INITIAL_GAP = 1e6
+#: Logit given to masked entries (same item as the positive, or outside the row's group).
+MASKED_LOGIT = -1e9
+
+
+class FrequencyEstimator(tf.Module):
+    """Yi et al. streaming estimate of each item's per-batch sampling probability."""
+
+    def __init__(self, buckets: int = 1 << 20, alpha: float = 0.01, name: str = "freq") -> None:
+        super().__init__(name=name)
+        if buckets < 1 or not 0.0 < alpha <= 1.0:
+            raise ValueError("buckets must be >= 1 and 0 < alpha <= 1")
+        self.buckets = int(buckets)
+        self.alpha = float(alpha)
+        self.last_step = tf.Variable(tf.zeros([self.buckets], tf.float32), trainable=False, name="A")
+        self.gap = tf.Variable(
+            tf.fill([self.buckets], tf.constant(INITIAL_GAP, tf.float32)), trainable=False, name="B"
+        )
+        self.step = tf.Variable(0.0, trainable=False, name="t")
+
+    def _bucket(self, keys: tf.Tensor) -> tf.Tensor:
+        return tf.math.floormod(tf.cast(keys, tf.int64), tf.constant(self.buckets, tf.int64))
+
+    def log_q(self, keys: tf.Tensor) -> tf.Tensor:
+        """log of the estimated probability of each key, float32, shape of ``keys``."""
+        return -tf.math.log(tf.gather(self.gap, self._bucket(keys)))
+
+    def update(self, keys: tf.Tensor) -> tf.Tensor:
+        """Record one batch (all of ``keys`` seen at the next step); returns the new step."""
+        t = self.step.assign_add(1.0)
+        buckets, _ = tf.unique(tf.reshape(self._bucket(keys), [-1]))
+        last = tf.gather(self.last_step, buckets)
+        gap = tf.gather(self.gap, buckets)
+        # First sighting of a bucket (A == 0): take the gap as t, i.e. since the stream began.
+        new_gap = (1.0 - self.alpha) * gap + self.alpha * (t - last)
+        new_gap = tf.where(last > 0.0, new_gap, tf.broadcast_to(t, tf.shape(new_gap)))
+        self.gap.scatter_nd_update(buckets[:, None], new_gap)
+        self.last_step.scatter_nd_update(buckets[:, None], tf.fill(tf.shape(last), t))
+        return t
+
+
+def frequency_update_np(
+    last_step: np.ndarray, gap: np.ndarray, step: float, keys: np.ndarray, alpha: float
+) -> float:
+    """Numpy reference of :meth:`FrequencyEstimator.update` (updates arrays in place)."""
+    t = step + 1.0
+    buckets = np.unique(np.mod(np.asarray(keys, np.int64).reshape(-1), last_step.shape[0]))
+    last = last_step[buckets]
+    new_gap = (1.0 - alpha) * gap[buckets] + alpha * (t - last)
+    gap[buckets] = np.where(last > 0.0, new_gap, t)
+    last_step[buckets] = t
+    return t
+
+
+def group_ids(batch: tf.Tensor, num_groups: int) -> tf.Tensor:
+    """Block index of each of ``batch`` rows: ``num_groups`` consecutive, near-equal blocks
+    (the split of ``numpy.array_split``)."""
+    return (tf.range(batch) * num_groups) // tf.maximum(batch, 1)
+
+
+def block_mask(batch: tf.Tensor, num_groups: int) -> tf.Tensor:
+    """[B, B] bool: True where row and column fall in the same of ``num_groups`` blocks."""
+    group = group_ids(batch, num_groups)
+    return tf.equal(group[:, None], group[None, :])
+
+
+def in_batch_softmax_loss(
+    user_vecs: tf.Tensor,
+    item_vecs: tf.Tensor,
+    item_keys: tf.Tensor,
+    log_q: tf.Tensor,
+    weights: tf.Tensor,
+    temperature: float = 1.0,
+    num_groups: int = 1,
+    reduce: str = "mean",
+) -> tf.Tensor:
+    """Weighted in-batch softmax loss with logQ correction (see the module doc).
+
+    ``reduce="mean"`` returns ``sum(w*ce)/sum(w)``; ``"sum"`` returns ``sum(w*ce)`` (for
+    accumulation, where the caller divides by the total weight of all micro-batches).
+    Logits are computed in the dtype of the vectors and the softmax in float32.
+    """
+    logits = tf.matmul(user_vecs, item_vecs, transpose_b=True)
+    logits = tf.cast(logits, tf.float32) / temperature - log_q[None, :]
+    batch = tf.shape(logits)[0]
+    same_item = tf.equal(item_keys[:, None], item_keys[None, :])
+    keep = tf.logical_or(tf.logical_not(same_item), tf.eye(batch, dtype=tf.bool))
+    if num_groups > 1:
+        keep = tf.logical_and(keep, block_mask(batch, num_groups))
+    logits = tf.where(keep, logits, MASKED_LOGIT)
+    ce = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=tf.range(batch), logits=logits)
+    weights = tf.cast(weights, tf.float32)
+    total = tf.reduce_sum(weights * ce)
+    if reduce == "sum":
+        return total
+    return total / tf.maximum(tf.reduce_sum(weights), 1e-12)
+
+
+def in_batch_softmax_loss_np(
+    user_vecs: np.ndarray,
+    item_vecs: np.ndarray,
+    item_keys: np.ndarray,
+    log_q: np.ndarray,
+    weights: np.ndarray,
+    temperature: float = 1.0,
+    num_groups: int = 1,
+) -> float:
+    """Numpy reference of :func:`in_batch_softmax_loss` (mean reduction), float64."""
+    u = np.asarray(user_vecs, np.float64)
+    v = np.asarray(item_vecs, np.float64)
+    b = u.shape[0]
+    logits = u @ v.T / temperature - np.asarray(log_q, np.float64)[None, :]
+    keys = np.asarray(item_keys)
+    keep = (keys[:, None] != keys[None, :]) | np.eye(b, dtype=bool)
+    if num_groups > 1:
+        group = (np.arange(b) * num_groups) // b
+        keep &= group[:, None] == group[None, :]
+    logits = np.where(keep, logits, MASKED_LOGIT)
+    m = logits.max(axis=1, keepdims=True)
+    log_softmax = logits - m - np.log(np.exp(logits - m).sum(axis=1, keepdims=True))
+    ce = -log_softmax[np.arange(b), np.arange(b)]
+    w = np.asarray(weights, np.float64)
+    return float((w * ce).sum() / max(w.sum(), 1e-12))

@@ -1,0 +1,293 @@
+"""The incremental trainer core: compiled train step, options, test-then-train, eviction.
+
+Kafka, checkpoints and exports live in ``model.trainer_loop``; this module trains on
+in-memory :class:`Batch` objects, so tests and benchmarks drive it directly.
+
+Options (each changes the computation as stated; ``tests/unit/test_trainer_options.py``):
+
+* ``grad_accum_steps=N``: the batch is split into N near-equal consecutive micro-batches;
+  each micro-batch's loss (in-batch negatives from its own micro-batch) is differentiated
+  separately, gradients are summed (sparse ones per key) and applied once. This equals one
+  step on the whole batch with ``loss_groups=N`` (the same loss in one pass).
+* ``mixed_precision=True``: tower math and logits in bfloat16, tables, dense weights and
+  optimizer state stay float32 (master weights); softmax/loss in float32.
+* ``user_lr`` / ``item_lr`` / ``dense_lr``: one Adagrad optimizer per table and one for the
+  dense layers, each with its own learning rate.
+* ``evict_every_steps=E``: every E steps each table keeps its ``max_*_rows`` most recently
+  trained rows (0 = never evict).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from model.evaluation import Evaluator
+from model.loss import FrequencyEstimator, group_ids, in_batch_softmax_loss
+from model.samples import Batch
+from model.tf_env import de, tf, tf_keras
+from model.two_tower import ModelConfig, TwoTower
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TrainOptions:
+    batch_size: int = 512
+    learning_rate: float = 0.05
+    user_lr: float | None = None
+    item_lr: float | None = None
+    dense_lr: float | None = None
+    grad_accum_steps: int = 1
+    #: Negatives drawn per block of the batch (reference for accumulation); 1 = whole batch.
+    loss_groups: int = 1
+    mixed_precision: bool = False
+    evict_every_steps: int = 0
+    max_user_rows: int = 2_000_000
+    max_item_rows: int = 1_000_000
+    logq_buckets: int = 1 << 20
+    logq_alpha: float = 0.01
+    eval_k: int = 10
+    #: Rows of each batch scored before training (0 = no test-then-train evaluation).
+    eval_rows: int = 128
+    eval_refresh_steps: int = 20
+    eval_window: int = 10_000
+
+    def __post_init__(self) -> None:
+        if self.grad_accum_steps < 1 or self.loss_groups < 1:
+            raise ValueError("grad_accum_steps and loss_groups must be >= 1")
+        if self.evict_every_steps < 0:
+            raise ValueError("evict_every_steps must be >= 0")
+
+
+_SIG = [
+    tf.TensorSpec([None], tf.int64),
+    tf.TensorSpec([None], tf.int64),
+    tf.TensorSpec([None, None], tf.int64),
+    tf.TensorSpec([None], tf.float32),
+]
+
+
+def _pick(value: float | None, default: float) -> float:
+    return default if value is None else value
+
+
+def _adagrad(lr: float) -> Any:
+    return tf_keras.optimizers.legacy.Adagrad(learning_rate=lr)
+
+
+class Trainer:
+    """A TwoTower model with its optimizers, logQ estimator and evaluation state."""
+
+    def __init__(
+        self, config: ModelConfig, options: TrainOptions | None = None, tag: str = ""
+    ) -> None:
+        """``tag`` names the TFRA tables (distinct per trainer in one process; see TwoTower)."""
+        self.options = options or TrainOptions()
+        opts = self.options
+        if opts.mixed_precision and config.compute_dtype != "bfloat16":
+            config = replace(config, compute_dtype="bfloat16")
+        self.config = config
+        self.model = TwoTower(config, tag=tag)
+        self.freq = FrequencyEstimator(opts.logq_buckets, opts.logq_alpha)
+        lr = opts.learning_rate
+        self.opt_user = de.DynamicEmbeddingOptimizer(_adagrad(_pick(opts.user_lr, lr)))
+        self.opt_item = de.DynamicEmbeddingOptimizer(_adagrad(_pick(opts.item_lr, lr)))
+        self.opt_dense = _adagrad(_pick(opts.dense_lr, lr))
+        self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
+        self.model.init_default_rows()
+        self.evaluator = Evaluator(opts.eval_k, opts.eval_window)
+        self._since_refresh = opts.eval_refresh_steps
+        self._head_vectors: np.ndarray | None = None
+        self._step_fn = tf.function(self._single_step, input_signature=_SIG)
+        self._accum_fn = tf.function(self._accum_step, input_signature=_SIG)
+        self._user_vec_fn = tf.function(
+            self.model.user_vectors,
+            input_signature=[tf.TensorSpec([None], tf.int64), tf.TensorSpec([None, None], tf.int64)],
+        )
+
+    # -- checkpointable state ---------------------------------------------------------------
+    def trackables(self) -> dict[str, object]:
+        """Objects a tf.train.Checkpoint must hold to resume exactly (slots included)."""
+        return {
+            "model": self.model,
+            "freq": self.freq,
+            "opt_user": self.opt_user,
+            "opt_item": self.opt_item,
+            "opt_dense": self.opt_dense,
+            "step": self.step,
+        }
+
+    # -- the compiled steps -------------------------------------------------------------------
+    def _apply(self, g_user: tf.Tensor, g_item: tf.Tensor, g_dense: list[tf.Tensor]) -> None:
+        self.opt_user.apply_gradients([(g_user, self.model.users.shadow)])
+        self.opt_item.apply_gradients([(g_item, self.model.items.shadow)])
+        self.opt_dense.apply_gradients(zip(g_dense, self.model.dense_variables, strict=True))
+
+    def _begin(self, uk: tf.Tensor, ik: tf.Tensor, hist: tf.Tensor) -> tuple[tf.Tensor, ...]:
+        step = self.step.assign_add(1)
+        u_eff, i_eff, h_eff, known = self.model.prepare(uk, ik, hist, step)
+        self.freq.update(ik)
+        return u_eff, i_eff, h_eff, known, self.freq.log_q(ik)
+
+    def _single_step(
+        self, uk: tf.Tensor, ik: tf.Tensor, hist: tf.Tensor, w: tf.Tensor
+    ) -> tuple[tf.Tensor, tf.Tensor]:
+        """Returns the loss and the user vectors of the first ``eval_rows`` rows as computed
+        before the update (the test-then-train vectors, at no extra lookup cost)."""
+        u_eff, i_eff, h_eff, known, log_q = self._begin(uk, ik, hist)
+        with tf.GradientTape() as tape:
+            u_rows, i_rows, h_rows = self.model.lookup(u_eff, i_eff, h_eff)
+            uv, iv = self.model.towers(u_rows, i_rows, h_rows, known)
+            loss = in_batch_softmax_loss(
+                uv, iv, ik, log_q, w, self.config.temperature, self.options.loss_groups
+            )
+        dense = self.model.dense_variables
+        grads = tape.gradient(loss, [self.model.users.shadow, self.model.items.shadow, *dense])
+        self._apply(grads[0], grads[1], grads[2:])
+        return loss, tf.cast(uv[: max(self.options.eval_rows, 0)], tf.float32)
+
+    def _materialize(self, params: object, keys: tf.Tensor) -> None:
+        """Give every key a row now, so all micro-batches read the same initial values."""
+        uniq, _ = tf.unique(tf.reshape(keys, [-1]))
+        vals, exists = params.lookup(uniq, return_exists=True)  # type: ignore[attr-defined]
+        missing = tf.logical_not(exists)
+        params.upsert(tf.boolean_mask(uniq, missing), tf.boolean_mask(vals, missing))  # type: ignore[attr-defined]
+
+    def _accum_step(
+        self, uk: tf.Tensor, ik: tf.Tensor, hist: tf.Tensor, w: tf.Tensor
+    ) -> tf.Tensor:
+        n = self.options.grad_accum_steps
+        e = self.config.embedding_dim
+        u_eff, i_eff, h_eff, known, log_q = self._begin(uk, ik, hist)
+        users, items = self.model.users, self.model.items
+        self._materialize(users.params, u_eff)
+        self._materialize(items.params, tf.concat([i_eff, tf.reshape(h_eff, [-1])], 0))
+        total_w = tf.maximum(tf.reduce_sum(w), 1e-12)
+        group = group_ids(tf.shape(ik)[0], n)
+        parts = [tf.dynamic_partition(x, group, n) for x in (u_eff, i_eff, h_eff, known, ik, log_q, w)]
+        dense = self.model.dense_variables
+        u_keys, u_grads, i_keys, i_grads = [], [], [], []
+        d_grads = [tf.zeros_like(v) for v in dense]
+        loss_total = tf.constant(0.0)
+        for g in range(n):
+            ue, ie, he, kn, ikg, lq, wg = (p[g] for p in parts)
+            uu, uidx = tf.unique(ue)
+            iu, iidx = tf.unique(tf.concat([ie, tf.reshape(he, [-1])], 0))
+            with tf.GradientTape() as tape:
+                u_uniq = users.params.lookup(uu)
+                i_uniq = items.params.lookup(iu)
+                tape.watch([u_uniq, i_uniq])
+                bg = tf.shape(ie)[0]
+                rows = tf.gather(i_uniq, iidx)
+                h_rows = tf.reshape(rows[bg:], [bg, -1, e])
+                if not self.config.train_history:
+                    h_rows = tf.stop_gradient(h_rows)
+                uv, iv = self.model.towers(tf.gather(u_uniq, uidx), rows[:bg], h_rows, kn)
+                loss = in_batch_softmax_loss(
+                    uv, iv, ikg, lq, wg, self.config.temperature, reduce="sum"
+                ) / total_w
+            gu, gi, *gd = tape.gradient(loss, [u_uniq, i_uniq, *dense])
+            u_keys.append(uu)
+            u_grads.append(gu)
+            i_keys.append(iu)
+            i_grads.append(gi)
+            d_grads = [a + b for a, b in zip(d_grads, gd, strict=True)]
+            loss_total += loss
+        uu, uidx = tf.unique(tf.concat(u_keys, 0))
+        iu, iidx = tf.unique(tf.concat(i_keys, 0))
+        gu = tf.math.unsorted_segment_sum(tf.concat(u_grads, 0), uidx, tf.size(uu))
+        gi = tf.math.unsorted_segment_sum(tf.concat(i_grads, 0), iidx, tf.size(iu))
+        with tf.GradientTape() as tape:
+            surrogate = tf.reduce_sum(users.layer(uu) * gu) + tf.reduce_sum(items.layer(iu) * gi)
+        g_user, g_item = tape.gradient(surrogate, [users.shadow, items.shadow])
+        self._apply(g_user, g_item, d_grads)
+        return loss_total
+
+    # -- public API ---------------------------------------------------------------------------
+    def train_step(self, batch: Batch) -> float:
+        """One optimizer update on ``batch`` (accumulated if ``grad_accum_steps`` > 1)."""
+        args = (
+            tf.constant(batch.user_keys, tf.int64),
+            tf.constant(batch.item_keys, tf.int64),
+            tf.constant(batch.history, tf.int64),
+            tf.constant(batch.weights, tf.float32),
+        )
+        self._head_vectors = None
+        if self._accumulates(batch):
+            loss = float(self._accum_fn(*args))
+        else:
+            loss_t, head = self._step_fn(*args)
+            loss, self._head_vectors = float(loss_t), head.numpy()
+        self.maybe_evict()
+        return loss
+
+    def _accumulates(self, batch: Batch) -> bool:
+        n = self.options.grad_accum_steps
+        return n > 1 and len(batch) >= n
+
+    def user_vectors(self, user_keys: np.ndarray, history: np.ndarray) -> np.ndarray:
+        return self._user_vec_fn(
+            tf.constant(user_keys, tf.int64), tf.constant(history, tf.int64)
+        ).numpy()
+
+    def item_vectors(self) -> tuple[np.ndarray, np.ndarray]:
+        """(keys, item tower outputs float32) of every known item."""
+        keys, rows = self.model.known_rows(self.model.items)
+        if self.config.normalize and rows.size:
+            rows = rows / np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-12)
+        return keys, rows.astype(np.float32)
+
+    def fit_batch(self, batch: Batch) -> float:
+        """Test-then-train: score the first ``eval_rows`` rows with the model as it was
+        before this batch, then train on the batch; returns the training loss.
+
+        The single-step path scores the user vectors its own forward pass computed before
+        the update (ids first seen in this batch have just been admitted there, so they
+        score with their fresh row rather than the default row: both are untrained).
+        """
+        opts = self.options
+        evaluating = opts.eval_rows > 0
+        head = batch.rows(slice(0, opts.eval_rows))
+        vectors = None
+        if evaluating:
+            if self._since_refresh >= opts.eval_refresh_steps:
+                self.evaluator.set_candidates(*self.item_vectors())
+                self._since_refresh = 0
+            if self._accumulates(batch):
+                vectors = self.user_vectors(head.user_keys, head.history)
+        loss = self.train_step(batch)
+        if evaluating:
+            if vectors is None:
+                vectors = self._head_vectors
+            if vectors is not None:
+                self.evaluator.evaluate(vectors, head.item_keys)
+        self.evaluator.popularity.observe(batch.item_keys)
+        self._since_refresh += 1
+        return loss
+
+    def maybe_evict(self) -> int:
+        every = self.options.evict_every_steps
+        if not every or int(self.step.numpy()) % every:
+            return 0
+        removed = 0
+        for table, opt, cap in (
+            (self.model.users, self.opt_user, self.options.max_user_rows),
+            (self.model.items, self.opt_item, self.options.max_item_rows),
+        ):
+            removed += self.model.evict(table, cap, self._slot_tables(opt, table))
+        return removed
+
+    @staticmethod
+    def _slot_tables(opt: object, table: object) -> list[object]:
+        try:
+            slot = opt.get_slot(table.shadow, "accumulator")  # type: ignore[attr-defined]
+        except (KeyError, AttributeError, ValueError):
+            return []
+        return [slot.params]
+
+    def table_sizes(self) -> dict[str, int]:
+        return {"user_rows": self.model.users.size(), "item_rows": self.model.items.size()}

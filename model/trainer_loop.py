@@ -1,0 +1,363 @@
+"""The trainer service: ``samples`` from Kafka -> test-then-train -> checkpoints -> versions.
+
+Exactly once. The consumer is assigned every partition of the samples topic manually, with
+auto-commit off; it never commits to Kafka. The offsets of the samples a model state has
+trained on are saved *inside* the checkpoint of that state (``model.checkpoint``). On start
+the newest checkpoint is restored and every partition is sought to its saved offset (or to
+the beginning). A crash loses only work done after the last checkpoint — model state and
+offsets together — so those samples are trained again from the restored state, and the
+surviving model has trained each sample exactly once. ``samples_trained`` and an
+order-independent digest of the trained sample ids are part of the checkpoint (and of
+every manifest) to prove it.
+
+A record that does not decode goes to the dead-letter topic with the reason; its offset
+counts as consumed (in order with the trained ones) and training continues.
+
+Every ``export_every_s`` seconds or ``export_every_samples`` samples (whichever first) the
+trainer checkpoints and then publishes a version whose manifest carries the offsets, the
+event time it is trained through, the rolling test-then-train metrics and the digest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import numpy as np
+
+from feature_store.settings import Settings
+from model.artifact import ArtifactError
+from model.checkpoint import CheckpointStore
+from model.export import publish_version
+from model.registry import Registry, RegistryError
+from model.samples import KeyCache, sample_digest
+from model.trainer import Trainer, TrainOptions
+from model.trainer_fetch import Chunk, ChunkFetcher
+from model.trainer_metrics import TrainerMetrics
+from model.two_tower import ModelConfig
+
+log = logging.getLogger(__name__)
+
+Clock = Callable[[], datetime]
+
+
+@dataclass
+class LoopState:
+    """What a checkpoint stores besides the TF objects."""
+
+    offsets: dict[str, int] = field(default_factory=dict)
+    samples_trained: int = 0
+    digest: int = 0
+    dlq_records: int = 0
+    trained_through_ms: int | None = None
+    export_seq: int = 0
+    last_version: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.__dict__, "digest": str(self.digest)}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> LoopState:
+        data = dict(data)
+        data["digest"] = int(data.get("digest", 0))
+        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+
+
+@dataclass(frozen=True)
+class LoopOptions:
+    batch_timeout_s: float = 0.2
+    poll_timeout_ms: int = 100
+    export_every_s: float = 30.0
+    export_every_samples: int = 200_000
+    max_samples: int | None = None
+
+
+def feature_schema_hash(history_len: int, config: ModelConfig) -> str:
+    spec = {
+        "ids": "blake2b-8(kind\\x1fid)",
+        "history_len": history_len,
+        "embedding_dim": config.embedding_dim,
+        "user_layers": list(config.user_layers),
+        "admit_after": config.admit_after,
+    }
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
+
+
+class TrainerService:
+    """Consumes samples, trains, checkpoints and publishes; see the module doc."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        trainer: Trainer,
+        loop: LoopOptions | None = None,
+        *,
+        clock: Clock,
+        monotonic: Callable[[], float] = time.monotonic,
+        metrics: TrainerMetrics | None = None,
+        redis_client: Any | None = None,
+    ) -> None:
+        self.settings = settings
+        self.trainer = trainer
+        self.loop = loop or LoopOptions(
+            export_every_s=settings.trainer.export_every_s,
+            export_every_samples=settings.trainer.export_every_samples,
+        )
+        self.clock = clock
+        self.monotonic = monotonic
+        self.metrics = metrics or TrainerMetrics(trainer.options.eval_k)
+        self.history_len = settings.features.history_len
+        tcfg = settings.trainer
+        self.checkpoints = CheckpointStore(tcfg.checkpoint_dir, trainer.trackables())
+        self.registry = Registry(
+            tcfg.registry_dir, tcfg.model_name, redis_client, settings.redis.key_prefix,
+            tcfg.keep_versions,
+        )
+        self.state = LoopState()
+        self.item_ids: dict[int, str] = {}
+        self.keys = KeyCache()
+        self.stop_event = threading.Event()
+        self.running = False
+        self._consumer: Any = None
+        self._producer: Any = None
+        self._last_loss = float("nan")
+        self._batches_done = 0
+
+    # -- state ---------------------------------------------------------------------------------
+    def restore(self) -> bool:
+        restored = self.checkpoints.restore()
+        if restored is None:
+            log.info("no checkpoint in %s: starting fresh", self.checkpoints.directory)
+            return False
+        self.state = LoopState.from_json(restored.state)
+        keys = restored.arrays.get("item_keys", np.zeros(0, np.int64))
+        ids = restored.arrays.get("item_ids", np.zeros(0, str))
+        self.item_ids = dict(zip(keys.tolist(), ids.tolist(), strict=True))
+        self.metrics.samples_total.set(self.state.samples_trained)
+        log.info(
+            "resuming at %s (%d samples trained)", self.state.offsets, self.state.samples_trained
+        )
+        return True
+
+    def checkpoint(self) -> None:
+        keys = np.fromiter(self.item_ids.keys(), np.int64, len(self.item_ids))
+        ids = np.array(list(self.item_ids.values()), dtype=np.str_)
+        self.checkpoints.save(self.state.to_json(), {"item_keys": keys, "item_ids": ids})
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "status": "ok" if self.running else "starting",
+            "samples_trained": self.state.samples_trained,
+            "digest": str(self.state.digest),
+            "dlq_records": self.state.dlq_records,
+            "offsets": dict(self.state.offsets),
+            "last_version": self.state.last_version,
+            "trained_through_ms": self.state.trained_through_ms,
+            "metrics": self.trainer.evaluator.summary(),
+        }
+
+    # -- kafka ---------------------------------------------------------------------------------
+    def _connect(self) -> None:
+        from kafka import KafkaConsumer, TopicPartition
+
+        from stream.kafka_io import ensure_topics, make_producer
+
+        kafka = self.settings.kafka
+        topic = kafka.samples_topic
+        ensure_topics(kafka, [topic, kafka.dlq_topic])
+        consumer = KafkaConsumer(
+            bootstrap_servers=kafka.bootstrap,
+            group_id=None,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            max_poll_records=max(4 * self.trainer.options.batch_size, 2000),
+            fetch_max_bytes=64 * 1024 * 1024,
+            max_partition_fetch_bytes=16 * 1024 * 1024,
+            client_id=f"{self.settings.trainer.group_id}-trainer",
+        )
+        partitions = None
+        deadline = self.monotonic() + 30.0
+        while not partitions and self.monotonic() < deadline:
+            partitions = consumer.partitions_for_topic(topic)
+            if not partitions:
+                self.stop_event.wait(0.2)
+        if not partitions:
+            consumer.close()
+            raise RuntimeError(f"topic {topic} has no partitions")
+        tps = [TopicPartition(topic, p) for p in sorted(partitions)]
+        consumer.assign(tps)
+        for tp in tps:
+            saved = self.state.offsets.get(f"{topic}:{tp.partition}")
+            if saved is None:
+                consumer.seek_to_beginning(tp)
+            else:
+                consumer.seek(tp, saved)
+        self._consumer = consumer
+        self._producer = make_producer(kafka)
+
+    def _dead_letter(self, record: Any, reason: str) -> None:
+        from stream.kafka_io import dlq_record
+
+        log.warning(
+            "dead-lettering %s:%d@%d: %s", record.topic, record.partition, record.offset, reason
+        )
+        value = dlq_record(reason, "trainer", record.topic, record.partition, record.offset, record.value)
+        self._producer.send(self.settings.kafka.dlq_topic, key=record.key, value=value)
+        self.state.dlq_records += 1
+        self.metrics.dlq.inc()
+
+    # -- main loop -----------------------------------------------------------------------------
+    def run(self) -> LoopState:
+        """Train until ``stop_event`` is set (or ``max_samples``); returns the final state."""
+        self.restore()
+        self._connect()
+        fetcher = ChunkFetcher(
+            self._consumer,
+            self.trainer.options.batch_size,
+            self.history_len,
+            self.loop.batch_timeout_s,
+            self.loop.poll_timeout_ms,
+            self.monotonic,
+            self.keys,
+        )
+        fetcher.start()
+        self.running = True
+        last_export = self.monotonic()
+        since_export = 0
+        try:
+            while not self.stop_event.is_set() and not self._limit_reached():
+                chunk = fetcher.get(timeout_s=0.1)
+                if chunk is not None:
+                    since_export += self._train(chunk)
+                now = self.monotonic()
+                if since_export > 0 and (
+                    now - last_export >= self.loop.export_every_s
+                    or since_export >= self.loop.export_every_samples
+                ):
+                    self._export_logged()
+                    last_export, since_export = self.monotonic(), 0
+            if since_export > 0:
+                self._export_logged()
+            return self.state
+        finally:
+            self.running = False
+            fetcher.stop()
+            self.close()
+
+    def _export_logged(self) -> None:
+        """Export; a failed publication is logged and retried at the next export (the
+        checkpoint it follows is already safe, so training goes on)."""
+        try:
+            self.export()
+        except (RegistryError, ArtifactError, OSError) as exc:
+            log.error("export of version %s failed: %s", self.state.last_version, exc)
+
+    def _limit_reached(self) -> bool:
+        cap = self.loop.max_samples
+        return cap is not None and self.state.samples_trained >= cap
+
+    def _train(self, chunk: Chunk) -> int:
+        for entry in chunk.entries:
+            if entry.reason is not None:
+                self._dead_letter(entry.record, entry.reason)
+        samples, st = chunk.samples, self.state
+        if chunk.batch is not None:
+            started = self.monotonic()
+            batch = chunk.batch
+            self._last_loss = self.trainer.fit_batch(batch)
+            for key, s in zip(batch.item_keys.tolist(), samples, strict=True):
+                self.item_ids[key] = s.item_id
+            st.samples_trained += len(samples)
+            st.digest = (st.digest + sample_digest([s.sample_id for s in samples])) % (1 << 64)
+            newest = max(s.ts for s in samples)
+            st.trained_through_ms = max(newest, st.trained_through_ms or newest)
+            m = self.metrics
+            m.samples.inc(len(samples))
+            m.samples_total.set(st.samples_trained)
+            m.batches.inc()
+            m.loss.set(self._last_loss)
+            m.trained_through.set(st.trained_through_ms)
+            m.step_seconds.observe(self.monotonic() - started)
+            self._batches_done += 1
+            if self._batches_done % 20 == 0:
+                m.set_quality(self.trainer.evaluator.summary())
+        for entry in chunk.entries:
+            record = entry.record
+            st.offsets[f"{record.topic}:{record.partition}"] = record.offset + 1
+        return len(samples)
+
+    def export(self) -> str:
+        """Checkpoint (model + offsets), then publish a version of the same state."""
+        started = self.monotonic()
+        if self._producer is not None:
+            self._producer.flush()  # dead letters reach Kafka before their offsets are saved
+        st = self.state
+        st.export_seq += 1
+        now = self.clock()
+        version = f"{now.strftime('%Y%m%dT%H%M%SZ')}-{st.export_seq:06d}"
+        st.last_version = version
+        sizes = self.trainer.table_sizes()
+        if len(self.item_ids) > 2 * sizes["item_rows"] + 1000:  # rows were evicted
+            live = set(self.trainer.model.known_rows(self.trainer.model.items)[0].tolist())
+            self.item_ids = {k: v for k, v in self.item_ids.items() if k in live}
+        self.checkpoint()
+        summary = self.trainer.evaluator.summary()
+        extra = {
+            "trained_through_ms": st.trained_through_ms,
+            "kafka_offsets": dict(st.offsets),
+            "metrics": {**summary, "loss": self._last_loss, **sizes},
+            "feature_schema_hash": feature_schema_hash(self.history_len, self.trainer.config),
+            "samples_trained": st.samples_trained,
+            "sample_digest": str(st.digest),
+            "dlq_records": st.dlq_records,
+            "model": {
+                "embedding_dim": self.trainer.config.embedding_dim,
+                "user_layers": list(self.trainer.config.user_layers),
+                "admit_after": self.trainer.config.admit_after,
+                "temperature": self.trainer.config.temperature,
+            },
+        }
+        publish_version(self.registry, self.trainer, self.item_ids, version, extra, created_at=now)
+        self.metrics.exports.inc()
+        self.metrics.set_quality(summary)
+        for table, rows in sizes.items():
+            self.metrics.table_rows.labels(table).set(rows)
+        self.metrics.export_seconds.observe(self.monotonic() - started)
+        return version
+
+    def close(self) -> None:
+        if self._consumer is not None:
+            self._consumer.close()
+            self._consumer = None
+        if self._producer is not None:
+            self._producer.flush()
+            self._producer.close()
+            self._producer = None
+
+
+def build_service(
+    settings: Settings,
+    model_config: ModelConfig | None = None,
+    options: TrainOptions | None = None,
+    loop: LoopOptions | None = None,
+    *,
+    clock: Clock,
+    redis_client: Any | None = None,
+) -> TrainerService:
+    """A service with its trainer built from settings (explicit configs win)."""
+    tcfg = settings.trainer
+    config = model_config or ModelConfig(
+        embedding_dim=tcfg.embedding_dim,
+        user_layers=(2 * tcfg.embedding_dim, tcfg.embedding_dim),
+        history_len=settings.features.history_len,
+        seed=tcfg.seed,
+    )
+    opts = options or TrainOptions(batch_size=tcfg.batch_size, learning_rate=tcfg.learning_rate)
+    return TrainerService(settings, Trainer(config, opts), loop, clock=clock, redis_client=redis_client)

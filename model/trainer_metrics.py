@@ -1,0 +1,116 @@
+"""Metric names of the trainer (defined once) and its tiny /health + /metrics HTTP server.
+
+Rolling (windowed) figures are gauges named ``*_rolling``; lifetime figures are counters or
+``*_lifetime`` gauges, kept apart (CONVENTIONS.md 10).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+log = logging.getLogger(__name__)
+
+NS = "streamrec_trainer"
+
+
+class TrainerMetrics:
+    """Prometheus collectors of one trainer, in their own registry (no global state)."""
+
+    def __init__(self, k: int = 10) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.samples = Counter(f"{NS}_samples", "Samples trained (this process)", registry=r)
+        self.samples_total = Gauge(
+            f"{NS}_samples_trained_lifetime", "Samples trained, restored across restarts", registry=r
+        )
+        self.dlq = Counter(f"{NS}_dlq_records", "Samples sent to the dead-letter topic", registry=r)
+        self.batches = Counter(f"{NS}_batches", "Training steps", registry=r)
+        self.exports = Counter(f"{NS}_exports", "Versions published", registry=r)
+        self.loss = Gauge(f"{NS}_loss", "Loss of the last batch", registry=r)
+        self.step_seconds = Histogram(
+            f"{NS}_step_seconds", "Wall time of evaluate+train per batch", registry=r,
+            buckets=(0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 5.0),
+        )
+        self.export_seconds = Histogram(
+            f"{NS}_export_seconds", "Wall time of checkpoint+export", registry=r,
+            buckets=(0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
+        )
+        self.quality = Gauge(
+            f"{NS}_quality_rolling", "Test-then-train figures over the rolling window",
+            ["metric"], registry=r,
+        )
+        self.quality_lifetime = Gauge(
+            f"{NS}_quality_lifetime", "Test-then-train figures since start", ["metric"], registry=r
+        )
+        self.table_rows = Gauge(f"{NS}_table_rows", "Rows per embedding table", ["table"], registry=r)
+        self.trained_through = Gauge(
+            f"{NS}_trained_through_ms", "Event time of the newest trained sample", registry=r
+        )
+        self.k = k
+
+    def set_quality(self, summary: dict[str, float]) -> None:
+        for name, value in summary.items():
+            if name.startswith("lifetime_"):
+                self.quality_lifetime.labels(name[len("lifetime_"):]).set(value)
+            elif name != "evaluated_samples":
+                self.quality.labels(name).set(value)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class HealthServer:
+    """``GET /health`` (JSON from ``status()``) and ``GET /metrics`` on a background thread."""
+
+    def __init__(
+        self, host: str, port: int, metrics: TrainerMetrics, status: Callable[[], dict[str, Any]]
+    ) -> None:
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - http.server API
+                path = self.path.split("?", 1)[0]
+                if path == "/health":
+                    body = json.dumps(outer.status()).encode()
+                    ctype = "application/json"
+                elif path == "/metrics":
+                    body, ctype = outer.metrics.render(), CONTENT_TYPE_LATEST
+                else:
+                    self.send_error(404)
+                    return
+                self.send_response(200)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+                log.debug("http: " + format, *args)
+
+        self.metrics = metrics
+        self.status = status
+        self.httpd = ThreadingHTTPServer((host, port), Handler)
+        self.httpd.daemon_threads = True
+        self._thread = threading.Thread(target=self.httpd.serve_forever, name="trainer-http", daemon=True)
+
+    @property
+    def port(self) -> int:
+        return int(self.httpd.server_address[1])
+
+    def start(self) -> HealthServer:
+        self._thread.start()
+        log.info("trainer health/metrics on port %d", self.port)
+        return self
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self._thread.join(timeout=5)

@@ -1,0 +1,291 @@
+"""Two-tower retrieval model on TFRA dynamic embeddings.
+
+* User tower: ``x = concat(user_row, mean(history item rows the model knows) or zeros)``
+  then dense layers (relu, last linear), optionally L2-normalised — exactly the tower
+  ``model.artifact.ServingArtifact.user_vectors`` recomputes in numpy.
+* Item tower: the item's row of the item table (the table the history shares), optionally
+  L2-normalised. Score = dot product (divided by the temperature in the loss).
+* Every sparse id goes through a ``tfra.dynamic_embedding`` table (no vocabulary, no hashing
+  into a fixed size).
+* Admission: a per-table stats hash table holds ``(sightings, last_step)`` per key. An id
+  counts as *known* once it was seen ``admit_after`` times as a training user / target item;
+  before that it uses the shared default row (key :data:`DEFAULT_KEY`) and, in a history,
+  it is skipped (as serving skips items it has no row for).
+* Eviction: :meth:`TwoTower.evict` keeps the ``max_rows`` most recently trained rows of a
+  table (by the trainer's step counter, not a wall clock), removing the evicted keys from
+  the table, the optimizer slots and the stats (so an evicted id must be re-admitted).
+
+All heavy lifting is TF; the class holds no global state and is checkpointed with
+``tf.train.Checkpoint`` (tables, stats, dense weights).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from model.tf_env import de, tf, tf_keras
+
+log = logging.getLogger(__name__)
+
+#: Key of the shared default row in both tables (ids.py never yields it in practice:
+#: the 64-bit hash hits it with probability 2**-64).
+DEFAULT_KEY = int(np.iinfo(np.int64).min)
+PAD_KEY = 0
+COMPUTE_DTYPES = ("float32", "bfloat16")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    embedding_dim: int = 32
+    #: Dense layers of the user tower; the last one must equal ``embedding_dim``.
+    user_layers: tuple[int, ...] = (64, 32)
+    history_len: int = 50
+    temperature: float = 0.05
+    normalize: bool = True
+    admit_after: int = 1
+    init_stddev: float = 0.05
+    seed: int = 7
+    #: "bfloat16": tower math and logits in bfloat16, variables stay float32 (master weights).
+    compute_dtype: str = "float32"
+    init_capacity: int = 16384
+    #: Whether history rows get gradients through the user tower. False: they learn only as
+    #: targets, and the item table's optimizer touches ~B rows per step instead of every
+    #: distinct history item of the batch (see bench/train.py for the speed difference).
+    train_history: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.user_layers or self.user_layers[-1] != self.embedding_dim:
+            raise ValueError("user_layers must end with embedding_dim (the item vector size)")
+        if self.compute_dtype not in COMPUTE_DTYPES:
+            raise ValueError(f"compute_dtype must be one of {COMPUTE_DTYPES}")
+        if self.admit_after < 1:
+            raise ValueError("admit_after must be >= 1")
+
+
+class EmbeddingTable(tf.Module):
+    """One dynamic-embedding table plus its admission/eviction stats."""
+
+    def __init__(self, name: str, dim: int, stddev: float, seed: int, capacity: int) -> None:
+        super().__init__(name=name)
+        self.layer = de.keras.layers.Embedding(
+            dim,
+            initializer=tf.random_normal_initializer(0.0, stddev, seed=seed),
+            name=f"{name}_emb",
+            init_capacity=capacity,
+        )
+        # key -> (sightings, last step trained); unseen keys read (0, 0).
+        self.stats = tf.lookup.experimental.MutableHashTable(
+            key_dtype=tf.int64,
+            value_dtype=tf.int64,
+            default_value=tf.constant([0, 0], tf.int64),
+            name=f"{name}_stats",
+        )
+
+    @property
+    def params(self):  # type: ignore[no-untyped-def]
+        return self.layer.params
+
+    @property
+    def shadow(self):  # type: ignore[no-untyped-def]
+        return self.layer.shadow
+
+    def sightings(self, keys: tf.Tensor) -> tf.Tensor:
+        return self.stats.lookup(keys)[..., 0]
+
+    def observe(self, keys: tf.Tensor, step: tf.Tensor) -> tf.Tensor:
+        """Count one sighting per occurrence of each key at ``step``; returns new counts."""
+        uniq, idx, cnt = tf.unique_with_counts(tf.reshape(keys, [-1]))
+        counts = self.stats.lookup(uniq)[:, 0] + tf.cast(cnt, tf.int64)
+        steps = tf.fill(tf.shape(counts), tf.cast(step, tf.int64))
+        self.stats.insert(uniq, tf.stack([counts, steps], axis=1))
+        return tf.reshape(tf.gather(counts, idx), tf.shape(keys))
+
+    def size(self) -> int:
+        return int(self.params.size())
+
+
+class TwoTower(tf.Module):
+    """The model; see the module doc. ``towers`` is the one place the math lives."""
+
+    def __init__(self, config: ModelConfig, tag: str = "", name: str = "two_tower") -> None:
+        super().__init__(name=name)
+        self.config = config
+        e = config.embedding_dim
+        # TFRA tables with equal names share one resource within a process, and TFRA
+        # checkpoints match tables by name: a process holding several models gives each a
+        # distinct ``tag``; a restarted trainer must use the tag it saved with.
+        sfx = f"_{tag}" if tag else ""
+        self.users = EmbeddingTable(
+            f"user{sfx}", e, config.init_stddev, config.seed, config.init_capacity
+        )
+        self.items = EmbeddingTable(
+            f"item{sfx}", e, config.init_stddev, config.seed + 1, config.init_capacity
+        )
+        init = tf_keras.initializers.GlorotUniform(seed=config.seed + 2)
+        self.kernels: list[tf.Variable] = []
+        self.biases: list[tf.Variable] = []
+        width = 2 * e
+        for i, out in enumerate(config.user_layers):
+            self.kernels.append(tf.Variable(init([width, out]), name=f"user_w{i}"))
+            self.biases.append(tf.Variable(tf.zeros([out]), name=f"user_b{i}"))
+            width = out
+        self.compute_dtype = tf.as_dtype(config.compute_dtype)
+
+    # -- variables ------------------------------------------------------------------------
+    @property
+    def dense_variables(self) -> list[tf.Variable]:
+        return [v for pair in zip(self.kernels, self.biases, strict=True) for v in pair]
+
+    @property
+    def activations(self) -> list[str]:
+        n = len(self.kernels)
+        return ["relu" if i < n - 1 else "linear" for i in range(n)]
+
+    # -- ids --------------------------------------------------------------------------------
+    def admit(
+        self, table: EmbeddingTable, keys: tf.Tensor, step: tf.Tensor | None
+    ) -> tf.Tensor:
+        """Keys with a row of their own, else DEFAULT_KEY; counts a sighting if ``step``."""
+        counts = table.observe(keys, step) if step is not None else table.sightings(keys)
+        admitted = counts >= self.config.admit_after
+        return tf.where(admitted, keys, tf.constant(DEFAULT_KEY, tf.int64))
+
+    def known_history(self, history: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        """(history keys with unknown/pad entries replaced by DEFAULT_KEY, known mask)."""
+        known = tf.logical_and(
+            tf.not_equal(history, PAD_KEY),
+            self.items.sightings(history) >= self.config.admit_after,
+        )
+        return tf.where(known, history, tf.constant(DEFAULT_KEY, tf.int64)), known
+
+    def prepare(
+        self,
+        user_keys: tf.Tensor,
+        item_keys: tf.Tensor,
+        history: tf.Tensor,
+        step: tf.Tensor | None,
+    ) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor]:
+        """Effective keys ``(user, item, history, history_known)``; counts sightings if ``step``."""
+        u_eff = self.admit(self.users, user_keys, step)
+        i_eff = self.admit(self.items, item_keys, step)
+        h_eff, known = self.known_history(history)
+        return u_eff, i_eff, h_eff, known
+
+    # -- lookups ------------------------------------------------------------------------------
+    def lookup(
+        self, u_eff: tf.Tensor, i_eff: tf.Tensor, h_eff: tf.Tensor
+    ) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+        """Trainable lookups through the TFRA shadow variables (gradients reach the tables)."""
+        u_rows = self.users.layer(u_eff)
+        if not self.config.train_history:
+            # History rows are read past the shadow variable: the optimizer then touches
+            # only the batch's target rows (it rewrites every row a shadow lookup holds).
+            return u_rows, self.items.layer(i_eff), self.read_rows(self.items, h_eff)
+        b = tf.shape(i_eff)[0]
+        rows = self.items.layer(tf.concat([i_eff, tf.reshape(h_eff, [-1])], axis=0))
+        h_rows = tf.reshape(rows[b:], [b, -1, self.config.embedding_dim])
+        return u_rows, rows[:b], h_rows
+
+    def read_rows(self, table: EmbeddingTable, keys: tf.Tensor) -> tf.Tensor:
+        """Plain table read (no gradient path, no shadow update); unknown keys get random rows."""
+        uniq, idx = tf.unique(tf.reshape(keys, [-1]))
+        rows = tf.gather(table.params.lookup(uniq), idx)
+        return tf.reshape(rows, tf.concat([tf.shape(keys), [self.config.embedding_dim]], 0))
+
+    # -- math -----------------------------------------------------------------------------------
+    def user_tower(self, u_rows: tf.Tensor, h_rows: tf.Tensor, known: tf.Tensor) -> tf.Tensor:
+        mask = tf.cast(known, tf.float32)[..., None]
+        pooled = tf.reduce_sum(h_rows * mask, axis=1) / tf.maximum(tf.reduce_sum(mask, axis=1), 1.0)
+        x = tf.cast(tf.concat([u_rows, pooled], axis=-1), self.compute_dtype)
+        for w, b, act in zip(self.kernels, self.biases, self.activations, strict=True):
+            x = tf.matmul(x, tf.cast(w, self.compute_dtype)) + tf.cast(b, self.compute_dtype)
+            if act == "relu":
+                x = tf.nn.relu(x)
+        return self._finish(x)
+
+    def item_tower(self, i_rows: tf.Tensor) -> tf.Tensor:
+        return self._finish(tf.cast(i_rows, self.compute_dtype))
+
+    def _finish(self, x: tf.Tensor) -> tf.Tensor:
+        if self.config.normalize:
+            x32 = tf.cast(x, tf.float32)
+            x32 = x32 / tf.maximum(tf.norm(x32, axis=-1, keepdims=True), 1e-12)
+            x = tf.cast(x32, self.compute_dtype)
+        return x
+
+    def towers(
+        self, u_rows: tf.Tensor, i_rows: tf.Tensor, h_rows: tf.Tensor, known: tf.Tensor
+    ) -> tuple[tf.Tensor, tf.Tensor]:
+        return self.user_tower(u_rows, h_rows, known), self.item_tower(i_rows)
+
+    def user_vectors(self, user_keys: tf.Tensor, history: tf.Tensor) -> tf.Tensor:
+        """Inference user vectors (float32), no admission counting, no gradients."""
+        u_eff = self.admit(self.users, user_keys, None)
+        h_eff, known = self.known_history(history)
+        u_rows = self.read_rows(self.users, u_eff)
+        h_rows = self.read_rows(self.items, h_eff)
+        return tf.cast(self.user_tower(u_rows, h_rows, known), tf.float32)
+
+    # -- table maintenance ---------------------------------------------------------------------
+    def known_rows(self, table: EmbeddingTable) -> tuple[np.ndarray, np.ndarray]:
+        """(keys, rows) of the ids with an own row (admitted, excluding the default row)."""
+        keys, rows = table.params.export()
+        keys, rows = keys.numpy(), rows.numpy()
+        keep = keys != DEFAULT_KEY
+        if self.config.admit_after > 1 and keys.size:
+            counts = table.sightings(tf.constant(keys)).numpy()
+            keep &= counts >= self.config.admit_after
+        return keys[keep], rows[keep]
+
+    def init_default_rows(self) -> None:
+        """Zero default rows, so an unknown id starts at the origin (and serving's default
+        user row exists from the first export on)."""
+        key = tf.constant([DEFAULT_KEY], tf.int64)
+        zeros = tf.zeros([1, self.config.embedding_dim])
+        for table in (self.users, self.items):
+            table.params.upsert(key, zeros)
+
+    def default_row(self, table: EmbeddingTable) -> np.ndarray:
+        row, exists = table.params.lookup(
+            tf.constant([DEFAULT_KEY], tf.int64), return_exists=True
+        )
+        if not bool(exists.numpy()[0]):
+            return np.zeros([self.config.embedding_dim], np.float32)
+        return row.numpy()[0]
+
+    def evict(self, table: EmbeddingTable, max_rows: int, slot_tables: Sequence[object] = ()) -> int:
+        """Keep the ``max_rows`` most recently trained rows; returns how many were removed.
+
+        Also drops never-admitted stats entries older than the oldest kept row, so the stats
+        table stays within a small multiple of ``max_rows``.
+        """
+        keys = table.params.export()[0].numpy()
+        keys = keys[keys != DEFAULT_KEY]
+        removed = 0
+        if keys.size > max_rows:
+            last = table.stats.lookup(tf.constant(keys)).numpy()[:, 1]
+            drop = keys[np.argsort(last, kind="stable")[: keys.size - max_rows]]
+            drop_t = tf.constant(drop)
+            table.params.remove(drop_t)
+            table.stats.remove(drop_t)
+            for slot in slot_tables:
+                slot.remove(drop_t)  # type: ignore[attr-defined]
+            removed = int(drop.size)
+        n_stats = int(table.stats.size())
+        if n_stats > 4 * max(max_rows, 1):
+            skeys, svals = table.stats.export()
+            skeys, svals = skeys.numpy(), svals.numpy()
+            cold = svals[:, 0] < self.config.admit_after
+            order = np.argsort(np.where(cold, svals[:, 1], np.iinfo(np.int64).max), kind="stable")
+            excess = n_stats - 2 * max(max_rows, 1)
+            victims = order[:excess]
+            victims = victims[cold[victims]]
+            if victims.size:
+                table.stats.remove(tf.constant(skeys[victims]))
+        if removed:
+            log.info("evicted %d rows from %s (max %d)", removed, table.name, max_rows)
+        return removed

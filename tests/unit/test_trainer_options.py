@@ -1,0 +1,232 @@
+"""Each large-scale training option changes the computation as its flag says."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from model.checkpoint import CheckpointStore
+from model.samples import (
+    KeyCache,
+    SampleError,
+    decode_sample,
+    encode_sample,
+    sample_digest,
+    to_batch,
+)
+from model.synthetic import SyntheticConfig, SyntheticStream
+from model.tf_env import tf
+from model.trainer import Batch, Trainer, TrainOptions
+from model.two_tower import DEFAULT_KEY, ModelConfig
+
+HIST = 5
+CFG = ModelConfig(embedding_dim=8, user_layers=(16, 8), history_len=HIST)
+
+
+def _batches(n: int, size: int, seed: int = 3) -> list[Batch]:
+    stream = SyntheticStream(SyntheticConfig(users=60, items=40, clusters=4, history_len=HIST, seed=seed))
+    keys = KeyCache()
+    return [to_batch(stream.take(size), HIST, keys) for _ in range(n)]
+
+
+def _table(trainer: Trainer, which: str) -> dict[int, np.ndarray]:
+    table = trainer.model.users if which == "user" else trainer.model.items
+    keys, rows = table.params.export()
+    return {int(k): r for k, r in zip(keys.numpy(), rows.numpy(), strict=True) if k != DEFAULT_KEY}
+
+
+def _seed_state(trainer: Trainer, batch: Batch, rng_seed: int = 0) -> None:
+    """Give every key of ``batch`` the same initial row in every trainer, and same dense weights."""
+    rng = np.random.default_rng(rng_seed)
+    users = np.unique(batch.user_keys)
+    items = np.unique(np.concatenate([batch.item_keys, batch.history.reshape(-1)]))
+    items = items[items != 0]
+    trainer.model.users.params.upsert(
+        tf.constant(users), tf.constant(rng.normal(0, 0.1, (users.size, CFG.embedding_dim)), tf.float32)
+    )
+    trainer.model.items.params.upsert(
+        tf.constant(items), tf.constant(rng.normal(0, 0.1, (items.size, CFG.embedding_dim)), tf.float32)
+    )
+    for v in trainer.model.dense_variables:
+        v.assign(rng.normal(0, 0.2, v.shape.as_list()).astype(np.float32))
+    # Items of the history count as known (as after earlier training).
+    trainer.model.items.observe(tf.constant(items), tf.constant(0, tf.int64))
+
+
+def test_grad_accumulation_equals_one_big_batch() -> None:
+    batch = _batches(1, 96)[0]
+    accum = Trainer(CFG, TrainOptions(grad_accum_steps=4, eval_rows=0, learning_rate=0.1), tag="acc")
+    big = Trainer(CFG, TrainOptions(loss_groups=4, eval_rows=0, learning_rate=0.1), tag="big")
+    for t in (accum, big):
+        _seed_state(t, batch)
+    before = _table(big, "item")
+    loss_a = accum.train_step(batch)
+    loss_b = big.train_step(batch)
+    assert loss_a == pytest.approx(loss_b, rel=1e-5)
+    for which in ("user", "item"):
+        ta, tb = _table(accum, which), _table(big, which)
+        assert ta.keys() == tb.keys()
+        for k in ta:
+            np.testing.assert_allclose(ta[k], tb[k], atol=1e-6)
+    for va, vb in zip(accum.model.dense_variables, big.model.dense_variables, strict=True):
+        np.testing.assert_allclose(va.numpy(), vb.numpy(), atol=1e-6)
+    # The step did move the weights (the comparison is not between two untouched states).
+    after = _table(big, "item")
+    assert max(np.abs(after[k] - before[k]).max() for k in before) > 1e-3
+
+
+def test_mixed_precision_computes_in_bfloat16_with_float32_master_weights() -> None:
+    batch = _batches(1, 64)[0]
+    mixed = Trainer(CFG, TrainOptions(mixed_precision=True, eval_rows=0), tag="bf16")
+    full = Trainer(CFG, TrainOptions(eval_rows=0), tag="fp32")
+    for t in (mixed, full):
+        _seed_state(t, batch)
+    assert mixed.model.compute_dtype == tf.bfloat16
+    u_eff, i_eff, h_eff, known = mixed.model.prepare(
+        tf.constant(batch.user_keys), tf.constant(batch.item_keys), tf.constant(batch.history), None
+    )
+    rows = mixed.model.read_rows(mixed.model.users, u_eff), mixed.model.read_rows(mixed.model.items, i_eff)
+    h_rows = mixed.model.read_rows(mixed.model.items, h_eff)
+    uv_bf, iv_bf = mixed.model.towers(rows[0], rows[1], h_rows, known)
+    uv_32, iv_32 = full.model.towers(rows[0], rows[1], h_rows, known)
+    assert uv_bf.dtype == tf.bfloat16 and iv_bf.dtype == tf.bfloat16
+    assert uv_32.dtype == tf.float32
+    diff = np.abs(tf.cast(uv_bf, tf.float32).numpy() - uv_32.numpy())
+    assert 0 < diff.max() < 0.05  # bfloat16 rounding: close, not identical
+
+    loss_bf = mixed.train_step(batch)
+    loss_32 = full.train_step(batch)
+    assert loss_bf == pytest.approx(loss_32, rel=0.05)
+    assert loss_bf != loss_32
+    assert all(v.dtype == tf.float32 for v in mixed.model.dense_variables)
+    keys, values = mixed.model.items.params.export()
+    assert values.dtype == tf.float32
+
+
+def test_per_table_learning_rates() -> None:
+    batch = _batches(1, 64)[0]
+    trainer = Trainer(
+        CFG, TrainOptions(user_lr=0.0, item_lr=0.2, dense_lr=0.0, eval_rows=0), tag="lr"
+    )
+    _seed_state(trainer, batch)
+    users0, items0 = _table(trainer, "user"), _table(trainer, "item")
+    dense0 = [v.numpy().copy() for v in trainer.model.dense_variables]
+    trainer.train_step(batch)
+    users1, items1 = _table(trainer, "user"), _table(trainer, "item")
+    for k in users0:
+        np.testing.assert_array_equal(users1[k], users0[k])
+    for v, v0 in zip(trainer.model.dense_variables, dense0, strict=True):
+        np.testing.assert_array_equal(v.numpy(), v0)
+    moved = [np.abs(items1[k] - items0[k]).max() for k in np.unique(batch.item_keys).tolist()]
+    assert min(moved) > 1e-4
+
+
+def test_eviction_interval_bounds_tables_every_n_steps() -> None:
+    batches = _batches(3, 64)
+    trainer = Trainer(
+        CFG,
+        TrainOptions(evict_every_steps=2, max_user_rows=10, max_item_rows=12, eval_rows=0),
+        tag="evict",
+    )
+    trainer.train_step(batches[0])
+    sizes = trainer.table_sizes()
+    assert sizes["user_rows"] > 11 and sizes["item_rows"] > 13  # step 1: no eviction yet
+    trainer.train_step(batches[1])
+    sizes = trainer.table_sizes()
+    assert sizes["user_rows"] <= 11 and sizes["item_rows"] <= 13  # + the default row
+    # Kept rows are the most recently trained ones: every user of the last batch that fits.
+    kept = set(_table(trainer, "user"))
+    assert kept <= set(np.unique(np.concatenate([batches[0].user_keys, batches[1].user_keys])).tolist())
+    last_seen = trainer.model.users.stats.lookup(tf.constant(sorted(kept), tf.int64)).numpy()[:, 1]
+    assert (last_seen == 2).sum() >= min(10, len(kept))
+    # Evicted keys left the optimizer slots and the stats too.
+    slot = trainer.opt_user.get_slot(trainer.model.users.shadow, "accumulator").params
+    assert int(slot.size()) <= 11
+
+
+def test_frozen_history_rows_learn_only_as_targets() -> None:
+    b = 32
+    rng = np.random.default_rng(5)
+    batch = Batch(
+        user_keys=np.arange(1, b + 1, dtype=np.int64),
+        item_keys=np.arange(101, 101 + b, dtype=np.int64),
+        history=rng.integers(201, 241, size=(b, HIST)).astype(np.int64),  # never a target
+        weights=np.ones(b, np.float32),
+    )
+    trainer = Trainer(
+        replace(CFG, train_history=False), TrainOptions(eval_rows=0, learning_rate=0.2), tag="frozen"
+    )
+    _seed_state(trainer, batch)
+    before = _table(trainer, "item")
+    trainer.train_step(batch)
+    after = _table(trainer, "item")
+    targets = set(np.unique(batch.item_keys).tolist())
+    history_only = set(np.unique(batch.history).tolist()) - targets - {0}
+    assert history_only
+    for k in history_only:
+        np.testing.assert_array_equal(after[k], before[k])
+    assert max(np.abs(after[k] - before[k]).max() for k in targets) > 1e-4
+
+
+def test_checkpoint_store_is_atomic_and_keeps_the_newest(tmp_path: Path) -> None:
+    var = tf.Variable([1.0, 2.0])
+    store = CheckpointStore(tmp_path, {"v": var}, keep=2)
+    assert store.restore() is None
+    for i in range(3):
+        var.assign([float(i), float(i)])
+        store.save({"offsets": {"t:0": i}}, {"ids": np.array([f"x{i}"])})
+    (tmp_path / ".tmp-9-dead").mkdir()  # a crash mid-save leaves a temp dir: ignored
+    names = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("ckpt-"))
+    assert len(names) == 2
+    assert (tmp_path / "LATEST").read_text().strip() == names[-1]
+    var.assign([-1.0, -1.0])
+    restored = store.restore()
+    assert restored is not None
+    assert restored.state == {"offsets": {"t:0": 2}}
+    assert restored.arrays["ids"].tolist() == ["x2"]
+    np.testing.assert_array_equal(var.numpy(), [2.0, 2.0])
+
+
+@pytest.mark.parametrize(
+    ("raw", "reason"),
+    [
+        (b"{nope", "not JSON"),
+        (b"[1]", "not a JSON object"),
+        (json.dumps({"sample_id": "s", "user_id": "u", "item_id": "i", "event_type": "click",
+                     "weight": 0, "ts": 1, "history": []}).encode(), "weight"),
+        (json.dumps({"sample_id": "s", "user_id": "u", "item_id": "i", "event_type": "click",
+                     "weight": 1.0, "ts": "x", "history": []}).encode(), "ts"),
+        (json.dumps({"sample_id": "s", "user_id": "", "item_id": "i", "event_type": "click",
+                     "weight": 1.0, "ts": 1, "history": []}).encode(), "user_id"),
+        (json.dumps({"sample_id": "s", "user_id": "u", "item_id": "i", "event_type": "click",
+                     "weight": 1.0, "ts": 1, "history": [3]}).encode(), "history"),
+    ],
+)
+def test_undecodable_samples_name_the_reason(raw: bytes, reason: str) -> None:
+    with pytest.raises(SampleError, match=reason):
+        decode_sample(raw)
+
+
+def test_sample_round_trip_and_digest_detects_duplicates() -> None:
+    stream = SyntheticStream(SyntheticConfig(users=5, items=5, history_len=HIST))
+    samples = stream.take(20)
+    assert [decode_sample(encode_sample(s)) for s in samples] == samples
+    ids = [s.sample_id for s in samples]
+    assert sample_digest(ids) == sample_digest(list(reversed(ids)))
+    assert sample_digest(ids + ids[:1]) != sample_digest(ids)
+    assert sample_digest(ids[1:]) != sample_digest(ids)
+
+
+def test_decodes_the_samples_the_feature_job_writes() -> None:
+    from feature_store.features import Sample as WireSample
+
+    wire = WireSample("e1", "u1", "i9", "like", 2.0, 1_767_225_600_123, ("i3", "i2"))
+    sample = decode_sample(wire.to_json())
+    assert (sample.sample_id, sample.user_id, sample.item_id, sample.weight, sample.ts) == (
+        "e1", "u1", "i9", 2.0, 1_767_225_600_123
+    )
+    assert sample.history == ("i3", "i2")

@@ -1,0 +1,159 @@
+"""Two-tower model: export round trip, admission, default rows, test-then-train metrics."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from feature_store.ids import item_key, user_key
+from model.artifact import load_artifact
+from model.evaluation import rank_metrics, recall_ndcg, top_k
+from model.export import write_version
+from model.samples import KeyCache, to_batch
+from model.tf_env import tf
+from model.two_tower import DEFAULT_KEY, ModelConfig, TwoTower
+from tests.unit.conftest_model import HISTORY_LEN, Trained, shared_trainer
+
+
+@pytest.fixture(scope="module")
+def trained() -> Trained:
+    return shared_trainer()
+
+
+def test_export_then_load_gives_identical_scores(trained: Trained, tmp_path: Path) -> None:
+    trainer = trained.trainer
+    manifest = write_version(tmp_path / "v1", trainer, trained.item_ids, "v1")
+    art = load_artifact(tmp_path / "v1")
+    assert manifest["dims"]["items"] == len(set(trained.item_ids.values()))
+
+    # Known users with their histories, an unknown user, and a history with unknown items.
+    picked = trained.samples[-40:]
+    user_ids = [s.user_id for s in picked] + ["nobody", picked[0].user_id]
+    histories = [list(s.history) for s in picked] + [[picked[1].item_id], ["no-such-item", picked[2].item_id]]
+    keys = KeyCache()
+    hist = np.zeros((len(user_ids), HISTORY_LEN), np.int64)
+    for i, h in enumerate(histories):
+        if h:
+            hist[i, : len(h)] = [keys.item(x) for x in h[:HISTORY_LEN]]
+    ukeys = np.array([user_key(u) for u in user_ids], np.int64)
+
+    served = art.user_vectors(user_ids, histories)
+    trained_vecs = trainer.user_vectors(ukeys, hist)
+    np.testing.assert_allclose(served, trained_vecs, atol=2e-5)
+
+    vkeys, vecs = trainer.item_vectors()
+    order = {int(k): i for i, k in enumerate(vkeys)}
+    rows = [order[item_key(i)] for i in art.item_ids.tolist()]
+    np.testing.assert_allclose(art.item_vectors, vecs[rows], atol=1e-6)
+    scores_served = served @ art.item_vectors.T
+    scores_trained = trained_vecs @ vecs[rows].T
+    np.testing.assert_allclose(scores_served, scores_trained, atol=5e-5)
+    assert not art.known_users(["nobody"])[0]
+    assert art.known_users([picked[0].user_id])[0]
+
+
+def test_model_beats_popularity_on_planted_preferences(trained: Trained) -> None:
+    summary = trained.trainer.evaluator.summary()
+    assert summary["evaluated_samples"] > 0
+    # Rolling window covers the last 2000 evaluated samples (the second half of the run).
+    assert summary["recall@10"] > summary["popularity_recall@10"] + 0.1
+    assert summary["ndcg@10"] > summary["popularity_ndcg@10"]
+
+
+def test_admission_uses_default_row_until_n_sightings() -> None:
+    model = TwoTower(ModelConfig(admit_after=3, user_layers=(8,), embedding_dim=8), tag="admit")
+    model.init_default_rows()
+    user = tf.constant([11, 12], tf.int64)
+    item = tf.constant([21, 21], tf.int64)  # item 21 twice per batch
+    hist = tf.constant([[21, 0], [22, 0]], tf.int64)
+
+    u1, i1, h1, known1 = model.prepare(user, item, hist, tf.constant(1))
+    assert u1.numpy().tolist() == [DEFAULT_KEY, DEFAULT_KEY]
+    assert i1.numpy().tolist() == [DEFAULT_KEY, DEFAULT_KEY]  # 2 sightings < 3
+    assert not known1.numpy().any()
+    assert h1.numpy()[0, 0] == DEFAULT_KEY
+
+    u2, i2, h2, known2 = model.prepare(user, item, hist, tf.constant(2))
+    assert u2.numpy().tolist() == [DEFAULT_KEY, DEFAULT_KEY]  # 2 sightings each
+    assert i2.numpy().tolist() == [21, 21]  # 4 sightings
+    # Item 21 became known in this batch: its history entry pools; 22 (never a target) not.
+    assert known2.numpy().tolist() == [[True, False], [False, False]]
+    assert h2.numpy()[1, 0] == DEFAULT_KEY
+
+    stats = model.users.stats.lookup(tf.constant([11], tf.int64)).numpy()[0]
+    assert stats.tolist() == [2, 2]  # (sightings, last step)
+
+
+def test_unknown_user_gets_the_zero_default_row_not_a_random_one() -> None:
+    model = TwoTower(ModelConfig(user_layers=(8,), embedding_dim=8), tag="unknown")
+    model.init_default_rows()
+    hist = tf.zeros([2, 3], tf.int64)
+    first = model.user_vectors(tf.constant([5, 6], tf.int64), hist).numpy()
+    again = model.user_vectors(tf.constant([5, 6], tf.int64), hist).numpy()
+    np.testing.assert_array_equal(first, again)
+    np.testing.assert_allclose(model.default_row(model.users), 0.0)
+
+
+def test_batch_decoding_truncates_and_pads_history(trained: Trained) -> None:
+    sample = next(s for s in trained.samples if len(s.history) > 3)
+    batch = to_batch([sample], history_len=3)
+    assert batch.history.shape == (1, 3)
+    assert batch.history[0].tolist() == [item_key(x) for x in sample.history[:3]]
+    short = to_batch([trained.samples[0]], history_len=4)
+    assert short.history[0].tolist() == [0, 0, 0, 0]  # first sample has no history
+
+
+def test_rank_based_metrics_equal_top_k_ranking() -> None:
+    rng = np.random.default_rng(0)
+    scores = rng.normal(size=(60, 300)).astype(np.float32)
+    keys = np.arange(300, dtype=np.int64) * 7 + 1
+    target = rng.integers(0, 300, 60)
+    target[10:30] = np.argsort(-scores[10:30], axis=1)[:, 3]  # rank 3: a hit, NDCG 1/log2(5)
+    pos = target.copy()
+    pos[:5] = -1  # not among the candidates
+    rec, ndcg = rank_metrics(scores, pos, 10)
+    target_keys = keys[target]
+    target_keys[:5] = -99
+    rec_ref, ndcg_ref = recall_ndcg(keys[top_k(scores, 10)], target_keys)
+    np.testing.assert_array_equal(rec, rec_ref)
+    np.testing.assert_allclose(ndcg, ndcg_ref)
+    assert rec[10:30].sum() == 20
+    np.testing.assert_allclose(ndcg[10:30], 1 / np.log2(5))
+    assert rec[:5].sum() == 0
+
+
+def test_service_export_checkpoints_then_publishes(trained: Trained, tmp_path: Path) -> None:
+    from datetime import UTC, datetime
+
+    from feature_store.settings import load_settings
+    from model.trainer_loop import TrainerService
+
+    base = load_settings()
+    settings = base.model_copy(update={"trainer": base.trainer.model_copy(update={
+        "registry_dir": tmp_path / "models", "checkpoint_dir": tmp_path / "ckpt",
+    })})
+    at = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+    service = TrainerService(settings, trained.trainer, clock=lambda: at)
+    service.item_ids = dict(trained.item_ids)
+    service.item_ids.update({-i: f"evicted-{i}" for i in range(1, 3000)})  # no rows any more
+    service.state.offsets = {"t.samples:0": 7, "t.samples:1": 5}
+    service.state.samples_trained = 12
+    service.state.trained_through_ms = 1_767_225_600_000
+
+    version = service.export()
+    assert version == "20260102T030405Z-000001"
+    assert service.registry.current() == version
+    manifest = load_artifact(service.registry.path(version)).manifest
+    assert manifest["kafka_offsets"] == {"t.samples:0": 7, "t.samples:1": 5}
+    assert manifest["samples_trained"] == 12
+    assert manifest["created_at"] == at.isoformat()
+    assert "recall@10" in manifest["metrics"]
+    assert set(service.item_ids) == set(trained.item_ids)  # stale ids pruned
+
+    restored = service.checkpoints.restore()  # same process: checks files, not TF tables
+    assert restored is not None
+    assert restored.state["offsets"] == manifest["kafka_offsets"]
+    assert restored.state["last_version"] == version
+    assert len(restored.arrays["item_ids"]) == len(trained.item_ids)
