@@ -176,6 +176,9 @@ def read_rows(
             except ValueError as exc:
                 yield RawRow(line_no, None, f"bad JSON: {exc}")
                 continue
+            except RecursionError:
+                yield RawRow(line_no, None, "bad JSON: nested too deeply")
+                continue
             if not isinstance(obj, dict):
                 yield RawRow(line_no, None, "not a JSON object")
                 continue
@@ -199,7 +202,10 @@ def _mapped_csv(
         _, header_raw = next(lines)
     except StopIteration:
         return
-    header = next(csv.reader([header_raw.decode()]))
+    try:
+        header = next(csv.reader([header_raw.decode()]))
+    except UnicodeDecodeError as exc:
+        raise ReplayFormatError(f"{path}: the CSV header is not UTF-8 ({exc.reason})") from exc
     index = {name.strip(): i for i, name in enumerate(header)}
     unknown = [col for col in mapping.values() if col not in index]
     if unknown:
