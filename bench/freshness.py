@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     client = httpx.Client(timeout=30.0)
     print(f"freshness: {args.probes} probes every {args.interval}s under {args.rate:.0f} "
           f"events/s of background load")
-    for i in range(args.probes):
+    for _ in range(args.probes):
         user = sim.user_id(rng.randrange(config.users))
         item = sim.item_id(rng.randrange(config.items))
         t = threading.Thread(target=probe, args=(client, args.ingest, args.serving, user, item,

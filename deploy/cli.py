@@ -50,8 +50,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     # kafka-python and httpx log every connection/request at INFO; keep them to warnings.
+    # Never DEBUG, even with -v: kafka-python then logs every record, i.e. raw payloads.
     for noisy in ("kafka", "httpx"):
-        logging.getLogger(noisy).setLevel(logging.DEBUG if args.verbose else logging.WARNING)
+        logging.getLogger(noisy).setLevel(logging.INFO if args.verbose else logging.WARNING)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

@@ -26,7 +26,6 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 JVM_LIB = REPO_ROOT / "deploy" / "jvm" / "lib"
 KAFKA_LIB = JVM_LIB / "kafka"
 FLINK_CONNECTOR_DIR = JVM_LIB / "flink"
-FLINK_JOB_NAME = "streamrec-features"
 
 SETUP_HINT = "Run `make setup` (it installs Python packages, redis-server and the JVM jars)."
 
@@ -69,12 +68,13 @@ def require_java() -> str:
 
 
 def flink_home() -> Path:
-    import importlib.util
+    from stream.flink_submit import FlinkSubmitError
+    from stream.flink_submit import flink_home as _home
 
-    spec = importlib.util.find_spec("pyflink")
-    if spec is None or not spec.submodule_search_locations:
-        raise StackError(f"PyFlink (apache-flink) is not installed in this Python. {SETUP_HINT}")
-    return Path(next(iter(spec.submodule_search_locations)))
+    try:
+        return _home()
+    except FlinkSubmitError as exc:
+        raise StackError(f"{exc}. {SETUP_HINT}") from exc
 
 
 def connector_jar() -> Path:
@@ -226,10 +226,32 @@ def flink_conf_dir(run_dir: Path) -> Path:
     return run_dir / "flink" / "conf"
 
 
+def flink_lib_dir(run_dir: Path) -> Path:
+    return run_dir / "flink" / "lib"
+
+
+def prepare_flink_lib(run_dir: Path) -> Path:
+    """The cluster's lib/: the distribution's jars (connector included) plus flink-python.
+
+    Python operators in thread mode run inside the TaskManager's JVM (pemja), which needs
+    ``flink-python`` on the cluster's own classpath; the wheel ships it in ``opt/``.
+    """
+    home = flink_home()
+    lib = flink_lib_dir(run_dir)
+    if lib.exists():
+        shutil.rmtree(lib)
+    lib.mkdir(parents=True)
+    jars = [*(home / "lib").glob("*.jar"), *(home / "opt").glob("flink-python-*.jar")]
+    for jar in jars:
+        (lib / jar.name).symlink_to(jar)
+    return lib
+
+
 def flink_env(s: Settings, run_dir: Path) -> dict[str, str]:
     home = flink_home()
     return {
         "FLINK_HOME": str(home),
+        "FLINK_LIB_DIR": str(flink_lib_dir(run_dir)),
         "FLINK_CONF_DIR": str(flink_conf_dir(run_dir)),
         "FLINK_LOG_DIR": str(run_dir / "flink" / "log"),
         "FLINK_PID_DIR": str(run_dir / "flink"),
@@ -274,6 +296,8 @@ def write_flink_conf(s: Settings, run_dir: Path) -> None:
         "execution.checkpointing.interval": f"{f.checkpoint_interval_ms}ms",
         "execution.checkpointing.externalized-checkpoint-retention": "RETAIN_ON_CANCELLATION",
         "python.execution-mode": "thread",
+        # pemja (thread mode) must come from the cluster classpath, not the job's.
+        "classloader.parent-first-patterns.additional": "pemja.",
         "python.executable": sys.executable,
         "python.client.executable": sys.executable,
     }
@@ -290,6 +314,7 @@ def flink_components(s: Settings, run_dir: Path) -> list[Component]:
     def prepare() -> None:
         require_java()
         install_connector()
+        prepare_flink_lib(run_dir)
         write_flink_conf(s, run_dir)
 
     def jm_argv() -> list[str]:
@@ -314,12 +339,13 @@ def flink_components(s: Settings, run_dir: Path) -> list[Component]:
     ]
 
 
-def flink_job_running(s: Settings, job_name: str = FLINK_JOB_NAME) -> bool:
-    rest = f"http://{s.stack.bind_host}:{s.flink.rest_port}"
-    jobs = http_json(f"{rest}/jobs/overview")
-    return isinstance(jobs, dict) and any(
-        j.get("name") == job_name and j.get("state") == "RUNNING" for j in jobs.get("jobs", [])
-    )
+def flink_job_running(s: Settings) -> bool:
+    """True if this settings' feature job (one per events topic) is RUNNING."""
+    from stream.cli_features import job_name
+    from stream.flink_submit import list_jobs
+
+    return any(j.get("name") == job_name(s) and j.get("state") == "RUNNING"
+               for j in list_jobs(s))
 
 
 # --------------------------------------------------------------------------- our services

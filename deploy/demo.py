@@ -150,10 +150,11 @@ def run_demo(settings: Settings, rate: float, duration_s: float | None, users: i
             recall = first(trn, "recall", "10")
             cur = {"accepted": accepted, "samples": samples, "trained": trained}
 
-            def rate_of(name: str, now_vals: dict[str, Any] = cur) -> str:
-                if now_vals.get(name) is None or prev.get(name) is None:
+            def rate_of(name: str, now_vals: dict[str, Any] = cur,
+                        before: dict[str, float] = prev, span: float = dt) -> str:
+                if now_vals.get(name) is None or before.get(name) is None:
                     return "-"
-                return f"{(now_vals[name] - prev[name]) / dt:,.0f}"
+                return f"{(now_vals[name] - before[name]) / span:,.0f}"
 
             p99 = probe.p99()
             age = model.get("age_s")

@@ -50,6 +50,8 @@ class KafkaSettings(BaseModel):
     dlq_topic: str = "events.dlq"
     samples_topic: str = "samples"
     partitions: int = Field(2, ge=1, description="Partitions of each topic created by `up`.")
+    replication_factor: int = Field(1, ge=1, description="Replicas of each topic we create.")
+    min_insync_replicas: int = Field(1, ge=1, description="min.insync.replicas of our topics.")
     heap: str = Field("768m", description="Broker JVM heap (-Xmx).")
 
     @property
@@ -102,6 +104,7 @@ class IngestSettings(BaseModel):
     max_body_bytes: int = 10 * 1024 * 1024
     produce_timeout_s: float = 10.0
     api_key: SecretStr | None = Field(None, description="If set, POST /events needs X-API-Key.")
+    rate_limit_per_s: float = Field(0.0, ge=0, description="POST /events per second (0 = off).")
 
 
 class TrainerSettings(BaseModel):
@@ -128,6 +131,7 @@ class ServingSettings(BaseModel):
     default_k: int = 20
     poll_interval_s: float = Field(5.0, description="Backup check of the CURRENT pointer.")
     admin_token: SecretStr | None = Field(None, description="Token for pin/rollback.")
+    max_body_bytes: int = Field(64 * 1024, description="Largest request body (413 beyond).")
 
 
 class Settings(BaseSettings):

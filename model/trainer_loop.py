@@ -35,6 +35,7 @@ import numpy as np
 from feature_store.settings import Settings
 from model.artifact import ArtifactError
 from model.checkpoint import CheckpointStore
+from model.dedupe import RecentIds
 from model.export import publish_version
 from model.registry import Registry, RegistryError
 from model.samples import KeyCache, sample_digest
@@ -59,6 +60,8 @@ class LoopState:
     trained_through_ms: int | None = None
     export_seq: int = 0
     last_version: str | None = None
+    #: Samples skipped because their sample_id was trained already (model.dedupe).
+    duplicates_dropped: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {**self.__dict__, "digest": str(self.digest)}
@@ -122,6 +125,7 @@ class TrainerService:
         )
         self.state = LoopState()
         self.item_ids: dict[int, str] = {}
+        self.recent_ids = RecentIds()
         self.keys = KeyCache()
         self.stop_event = threading.Event()
         self.running = False
@@ -140,6 +144,9 @@ class TrainerService:
         keys = restored.arrays.get("item_keys", np.zeros(0, np.int64))
         ids = restored.arrays.get("item_ids", np.zeros(0, str))
         self.item_ids = dict(zip(keys.tolist(), ids.tolist(), strict=True))
+        self.recent_ids = RecentIds.from_array(
+            restored.arrays.get("recent_sample_ids", np.zeros(0, np.int64))
+        )
         self.metrics.samples_total.set(self.state.samples_trained)
         log.info(
             "resuming at %s (%d samples trained)", self.state.offsets, self.state.samples_trained
@@ -149,12 +156,16 @@ class TrainerService:
     def checkpoint(self) -> None:
         keys = np.fromiter(self.item_ids.keys(), np.int64, len(self.item_ids))
         ids = np.array(list(self.item_ids.values()), dtype=np.str_)
-        self.checkpoints.save(self.state.to_json(), {"item_keys": keys, "item_ids": ids})
+        self.checkpoints.save(
+            self.state.to_json(),
+            {"item_keys": keys, "item_ids": ids, "recent_sample_ids": self.recent_ids.to_array()},
+        )
 
     def status(self) -> dict[str, Any]:
         return {
             "status": "ok" if self.running else "starting",
             "samples_trained": self.state.samples_trained,
+            "duplicates_dropped": self.state.duplicates_dropped,
             "digest": str(self.state.digest),
             "dlq_records": self.state.dlq_records,
             "offsets": dict(self.state.offsets),
@@ -268,9 +279,18 @@ class TrainerService:
             if entry.reason is not None:
                 self._dead_letter(entry.record, entry.reason)
         samples, st = chunk.samples, self.state
-        if chunk.batch is not None:
+        batch = chunk.batch
+        if batch is not None:
+            fresh = self.recent_ids.admit([s.sample_id for s in samples])
+            if not fresh.all():
+                dropped = int((~fresh).sum())
+                st.duplicates_dropped += dropped
+                self.metrics.duplicates.inc(dropped)
+                log.info("dropped %d samples trained before (same sample_id)", dropped)
+                samples = [s for s, keep in zip(samples, fresh.tolist(), strict=True) if keep]
+                batch = batch.rows(fresh) if samples else None
+        if batch is not None:
             started = self.monotonic()
-            batch = chunk.batch
             self._last_loss = self.trainer.fit_batch(batch)
             for key, s in zip(batch.item_keys.tolist(), samples, strict=True):
                 self.item_ids[key] = s.item_id

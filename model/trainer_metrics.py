@@ -32,6 +32,10 @@ class TrainerMetrics:
             f"{NS}_samples_trained_lifetime", "Samples trained, restored across restarts", registry=r
         )
         self.dlq = Counter(f"{NS}_dlq_records", "Samples sent to the dead-letter topic", registry=r)
+        self.duplicates = Counter(
+            f"{NS}_duplicate_samples", "Samples skipped: their sample_id was trained already",
+            registry=r,
+        )
         self.batches = Counter(f"{NS}_batches", "Training steps", registry=r)
         self.exports = Counter(f"{NS}_exports", "Versions published", registry=r)
         self.loss = Gauge(f"{NS}_loss", "Loss of the last batch", registry=r)

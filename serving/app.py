@@ -43,7 +43,6 @@ log = logging.getLogger(__name__)
 
 MAX_K = 500
 #: Default cap on request bodies: the largest legitimate one is a pin request of ~150 bytes.
-MAX_BODY_BYTES = 64 * 1024
 
 
 class BodyLimit:
@@ -242,7 +241,7 @@ def create_app(
     pubsub_factory: Callable[[], Any] | None = None,
     watch: bool = True,
     stats: StatsCollector | None = None,
-    max_body_bytes: int = MAX_BODY_BYTES,
+    max_body_bytes: int | None = None,
 ) -> FastAPI:
     """Build the serving app. ``store``/``registry``/``pubsub_factory`` default to the
     Redis-backed ones from ``settings``; ``watch=False`` skips the background tasks;
@@ -294,7 +293,10 @@ def create_app(
             await stats.aclose()
 
     app = FastAPI(title="streamrec serving", lifespan=lifespan)
-    app.add_middleware(BodyLimit, limit=max_body_bytes)
+    app.add_middleware(
+        BodyLimit,
+        limit=max_body_bytes if max_body_bytes is not None else settings.serving.max_body_bytes,
+    )
     app.state.serving = state
     app.state.stats = stats
     app.include_router(features_router(store))

@@ -24,14 +24,14 @@ def features_router(store: OnlineStore) -> APIRouter:
     """Routes that read user and item features from ``store``."""
     router = APIRouter(tags=["features"])
 
-    @router.get("/users/{user_id}/features")
+    @router.get("/users/{user_id:path}/features")
     async def user_features(user_id: str) -> dict[str, Any]:
         found = await _read(store.read_users, user_id)
         if found is None:
             raise HTTPException(status_code=404, detail=f"unknown user_id {user_id!r}")
         return asdict(found)
 
-    @router.get("/items/{item_id}/features")
+    @router.get("/items/{item_id:path}/features")
     async def item_features(item_id: str) -> dict[str, Any]:
         found = await _read(store.read_items, item_id)
         if found is None:

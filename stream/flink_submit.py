@@ -49,9 +49,11 @@ def submit_python_job(
     job_args: Sequence[str] = (),
     *,
     parallelism: int | None = None,
+    restore: str | None = None,
     timeout_s: float = 180.0,
 ) -> str:
-    """Submit ``job_file`` detached; returns the Flink job id."""
+    """Submit ``job_file`` detached (resuming from ``restore``, a checkpoint or savepoint
+    path, if given); returns the Flink job id."""
     conf = conf_dir(settings)
     if not (conf / "config.yaml").exists():
         raise FlinkSubmitError(
@@ -78,6 +80,8 @@ def submit_python_job(
     ]
     if parallelism:
         argv += ["-p", str(parallelism)]
+    if restore:
+        argv += ["-s", restore]
     argv += ["-py", str(job_file), *job_args]
     log.info("submitting %s to %s", job_file.name, rest_url(settings))
     result = subprocess.run(
@@ -100,6 +104,15 @@ def submit_python_job(
 def list_jobs(settings: Settings) -> list[dict[str, object]]:
     with urllib.request.urlopen(f"{rest_url(settings)}/jobs/overview", timeout=5) as resp:
         return list(json.loads(resp.read()).get("jobs", []))
+
+
+LIVE_STATES = frozenset({"CREATED", "INITIALIZING", "RUNNING", "RESTARTING"})
+
+
+def live_job_id(settings: Settings, job_name: str) -> str | None:
+    """The id of a job called ``job_name`` that runs (or is about to), if any."""
+    return next((str(j["jid"]) for j in list_jobs(settings)
+                 if j.get("name") == job_name and j.get("state") in LIVE_STATES), None)
 
 
 def job_state(settings: Settings, job_id: str) -> str | None:

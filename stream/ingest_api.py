@@ -18,6 +18,8 @@ producer (``acks=all``, idempotent) and closes it on shutdown.
   were acknowledged before the failure, a retry writes them again — consumers dedupe by
   ``event_id`` (DESIGN.md).
 * ``415`` for other content types, ``401`` without the configured ``X-API-Key``.
+* ``429`` with ``Retry-After`` when more than ``rate_limit_per_s`` requests per second arrive
+  (a token bucket, :mod:`stream.ratelimit`; checked before the body is read; 0 = no limit).
 
 ``GET /health``, ``GET /metrics`` (Prometheus, names in :mod:`stream.metrics_ingest`), ``/docs``.
 """
@@ -50,6 +52,7 @@ from stream.metrics_ingest import (
     REASON_UNSUPPORTED,
     IngestMetrics,
 )
+from stream.ratelimit import TokenBucket
 from stream.schema import EventIn, EventNormalizer, EventValidationError, decode_events
 
 log = logging.getLogger(__name__)
@@ -98,6 +101,14 @@ class Unauthorized(IngestError):
 
 class KafkaUnavailable(IngestError):
     status, reason = 503, REASON_UNAVAILABLE
+
+
+class RateLimited(IngestError):
+    status, reason = 429, "rate_limited"
+
+    def __init__(self, detail: str, retry_after_s: int) -> None:
+        super().__init__(detail)
+        self.retry_after_s = retry_after_s
 
 
 class KeyHashPartitioner(Partitioner):
@@ -262,10 +273,15 @@ class EventPublisher:
         except TimeoutError as exc:
             log.error("no acknowledgement for %d records within %.1f s", total, self.timeout_s)
             self.last_outcome = "failed"
+            await asyncio.to_thread(self._discard, producer)
             raise KafkaUnavailable("Kafka did not acknowledge in time") from exc
         if failures:
             log.warning("%d of %d records failed: %s", len(failures), total, failures[0])
             self.last_outcome = "failed"
+            # An idempotent kafka-python producer whose batches expired (e.g. the broker was
+            # killed with records in flight) never sends again, even once the broker is back:
+            # replace it; the next request connects a fresh one (new producer id).
+            await asyncio.to_thread(self._discard, producer)
             raise KafkaUnavailable(f"Kafka did not acknowledge every record: {failures[0]}")
         self.last_outcome = "ok"
 
@@ -277,17 +293,32 @@ class EventPublisher:
         }
 
     def _discard(self, producer: Any) -> None:
-        """Drop a producer that refuses records (e.g. a fatal idempotence error)."""
+        """Drop a producer that refuses or loses records; its pending records fail."""
         with self._lock:
             if self._producer is producer:
                 self._producer = None
-        producer.close(timeout=0)
+        _close_producer(producer, timeout_s=0.0)
 
     def close(self) -> None:
         with self._lock:
             producer, self._producer = self._producer, None
         if producer is not None:
-            producer.close(timeout=self.timeout_s)
+            _close_producer(producer, timeout_s=self.timeout_s)
+
+
+def _close_producer(producer: Any, timeout_s: float) -> None:
+    """Close ``producer``, forcing it when records are still pending after ``timeout_s``.
+
+    kafka-python's ``close()`` flushes first and raises ``KafkaTimeoutError`` if the flush
+    does not finish, leaving its sender thread running; the sender is then force-closed.
+    """
+    try:
+        producer.close(timeout=timeout_s)
+    except Exception as exc:  # noqa: BLE001 - kafka-python raises KafkaTimeoutError here
+        log.warning("producer closed with records still pending (%s); forcing it", exc)
+        sender = getattr(producer, "_sender", None)
+        if sender is not None:
+            sender.force_close()
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -313,13 +344,22 @@ def create_app(
     settings: Settings,
     producer_factory: ProducerFactory = default_producer_factory,
     clock_ms: Clock = wall_clock_ms,
+    rate_limit_per_s: float | None = None,
+    rate_clock: Callable[[], float] = time.monotonic,
 ) -> FastAPI:
-    """The ingest API for ``settings``; ``producer_factory`` and ``clock_ms`` are injectable."""
+    """The ingest API for ``settings``; ``producer_factory`` and ``clock_ms`` are injectable.
+
+    ``rate_limit_per_s`` caps ``POST /events`` requests per second (burst of one second's
+    worth; 0 = no limit); ``rate_clock`` is the limiter's monotonic clock.
+    """
     ingest = settings.ingest
     publisher = EventPublisher(settings, producer_factory)
     normalizer = EventNormalizer(settings.features.event_weights, clock_ms=clock_ms)
     metrics = IngestMetrics(CollectorRegistry())
     api_key = ingest.api_key.get_secret_value().encode() if ingest.api_key else None
+    if rate_limit_per_s is None:
+        rate_limit_per_s = settings.ingest.rate_limit_per_s
+    limiter = TokenBucket(rate_limit_per_s, clock=rate_clock)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -349,6 +389,8 @@ def create_app(
         if exc.errors is not None:
             body["errors"] = exc.errors
         headers = {"Retry-After": str(RETRY_AFTER_S)} if exc.status == 503 else None
+        if isinstance(exc, RateLimited):
+            headers = {"Retry-After": str(exc.retry_after_s)}
         return JSONResponse(body, status_code=exc.status, headers=headers)
 
     @app.post(
@@ -365,6 +407,8 @@ def create_app(
                                 {
                                     "type": "array",
                                     "items": {"$ref": "#/components/schemas/EventIn"},
+                                    "minItems": 1,
+                                    "maxItems": ingest.max_batch,
                                 },
                             ]
                         }
@@ -376,12 +420,16 @@ def create_app(
         responses={
             202: {"description": "Every event acknowledged by Kafka."},
             413: {"description": "Body or batch too large."},
+            429: {"description": "Rate limit exceeded; retry after Retry-After seconds."},
             422: {"description": "Invalid events; nothing written."},
             503: {"description": "Kafka unavailable; retry after Retry-After seconds."},
         },
     )
     async def post_events(request: Request) -> Response:
         """Validate a batch and write it to Kafka; answers only after every record is acked."""
+        wait_s = limiter.acquire()
+        if wait_s > 0:
+            raise RateLimited("too many requests", TokenBucket.retry_after_s(wait_s))
         if api_key is not None:
             given = request.headers.get("x-api-key", "").encode()
             if not hmac.compare_digest(given, api_key):
@@ -405,6 +453,9 @@ def create_app(
         except EventValidationError as exc:
             errors = [e.as_dict() for e in exc.errors]
             raise InvalidEvents(f"{len(errors)} invalid field(s); nothing written", errors) from exc
+        except RecursionError as exc:  # json.loads on very deeply nested arrays/objects
+            error = {"index": None, "field": "(json)", "error": "JSON nested too deeply"}
+            raise InvalidEvents("JSON nested too deeply; nothing written", [error]) from exc
         dumps = orjson.dumps
         records = [(e["user_id"].encode(), dumps(e)) for e in wire]
         started = time.perf_counter()
@@ -434,9 +485,10 @@ def create_app(
         if app.openapi_schema is None:
             schema = original_openapi()
             components = schema.setdefault("components", {}).setdefault("schemas", {})
-            components["EventIn"] = EventIn.model_json_schema(
-                ref_template="#/components/schemas/{model}"
-            )
+            event_in = EventIn.model_json_schema(ref_template="#/components/schemas/{model}")
+            # The accepted types are the configured ones, not any string.
+            event_in["properties"]["event_type"]["enum"] = sorted(normalizer.event_types)
+            components["EventIn"] = event_in
             app.openapi_schema = schema
         return app.openapi_schema
 

@@ -60,7 +60,12 @@ def ensure_topics(
         missing = [n for n in wanted if n not in existing]
         if missing:
             new = [
-                NewTopic(n, num_partitions=partitions or kafka.partitions, replication_factor=1)
+                NewTopic(
+                    n,
+                    num_partitions=partitions or kafka.partitions,
+                    replication_factor=kafka.replication_factor,
+                    topic_configs={"min.insync.replicas": str(kafka.min_insync_replicas)},
+                )
                 for n in missing
             ]
             try:

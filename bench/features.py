@@ -1,0 +1,391 @@
+"""Feature job throughput (parallelism 1 and 2) and feature freshness at a steady 2,000 events/s.
+
+Needs Kafka and Redis up (``streamrec up``, or the test stack with ``STREAMREC_KAFKA__PORT=19092
+STREAMREC_REDIS__PORT=16379``). Every run uses fresh topics and a fresh Redis key prefix.
+
+Throughput: ``--events`` events (5,000 users x 20,000 items, every 5th an impression) are
+written to Kafka first; then the job starts (``stream/flink_features.py --local``, a MiniCluster
+in its own process, Python operators in thread mode) and reads them as fast as it can. One
+sentinel event per partition is written last; the figure is events / (time from the first
+feature visible in Redis to every sentinel visible), so JVM start-up is not counted.
+
+Freshness: the job runs on a fresh topic; a client posts batches to the ingest API
+(``streamrec ingest-api``) at ``--rate`` events/s; every ``--probe-every`` s a probe posts one
+event of a new user and polls ``GET /users/{id}/features`` (``serving/features_api.py`` on an
+in-process uvicorn) until the user shows; the latency counts from the ingest API's 2xx.
+
+Why Python DataStream operators, not Flink SQL: see ``stream/flink_features.py``; this bench
+is the evidence for whether the Python operators keep up.
+
+    streamrec bench features --json bench/results/features.json
+    python bench/features.py --events 100000 --parallelism 1 2 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from feature_store.settings import Settings, load_settings  # noqa: E402
+
+T0 = 1_750_000_000_000
+#: Extra job arguments for experiments (``--job-arg=--bundle-size=10000``).
+EXTRA_JOB_ARGS: list[str] = []
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _fresh(settings: Settings, tag: str) -> Settings:
+    from stream.kafka_io import ensure_topics
+
+    uid = f"bench-features-{tag}-{int(time.time() * 1000)}"
+    s = settings.model_copy(
+        update={
+            "kafka": settings.kafka.model_copy(
+                update={
+                    "events_topic": f"{uid}.events",
+                    "dlq_topic": f"{uid}.events.dlq",
+                    "samples_topic": f"{uid}.samples",
+                }
+            ),
+            "redis": settings.redis.model_copy(update={"key_prefix": f"{uid}:"}),
+        }
+    )
+    ensure_topics(s.kafka, [s.kafka.events_topic, s.kafka.dlq_topic, s.kafka.samples_topic])
+    return s
+
+
+def _event(i: int, ts: int, user: str | None = None) -> dict[str, Any]:
+    return {
+        "event_id": f"b{i}",
+        "user_id": user or f"u{i % 5000}",
+        "item_id": f"i{i * 7919 % 20000}",
+        "event_type": "impression" if i % 5 == 0 else "click",
+        "ts": ts,
+        "value": None,
+        "context": None,
+    }
+
+
+def _start_job(settings: Settings, parallelism: int, log: Path, mode: str) -> subprocess.Popen[bytes]:
+    from stream.cli_features import settings_json
+
+    cmd = [
+        sys.executable, "-m", "stream.flink_features", "--local",
+        "--settings-json", settings_json(settings),
+        "--parallelism", str(parallelism),
+        "--group-id", f"{settings.redis.key_prefix}job",
+        "--python-mode", mode,
+        *EXTRA_JOB_ARGS,
+    ]  # fmt: skip
+    return subprocess.Popen(
+        cmd, cwd=REPO, stdout=log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True
+    )
+
+
+def _stop_job(proc: subprocess.Popen[bytes]) -> None:
+    for sig, wait in ((signal.SIGTERM, 20), (signal.SIGKILL, 20)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _group_cpu_s(pgid: int) -> float:
+    """CPU seconds (user + system) used so far by the processes of process group ``pgid``."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid:  # fields after "(comm)": state ppid pgrp ...
+            total += int(fields[11]) + int(fields[12])
+    return total / tick
+
+
+def _wait(predicate: Any, timeout_s: float, what: str, interval_s: float = 0.05) -> float:
+    from feature_store.store import OnlineStoreError
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if predicate():
+                return time.monotonic()
+        except OnlineStoreError:
+            pass  # a slow Redis on a loaded machine: poll again
+        time.sleep(interval_s)
+    raise RuntimeError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+def _preload(s: Settings, n: int) -> list[str]:
+    """Write ``n`` events and one sentinel per partition; returns the sentinel user ids."""
+    from kafka import KafkaProducer
+
+    producer = KafkaProducer(
+        bootstrap_servers=s.kafka.bootstrap, acks=1, linger_ms=20, batch_size=512 * 1024
+    )
+    topic = s.kafka.events_topic
+    for i in range(n):
+        e = _event(i, T0 + i)
+        producer.send(topic, key=e["user_id"].encode(), value=json.dumps(e).encode())
+    partitions = sorted(producer.partitions_for(topic))
+    sentinels = [f"sentinel-{p}" for p in partitions]
+    for p, user in zip(partitions, sentinels, strict=True):
+        e = _event(n + p, T0 + n + p, user=user)
+        producer.send(topic, key=user.encode(), value=json.dumps(e).encode(), partition=p)
+    producer.flush()
+    producer.close()
+    return sentinels
+
+
+def throughput(base: Settings, n: int, parallelism: int, mode: str, log: Path) -> dict[str, Any]:
+    from feature_store.redis_store import RedisOnlineStore
+
+    s = _fresh(base, f"p{parallelism}")
+    sentinels = _preload(s, n)
+    store = RedisOnlineStore(s.redis, s.features)
+    proc = _start_job(s, parallelism, log, mode)
+    try:
+        first = _wait(lambda: any(store.client.scan_iter(match=f"{s.redis.key_prefix}u:*", count=100)),
+                      180, "the first feature")
+        cpu_first = _group_cpu_s(proc.pid)
+        done = _wait(lambda: all(store.read_users(sentinels)), 1800, "every sentinel", 0.2)
+        cpu = _group_cpu_s(proc.pid) - cpu_first
+    finally:
+        _stop_job(proc)
+        store.close()
+    seconds = done - first
+    return {"parallelism": parallelism, "python_mode": mode, "events": n,
+            "seconds": round(seconds, 2), "events_per_s": round(n / seconds, 1),
+            "cpu_s": round(cpu, 2), "events_per_cpu_s": round(n / cpu, 1) if cpu else None,
+            "load_avg_1m": round(os.getloadavg()[0], 2)}
+
+
+SQL_COUNTS = """
+INSERT INTO counts
+SELECT user_id, event_type, COUNT(*) AS n, MAX(ts) AS last_ts
+FROM events GROUP BY user_id, event_type
+"""
+
+
+def sql_worker(spec: dict[str, Any]) -> None:
+    """The JVM-only comparison: parse JSON and keep per-(user, type) counts in Flink SQL."""
+    from pyflink.table import EnvironmentSettings, TableEnvironment
+
+    sys.path.insert(0, str(REPO))
+    from stream.flink_features import connector_jar
+
+    t_env = TableEnvironment.create(EnvironmentSettings.in_streaming_mode())
+    conf = t_env.get_config()
+    conf.set("pipeline.jars", connector_jar().as_uri())
+    conf.set("parallelism.default", str(spec["parallelism"]))
+    conf.set("table.exec.mini-batch.enabled", "true")
+    conf.set("table.exec.mini-batch.allow-latency", "100 ms")
+    conf.set("table.exec.mini-batch.size", "5000")
+    t_env.execute_sql(f"""
+        CREATE TABLE events (
+            event_id STRING, user_id STRING, item_id STRING, event_type STRING, ts BIGINT
+        ) WITH (
+            'connector' = 'kafka', 'topic' = '{spec["topic"]}',
+            'properties.bootstrap.servers' = '{spec["bootstrap"]}',
+            'properties.group.id' = '{spec["topic"]}-sql',
+            'scan.startup.mode' = 'earliest-offset', 'scan.bounded.mode' = 'latest-offset',
+            'format' = 'json', 'json.ignore-parse-errors' = 'true'
+        )""")
+    t_env.execute_sql("""
+        CREATE TABLE counts (user_id STRING, event_type STRING, n BIGINT, last_ts BIGINT)
+        WITH ('connector' = 'blackhole')""")
+    t_env.execute_sql(SQL_COUNTS).wait()
+
+
+def sql_counts(base: Settings, n: int, parallelism: int, log: Path) -> dict[str, Any]:
+    """Throughput of the Flink SQL comparison job (wall time includes the job's start-up)."""
+    s = _fresh(base, f"sql{parallelism}")
+    _preload(s, n)
+    spec = {"topic": s.kafka.events_topic, "bootstrap": s.kafka.bootstrap,
+            "parallelism": parallelism}
+    started = time.monotonic()
+    proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--sql-worker",
+                             json.dumps(spec)], cwd=REPO, stdout=log.open("ab"),
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    cpu = 0.0
+    while proc.poll() is None:
+        cpu = max(cpu, _group_cpu_s(proc.pid))
+        time.sleep(0.2)
+    seconds = time.monotonic() - started
+    if proc.returncode != 0:
+        raise RuntimeError(f"SQL comparison job failed ({proc.returncode}); see {log}")
+    return {"parallelism": parallelism, "events": n, "seconds_incl_startup": round(seconds, 2),
+            "events_per_s_incl_startup": round(n / seconds, 1),
+            "cpu_s_incl_startup": round(cpu, 2),
+            "events_per_cpu_s_incl_startup": round(n / cpu, 1) if cpu else None,
+            "load_avg_1m": round(os.getloadavg()[0], 2)}
+
+
+def freshness(base: Settings, rate: float, duration_s: float, probe_every: float,
+              log: Path) -> dict[str, Any]:
+    import httpx
+    import uvicorn
+    from fastapi import FastAPI
+
+    from feature_store.redis_store import RedisOnlineStore
+    from serving.features_api import features_router
+
+    s = _fresh(base, "fresh")
+    store = RedisOnlineStore(s.redis, s.features)
+    app = FastAPI()
+    app.include_router(features_router(store))
+    read_port, ingest_port = _free_port(), _free_port()
+    server = uvicorn.Server(uvicorn.Config(app, port=read_port, log_level="warning"))
+    threading.Thread(target=server.run, daemon=True).start()
+    env = dict(os.environ, STREAMREC_KAFKA__EVENTS_TOPIC=s.kafka.events_topic,
+               STREAMREC_KAFKA__PORT=str(s.kafka.port))
+    ingest = subprocess.Popen(
+        [sys.executable, "-m", "deploy.cli", "ingest-api", "--port", str(ingest_port)],
+        cwd=REPO, env=env, stdout=log.open("ab"), stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    job = _start_job(s, 1, log, "thread")
+    ingest_url = f"http://127.0.0.1:{ingest_port}/events"
+    read_url = f"http://127.0.0.1:{read_port}/users/{{}}/features"
+    latencies: list[float] = []
+    stop = threading.Event()
+
+    def load() -> None:
+        batch, i = max(1, int(rate / 10)), 0
+        with httpx.Client(timeout=10) as client:
+            next_at = time.monotonic()
+            while not stop.is_set():
+                now_ms = int(time.time() * 1000)
+                body = [_event(10_000_000 + i + k, now_ms) for k in range(batch)]
+                i += batch
+                client.post(ingest_url, json=body)
+                next_at += batch / rate
+                time.sleep(max(0.0, next_at - time.monotonic()))
+
+    try:
+        with httpx.Client(timeout=10) as client:
+            _wait(lambda: _ok(client, ingest_url.replace("/events", "/health")), 60, "ingest-api")
+            warm = _event(-1, int(time.time() * 1000), user="warmup")
+            client.post(ingest_url, json=[warm]).raise_for_status()
+            _wait(lambda: client.get(read_url.format("warmup")).status_code == 200, 180,
+                  "the job to start")
+            loader = threading.Thread(target=load, daemon=True)
+            loader.start()
+            end = time.monotonic() + duration_s
+            k = 0
+            while time.monotonic() < end:
+                user = f"probe-{k}"
+                k += 1
+                e = _event(-100 - k, int(time.time() * 1000), user=user)
+                client.post(ingest_url, json=[e]).raise_for_status()
+                accepted = time.monotonic()
+                seen = _wait(lambda u=user: client.get(read_url.format(u)).status_code == 200,
+                             30, f"probe {user}", 0.01)
+                latencies.append(seen - accepted)
+                time.sleep(max(0.0, probe_every - (time.monotonic() - accepted)))
+            stop.set()
+            loader.join(timeout=10)
+    finally:
+        stop.set()
+        _stop_job(job)
+        _stop_job(ingest)
+        server.should_exit = True
+        store.close()
+    q = statistics.quantiles(latencies, n=100, method="inclusive")
+    return {"rate": rate, "probes": len(latencies),
+            "p50": round(q[49], 3), "p95": round(q[94], 3), "p99": round(q[98], 3)}
+
+
+def _ok(client: Any, url: str) -> bool:
+    try:
+        return bool(client.get(url).status_code == 200)
+    except Exception:  # noqa: BLE001 - not up yet
+        return False
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="bench features", description=__doc__.splitlines()[0])
+    p.add_argument("--events", type=int, default=100_000)
+    p.add_argument("--parallelism", type=int, nargs="+", default=[1, 2])
+    p.add_argument("--python-mode", nargs="+", default=["thread"], choices=["thread", "process"])
+    p.add_argument("--rate", type=float, default=2000.0)
+    p.add_argument("--duration", type=float, default=30.0, help="freshness run, seconds")
+    p.add_argument("--probe-every", type=float, default=0.25)
+    p.add_argument("--skip-freshness", action="store_true")
+    p.add_argument("--skip-throughput", action="store_true")
+    p.add_argument("--log", type=Path, default=Path("/tmp/bench-features-job.log"))
+    p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--job-arg", action="append", default=[], help="extra job argument")
+    p.add_argument("--sql-events", type=int, default=0,
+                   help="also run the Flink SQL comparison (counts only) on this many events")
+    p.add_argument("--sql-worker", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.sql_worker:
+        sql_worker(json.loads(args.sql_worker))
+        return 0
+    EXTRA_JOB_ARGS[:] = args.job_arg
+
+    base = load_settings()
+    runs = []
+    for mode in [] if args.skip_throughput else args.python_mode:
+        for par in args.parallelism:
+            r = throughput(base, args.events, par, mode, args.log)
+            print(f"throughput p={par} {mode}: {r['events_per_s']:.0f} events/s "
+                  f"({r['events']} in {r['seconds']} s; {r['events_per_cpu_s']} events per "
+                  f"CPU-second of the job; load average {r['load_avg_1m']})")
+            runs.append(r)
+    result: dict[str, Any] = {
+        "events_per_s": max((r["events_per_s"] for r in runs), default=None),
+        "throughput_runs": runs,
+    }
+    if args.sql_events:
+        sql = [sql_counts(base, args.sql_events, par, args.log) for par in args.parallelism]
+        for r in sql:
+            print(f"Flink SQL counts only, p={r['parallelism']}: "
+                  f"{r['events_per_s_incl_startup']:.0f} events/s including start-up "
+                  f"({r['events']} in {r['seconds_incl_startup']} s; "
+                  f"{r['events_per_cpu_s_incl_startup']} events per CPU-second)")
+        result["sql_comparison_runs"] = sql
+    if not args.skip_freshness:
+        f = freshness(base, args.rate, args.duration, args.probe_every, args.log)
+        print(f"freshness at {f['rate']:.0f} events/s over {f['probes']} probes: "
+              f"p50 {f['p50']} s, p95 {f['p95']} s, p99 {f['p99']} s")
+        result["freshness_s"] = {k: f[k] for k in ("p50", "p95", "p99")}
+        result["freshness_run"] = f
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

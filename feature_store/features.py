@@ -1,0 +1,377 @@
+"""Feature definitions: each feature is a deterministic function of (state, event), defined once.
+
+The Flink feature job (``stream/flink_features.py``), the replay/backfill path and serving are
+thin adapters around these functions; nothing else computes a feature. No I/O, no clocks: the
+only notion of time is the event time carried by the events (``ts_ms``, epoch milliseconds).
+
+Per user (:class:`UserState`, updated by :func:`update_user`):
+
+* ``history`` — the last ``history_len`` *positive* interactions (event weight > 0) as
+  ``(item_id, event_type, ts_ms)``, most recent first. Ties on ``ts_ms`` keep arrival order
+  (the later arrival first).
+* ``counts`` — per window (``1h``, ``24h``, ``7d``) and event type, the number of events in the
+  window that ends at ``as_of_ms`` (the newest event time seen for the user). Counts are kept in
+  buckets of ``bucket_ms`` (default one minute) aligned to the epoch: a window of length ``W``
+  covers the bucket holding ``as_of_ms`` and the ``W / bucket_ms - 1`` buckets before it. With
+  ``bucket_ms = 1`` the windows are exact: ``(as_of_ms - W, as_of_ms]``.
+* ``last_seen_ms`` — the newest event time of any event of the user (equals ``as_of_ms``).
+
+Per item (:class:`ItemState`, :func:`update_item`; only positive events reach an item):
+
+* ``score`` — sum of ``weight * 2 ** (-(as_of_ms - ts_ms) / half_life)`` over the item's
+  events, valid at ``as_of_ms`` (newest event time of the item). Order independent.
+* ``counts`` — number of positive events in the ``1h`` and ``24h`` windows ending at
+  ``as_of_ms`` (same bucket rule as users).
+
+Global (:class:`TrendingState`, :func:`update_trending`): the top ``n`` items by decayed score,
+every score decayed to the same instant (the newest item ``as_of_ms`` seen), best first; ties
+broken by item id. Pruning to ``n`` is exact: scores of items without new events all decay at
+the same rate, so their order never changes, and an item re-enters with its next update.
+
+Out-of-order and late events (event time older than ``as_of_ms`` or than the job's watermark)
+are applied at their event time: they land in the right bucket and the right history position
+(or fall off the end of a full history), and they never move ``as_of_ms`` backwards. Buckets
+older than the largest window are dropped. Nothing is discarded for being late; the caller may
+count lateness (:func:`is_late`).
+
+Duplicates: an event whose ``event_id`` the user has already applied changes nothing
+(:attr:`UserOutcome.duplicate`). Ids are remembered for ``dedupe_horizon_ms`` of event time
+behind ``as_of_ms`` (default: the largest window) and, beyond that, through the ids of the
+history entries; an older duplicate can no longer change a count (its bucket is outside every
+window) nor the history (it is older than a full history), so state stays exact. Only its
+training sample could be emitted again; samples carry ``sample_id`` = ``event_id`` so the
+trainer drops it.
+
+Training samples (:func:`make_sample`) are point-in-time correct: the history of a sample is
+built from the user state *before* the event and holds only interactions strictly earlier than
+the event (``ts < event.ts_ms``), never the sample's own item, at most ``history_len`` entries.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from feature_store.store import HistoryEntry, ItemFeatures, Trending, UserFeatures
+
+HOUR_MS = 3_600_000
+DAY_MS = 24 * HOUR_MS
+
+#: Window name -> length in ms, for user counts.
+USER_WINDOWS: dict[str, int] = {"1h": HOUR_MS, "24h": DAY_MS, "7d": 7 * DAY_MS}
+#: Window name -> length in ms, for item counts.
+ITEM_WINDOWS: dict[str, int] = {"1h": HOUR_MS, "24h": DAY_MS}
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """A validated event, as on the ``events`` topic (see the wire format in DESIGN.md)."""
+
+    event_id: str
+    user_id: str
+    item_id: str
+    event_type: str
+    ts_ms: int
+    value: float | None = None
+    context: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FeatureParams:
+    """Knobs of the feature definitions (built from ``settings.features`` by the adapters)."""
+
+    event_weights: Mapping[str, float]
+    history_len: int = 50
+    item_half_life_s: float = 3600.0
+    trending_n: int = 100
+    bucket_ms: int = 60_000
+    dedupe_horizon_ms: int = 7 * DAY_MS
+
+    @classmethod
+    def from_settings(cls, features: Any, **overrides: Any) -> FeatureParams:
+        """From a ``FeatureSettings`` section; keyword overrides win."""
+        values: dict[str, Any] = {
+            "event_weights": dict(features.event_weights),
+            "history_len": features.history_len,
+            "item_half_life_s": features.item_half_life_s,
+            "trending_n": features.trending_n,
+        }
+        values.update(overrides)
+        return cls(**values)
+
+    def weight(self, event_type: str) -> float:
+        return float(self.event_weights.get(event_type, 0.0))
+
+
+# ---------------------------------------------------------------------------------------------
+# Point-in-time training samples
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """A training example (the ``samples`` topic wire format)."""
+
+    sample_id: str
+    user_id: str
+    item_id: str
+    event_type: str
+    weight: float
+    ts_ms: int
+    history: tuple[str, ...]
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "sample_id": self.sample_id,
+            "user_id": self.user_id,
+            "item_id": self.item_id,
+            "event_type": self.event_type,
+            "weight": self.weight,
+            "ts": self.ts_ms,
+            "history": list(self.history),
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_wire(), separators=(",", ":"))
+
+
+def make_sample(
+    user_state_before: UserState, event: Event, weights: Mapping[str, float], history_len: int
+) -> Sample | None:
+    """The training sample of ``event``, or ``None`` if it is not a positive (weight <= 0).
+
+    ``user_state_before`` is the user's state before ``event`` is applied; only its
+    interactions strictly before ``event.ts_ms`` are used, and never ``event.item_id`` itself.
+    """
+    weight = float(weights.get(event.event_type, 0.0))
+    if weight <= 0:
+        return None
+    history: list[str] = []
+    for item_id, _etype, ts, _eid in user_state_before.history:
+        if ts < event.ts_ms and item_id != event.item_id:
+            history.append(item_id)
+            if len(history) >= history_len:
+                break
+    return Sample(
+        sample_id=event.event_id,
+        user_id=event.user_id,
+        item_id=event.item_id,
+        event_type=event.event_type,
+        weight=weight,
+        ts_ms=event.ts_ms,
+        history=tuple(history),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Buckets (shared by user and item windows)
+# ---------------------------------------------------------------------------------------------
+
+
+def _bucket(ts_ms: int, bucket_ms: int) -> int:
+    return ts_ms // bucket_ms
+
+
+def window_count(buckets: Mapping[int, int], as_of_ms: int, window_ms: int, bucket_ms: int) -> int:
+    """Events in the window of length ``window_ms`` ending at ``as_of_ms`` (bucket rule above)."""
+    last = _bucket(as_of_ms, bucket_ms)
+    first = last - max(1, window_ms // bucket_ms) + 1
+    return sum(n for b, n in buckets.items() if first <= b <= last)
+
+
+def _prune(buckets: dict[int, int], as_of_ms: int, keep_ms: int, bucket_ms: int) -> None:
+    first = _bucket(as_of_ms, bucket_ms) - max(1, keep_ms // bucket_ms) + 1
+    for b in [b for b in buckets if b < first]:
+        del buckets[b]
+
+
+def is_late(event: Event, watermark_ms: int | None) -> bool:
+    """True if ``event`` is behind the watermark (it is still applied; this is for metrics)."""
+    return watermark_ms is not None and event.ts_ms <= watermark_ms
+
+
+# ---------------------------------------------------------------------------------------------
+# Users
+# ---------------------------------------------------------------------------------------------
+
+
+#: Forget event ids older than the dedupe horizon every this many events (keeps updates O(1)).
+_SEEN_PRUNE_EVERY = 64
+
+
+@dataclass(slots=True)
+class UserState:
+    """Everything the job keeps per user (serialisable with pickle)."""
+
+    #: (item_id, event_type, ts_ms, event_id), most recent first, positives only.
+    history: list[tuple[str, str, int, str]] = field(default_factory=list)
+    #: event_type -> bucket index -> count.
+    buckets: dict[str, dict[int, int]] = field(default_factory=dict)
+    #: event_id -> ts_ms of recently applied events (dedupe).
+    seen: dict[str, int] = field(default_factory=dict)
+    last_seen_ms: int = -1
+    as_of_ms: int = -1
+    #: Number of events applied; with ``as_of_ms`` it orders the versions of the record.
+    seq: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class UserOutcome:
+    duplicate: bool
+    sample: Sample | None
+
+
+def update_user(state: UserState, event: Event, params: FeatureParams) -> UserOutcome:
+    """Apply ``event`` to ``state`` in place (deterministic, no I/O) and build its sample."""
+    if event.event_id in state.seen or any(h[3] == event.event_id for h in state.history):
+        return UserOutcome(duplicate=True, sample=None)
+    sample = make_sample(state, event, params.event_weights, params.history_len)
+
+    state.seq += 1
+    if event.ts_ms > state.as_of_ms:
+        state.as_of_ms = event.ts_ms
+    state.last_seen_ms = state.as_of_ms
+    state.seen[event.event_id] = event.ts_ms
+
+    keep_ms = max(USER_WINDOWS.values())
+    oldest_bucket = _bucket(state.as_of_ms, params.bucket_ms) - keep_ms // params.bucket_ms + 1
+    bucket = _bucket(event.ts_ms, params.bucket_ms)
+    if bucket >= oldest_bucket:
+        per_type = state.buckets.setdefault(event.event_type, {})
+        per_type[bucket] = per_type.get(bucket, 0) + 1
+    if params.weight(event.event_type) > 0:
+        _insert_history(state.history, event, params.history_len)
+
+    for etype in list(state.buckets):
+        _prune(state.buckets[etype], state.as_of_ms, keep_ms, params.bucket_ms)
+        if not state.buckets[etype]:
+            del state.buckets[etype]
+    if state.seq % _SEEN_PRUNE_EVERY == 0:
+        horizon = state.as_of_ms - params.dedupe_horizon_ms
+        state.seen = {eid: ts for eid, ts in state.seen.items() if ts > horizon}
+    return UserOutcome(duplicate=False, sample=sample)
+
+
+def _insert_history(history: list[tuple[str, str, int, str]], event: Event, cap: int) -> None:
+    entry = (event.item_id, event.event_type, event.ts_ms, event.event_id)
+    pos = 0
+    while pos < len(history) and history[pos][2] > event.ts_ms:
+        pos += 1
+    if pos >= cap:
+        return
+    history.insert(pos, entry)
+    del history[cap:]
+
+
+def user_features(state: UserState, user_id: str, params: FeatureParams) -> UserFeatures:
+    """The user's feature record, current to ``state.as_of_ms``."""
+    counts: dict[str, dict[str, int]] = {}
+    for name, window_ms in USER_WINDOWS.items():
+        per_type: dict[str, int] = {}
+        for etype in sorted(state.buckets):
+            n = window_count(state.buckets[etype], state.as_of_ms, window_ms, params.bucket_ms)
+            if n:
+                per_type[etype] = n
+        counts[name] = per_type
+    return UserFeatures(
+        user_id=user_id,
+        history=tuple(HistoryEntry(i, t, ts) for i, t, ts, _ in state.history),
+        counts=counts,
+        last_seen_ms=state.last_seen_ms,
+        as_of_ms=state.as_of_ms,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Items
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class ItemState:
+    score: float = 0.0
+    as_of_ms: int = -1
+    #: bucket index -> count of positive events.
+    buckets: dict[int, int] = field(default_factory=dict)
+    seq: int = 0
+
+
+def decay(score: float, from_ms: int, to_ms: int, half_life_s: float) -> float:
+    """``score`` valid at ``from_ms`` seen from ``to_ms``."""
+    return score * math.pow(2.0, -(to_ms - from_ms) / (half_life_s * 1000.0))
+
+
+def update_item(state: ItemState, event: Event, params: FeatureParams) -> bool:
+    """Apply a (deduplicated) event to the item's state in place; False if not a positive."""
+    weight = params.weight(event.event_type)
+    if weight <= 0:
+        return False
+    state.seq += 1
+    if event.ts_ms >= state.as_of_ms:
+        if state.as_of_ms >= 0:
+            state.score = decay(state.score, state.as_of_ms, event.ts_ms, params.item_half_life_s)
+        state.score += weight
+        state.as_of_ms = event.ts_ms
+    else:
+        state.score += decay(weight, event.ts_ms, state.as_of_ms, params.item_half_life_s)
+    keep_ms = max(ITEM_WINDOWS.values())
+    oldest = _bucket(state.as_of_ms, params.bucket_ms) - keep_ms // params.bucket_ms + 1
+    bucket = _bucket(event.ts_ms, params.bucket_ms)
+    if bucket >= oldest:
+        state.buckets[bucket] = state.buckets.get(bucket, 0) + 1
+    _prune(state.buckets, state.as_of_ms, keep_ms, params.bucket_ms)
+    return True
+
+
+def item_features(state: ItemState, item_id: str, params: FeatureParams) -> ItemFeatures:
+    counts = {
+        name: window_count(state.buckets, state.as_of_ms, window_ms, params.bucket_ms)
+        for name, window_ms in ITEM_WINDOWS.items()
+    }
+    return ItemFeatures(item_id=item_id, score=state.score, counts=counts, as_of_ms=state.as_of_ms)
+
+
+# ---------------------------------------------------------------------------------------------
+# Trending
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class TrendingState:
+    #: item_id -> (score, as_of_ms) as last reported by the item.
+    items: dict[str, tuple[float, int]] = field(default_factory=dict)
+    as_of_ms: int = -1
+    seq: int = 0
+
+
+def update_trending(
+    state: TrendingState, item_id: str, score: float, as_of_ms: int, params: FeatureParams
+) -> None:
+    """Record an item's latest (score, as_of) and keep the top ``trending_n``."""
+    prev = state.items.get(item_id)
+    if prev is not None and prev[1] > as_of_ms:
+        return
+    state.seq += 1
+    state.items[item_id] = (score, as_of_ms)
+    state.as_of_ms = max(state.as_of_ms, as_of_ms)
+    if len(state.items) > 2 * params.trending_n:
+        keep = dict(_ranked(state, params))
+        state.items = {i: state.items[i] for i in list(keep)[: params.trending_n]}
+
+
+def _ranked(state: TrendingState, params: FeatureParams) -> list[tuple[str, float]]:
+    at = state.as_of_ms
+    scored = [
+        (item, decay(score, ts, at, params.item_half_life_s))
+        for item, (score, ts) in state.items.items()
+    ]
+    scored.sort(key=lambda pair: (-pair[1], pair[0]))
+    return scored
+
+
+def trending(state: TrendingState, params: FeatureParams) -> Trending:
+    """The top ``trending_n`` items, scores decayed to ``state.as_of_ms``, best first."""
+    return Trending(items=tuple(_ranked(state, params)[: params.trending_n]), as_of_ms=state.as_of_ms)

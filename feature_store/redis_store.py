@@ -1,0 +1,253 @@
+"""Redis backend of the online store.
+
+The key layout and the write rule are the written spec ``feature_store/FORMAT.md``; the pure
+encode/decode functions below are its only implementation. Writes go through one Lua script
+(:data:`WRITE_IF_NEWER`, run with ``EVALSHA`` in a pipeline) so "only if newer ``(as_of, seq)``"
+is atomic per record; a whole batch is one round trip. redis-py uses hiredis for parsing
+when it is installed (it is a dependency).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from feature_store.ids import item_key
+from feature_store.settings import FeatureSettings, RedisSettings
+from feature_store.store import (
+    HistoryEntry,
+    ItemFeatures,
+    OnlineStore,
+    OnlineStoreError,
+    Trending,
+    UserFeatures,
+)
+
+log = logging.getLogger(__name__)
+
+#: Bump on an incompatible change of FORMAT.md.
+LAYOUT_VERSION = "1"
+
+#: KEYS[1] = record key; ARGV = as_of, seq, payload, ttl_s. Returns 1 if written, 0 if stale.
+WRITE_IF_NEWER = """
+local cur = redis.call('HMGET', KEYS[1], 'as_of', 'seq')
+if cur[1] then
+  local a = tonumber(cur[1])
+  local s = tonumber(cur[2] or '0') or 0
+  local na = tonumber(ARGV[1])
+  local ns = tonumber(ARGV[2])
+  if na < a or (na == a and ns < s) then return 0 end
+end
+redis.call('HSET', KEYS[1], 'as_of', ARGV[1], 'seq', ARGV[2], 'v', ARGV[3])
+local ttl = tonumber(ARGV[4])
+if ttl > 0 then redis.call('EXPIRE', KEYS[1], ttl) end
+return 1
+"""
+
+def _dumps(obj: object) -> str:
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+
+
+# --- keys (FORMAT.md "key layout") -----------------------------------------------------------
+
+
+def user_key_name(prefix: str, user_id: str) -> str:
+    return f"{prefix}u:{user_id}"
+
+
+def item_key_name(prefix: str, item_id: str) -> str:
+    return f"{prefix}i:{item_id}"
+
+
+def trending_key_name(prefix: str) -> str:
+    return f"{prefix}trending"
+
+
+def item_ids_key_name(prefix: str) -> str:
+    return f"{prefix}item_ids"
+
+
+def layout_key_name(prefix: str) -> str:
+    return f"{prefix}layout"
+
+
+# --- payloads (FORMAT.md "record fields") ----------------------------------------------------
+
+
+def encode_user(f: UserFeatures) -> str:
+    return _dumps(
+        {
+            "h": [[h.item_id, h.event_type, h.ts_ms] for h in f.history],
+            "c": f.counts,
+            "ls": f.last_seen_ms,
+        },
+    )
+
+
+def decode_user(user_id: str, as_of: bytes | str, payload: bytes | str) -> UserFeatures:
+    try:
+        data = json.loads(payload)
+        return UserFeatures(
+            user_id=user_id,
+            history=tuple(HistoryEntry(str(i), str(t), int(ts)) for i, t, ts in data["h"]),
+            counts={w: {t: int(n) for t, n in c.items()} for w, c in data["c"].items()},
+            last_seen_ms=int(data["ls"]),
+            as_of_ms=int(as_of),
+        )
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise OnlineStoreError(f"corrupt user record {user_id!r}: {exc}") from exc
+
+
+def encode_item(f: ItemFeatures) -> str:
+    return _dumps({"s": f.score, "c": f.counts})
+
+
+def decode_item(item_id: str, as_of: bytes | str, payload: bytes | str) -> ItemFeatures:
+    try:
+        data = json.loads(payload)
+        return ItemFeatures(
+            item_id=item_id,
+            score=float(data["s"]),
+            counts={w: int(n) for w, n in data["c"].items()},
+            as_of_ms=int(as_of),
+        )
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise OnlineStoreError(f"corrupt item record {item_id!r}: {exc}") from exc
+
+
+def encode_trending(t: Trending) -> str:
+    return _dumps({"t": [[i, s] for i, s in t.items]})
+
+
+def decode_trending(as_of: bytes | str, payload: bytes | str, n: int) -> Trending:
+    try:
+        data = json.loads(payload)
+        items = tuple((str(i), float(s)) for i, s in data["t"][: max(n, 0)])
+        return Trending(items=items, as_of_ms=int(as_of))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise OnlineStoreError(f"corrupt trending record: {exc}") from exc
+
+
+class RedisOnlineStore(OnlineStore):
+    """:class:`OnlineStore` on Redis (layout: ``feature_store/FORMAT.md``).
+
+    ``seqs`` passed to :meth:`write_batch` order versions with equal ``as_of`` (FORMAT.md);
+    without them every record is written with ``seq`` 0.
+    """
+
+    def __init__(
+        self,
+        redis_settings: RedisSettings,
+        feature_settings: FeatureSettings | None = None,
+        client: Any | None = None,
+        socket_timeout_s: float = 5.0,
+    ) -> None:
+        import redis
+
+        self._prefix = redis_settings.key_prefix
+        features = feature_settings or FeatureSettings()  # type: ignore[call-arg]
+        self._user_ttl = int(features.user_ttl_s)
+        self._item_ttl = int(features.item_ttl_s)
+        password = redis_settings.password
+        self._redis = client or redis.Redis(
+            host=redis_settings.host,
+            port=redis_settings.port,
+            db=redis_settings.db,
+            password=password.get_secret_value() if password else None,
+            socket_timeout=socket_timeout_s,
+            socket_connect_timeout=socket_timeout_s,
+            health_check_interval=30,
+        )
+        self._errors: tuple[type[Exception], ...] = (redis.RedisError,)
+        self._write = self._redis.register_script(WRITE_IF_NEWER)
+
+    @property
+    def client(self) -> Any:
+        return self._redis
+
+    def close(self) -> None:
+        self._redis.close()
+
+    def ping(self) -> bool:
+        try:
+            return bool(self._redis.ping())
+        except self._errors:
+            return False
+
+    def write_batch(
+        self,
+        users: Sequence[UserFeatures] = (),
+        items: Sequence[ItemFeatures] = (),
+        trending: Trending | None = None,
+        user_seqs: Sequence[int] | None = None,
+        item_seqs: Sequence[int] | None = None,
+        trending_seq: int = 0,
+    ) -> None:
+        """Write records in one pipeline; each is written only if newer (FORMAT.md)."""
+        if not users and not items and trending is None:
+            return
+        p = self._prefix
+        try:
+            pipe = self._redis.pipeline(transaction=False)
+            for n, u in enumerate(users):
+                seq = user_seqs[n] if user_seqs else 0
+                args: list[Any] = [u.as_of_ms, seq, encode_user(u), self._user_ttl]
+                self._write(keys=[user_key_name(p, u.user_id)], args=args, client=pipe)
+            if items:
+                pipe.hset(
+                    item_ids_key_name(p), mapping={str(item_key(i.item_id)): i.item_id for i in items}
+                )
+            for n, it in enumerate(items):
+                seq = item_seqs[n] if item_seqs else 0
+                args = [it.as_of_ms, seq, encode_item(it), self._item_ttl]
+                self._write(keys=[item_key_name(p, it.item_id)], args=args, client=pipe)
+            if trending is not None:
+                args = [trending.as_of_ms, trending_seq, encode_trending(trending), 0]
+                self._write(keys=[trending_key_name(p)], args=args, client=pipe)
+            pipe.set(layout_key_name(p), LAYOUT_VERSION)
+            pipe.execute()
+        except self._errors as exc:
+            raise OnlineStoreError(f"redis write failed: {exc}") from exc
+
+    def _read_hashes(self, keys: list[str]) -> list[list[Any]]:
+        try:
+            pipe = self._redis.pipeline(transaction=False)
+            for k in keys:
+                pipe.hmget(k, ["as_of", "v"])
+            return list(pipe.execute())
+        except self._errors as exc:
+            raise OnlineStoreError(f"redis read failed: {exc}") from exc
+
+    def read_users(self, user_ids: Sequence[str]) -> list[UserFeatures | None]:
+        rows = self._read_hashes([user_key_name(self._prefix, u) for u in user_ids])
+        return [
+            decode_user(u, as_of, v) if as_of is not None and v is not None else None
+            for u, (as_of, v) in zip(user_ids, rows, strict=True)
+        ]
+
+    def read_items(self, item_ids: Sequence[str]) -> list[ItemFeatures | None]:
+        rows = self._read_hashes([item_key_name(self._prefix, i) for i in item_ids])
+        return [
+            decode_item(i, as_of, v) if as_of is not None and v is not None else None
+            for i, (as_of, v) in zip(item_ids, rows, strict=True)
+        ]
+
+    def read_trending(self, n: int) -> Trending | None:
+        rows: list[Any] = self._read_hashes([trending_key_name(self._prefix)])
+        as_of, v = rows[0]
+        if as_of is None or v is None:
+            return None
+        return decode_trending(as_of, v, n)
+
+    def read_item_ids(self, keys: Sequence[int]) -> list[str | None]:
+        """Reverse map: TFRA item keys -> external item ids (``None`` if unknown)."""
+        if not keys:
+            return []
+        try:
+            fields = [str(k) for k in keys]
+            raw: Any = self._redis.hmget(item_ids_key_name(self._prefix), fields)
+        except self._errors as exc:
+            raise OnlineStoreError(f"redis read failed: {exc}") from exc
+        return [r.decode() if isinstance(r, bytes) else r for r in raw]

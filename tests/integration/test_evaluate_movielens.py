@@ -1,0 +1,72 @@
+"""``streamrec evaluate`` on MovieLens latest-small: the model against the popularity baseline.
+
+No services needed (the evaluation runs in-process), but it loads TensorFlow and trains the
+two-tower model on the whole file (100,836 ratings), so it lives with the integration tests.
+The evaluation runs once per module; the tests read its ``--json`` report.
+
+``MIN_RATIO`` is the Recall@10 ratio (model / popularity, same run) that the default
+settings reach reliably; the target of issue 7 (2x) is tracked by a strict xfail so that
+reaching it shows up as an unexpected pass (then raise ``MIN_RATIO``).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from deploy.cli import main
+from tests.support import shared_data
+
+pytestmark = pytest.mark.integration
+
+RATINGS = shared_data() / "ml-latest-small" / "ratings.csv"
+POSITIVES = 48_580  # ratings >= 4.0 in the file
+#: Model Recall@10 / popularity Recall@10 that the default settings reach reliably.
+MIN_RATIO = 0.7
+TARGET_RATIO = 2.0
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    if not RATINGS.is_file():
+        pytest.skip(f"{RATINGS} is not there")
+    folder = tmp_path_factory.mktemp("evaluate")
+    out, png = folder / "eval.json", folder / "eval.png"
+    argv = ["evaluate", str(RATINGS), "--format", "movielens", "--json", str(out)]
+    assert main([*argv, "--plot", str(png)]) == 0
+    doc: dict[str, Any] = json.loads(out.read_text())
+    doc["_png"] = png.read_bytes()
+    return doc
+
+
+def _ratio(doc: dict[str, Any]) -> float:
+    popularity = doc["baselines"]["popularity"]["recall@10"]
+    assert popularity > 0.0
+    return float(doc["recall@10"] / popularity)
+
+
+@pytest.mark.timeout(900)
+def test_report_covers_the_whole_file(report: dict[str, Any]) -> None:
+    assert report["events"] == 100_836
+    assert report["scored"] == POSITIVES - POSITIVES // 10
+    for figs in (report, *report["baselines"].values()):
+        assert set(figs) >= {"recall@10", "ndcg@10", "recall@20", "ndcg@20", "events", "scored"}
+        assert 0.0 < figs["ndcg@10"] <= figs["recall@10"] <= figs["recall@20"] <= 1.0
+        assert figs["scored"] == report["scored"]
+    assert set(report["baselines"]) == {"popularity", "recent_popularity"}
+    chunks = report["over_time"]["model"]
+    assert sum(c["scored"] for c in chunks) == report["scored"]
+    assert report["_png"][:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.timeout(900)
+def test_model_against_popularity(report: dict[str, Any]) -> None:
+    assert _ratio(report) >= MIN_RATIO, report["config"]
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.xfail(strict=True, reason="issue 7 target (2x popularity) not reached yet")
+def test_model_reaches_the_issue_target(report: dict[str, Any]) -> None:
+    assert _ratio(report) >= TARGET_RATIO

@@ -1,0 +1,149 @@
+"""RedisOnlineStore on the real Redis: round trips, the only-if-newer rule, TTLs, replays."""
+
+from __future__ import annotations
+
+import pytest
+
+from feature_store.features import Event, FeatureParams, UserState, update_user, user_features
+from feature_store.ids import item_key
+from feature_store.redis_store import RedisOnlineStore, item_key_name, user_key_name
+from feature_store.settings import FeatureSettings, Settings
+from feature_store.store import HistoryEntry, ItemFeatures, Trending, UserFeatures
+
+pytestmark = pytest.mark.integration
+
+
+def user(uid: str, as_of: int, items: tuple[str, ...] = ("a",)) -> UserFeatures:
+    return UserFeatures(
+        user_id=uid,
+        history=tuple(HistoryEntry(i, "click", as_of - n) for n, i in enumerate(items)),
+        counts={"1h": {"click": len(items)}, "24h": {"click": len(items)}, "7d": {}},
+        last_seen_ms=as_of,
+        as_of_ms=as_of,
+    )
+
+
+@pytest.fixture
+def store(settings: Settings):
+    s = RedisOnlineStore(settings.redis, settings.features)
+    yield s
+    keys = list(s.client.scan_iter(match=f"{settings.redis.key_prefix}*", count=1000))
+    if keys:
+        s.client.delete(*keys)
+    s.close()
+
+
+def test_round_trip_and_unknown_ids(store: RedisOnlineStore) -> None:
+    u = user("u1", 1000, ("b", "a"))
+    it = ItemFeatures(item_id="a", score=1.25, counts={"1h": 1, "24h": 2}, as_of_ms=900)
+    tr = Trending(items=(("a", 1.25), ("b", 0.5)), as_of_ms=1000)
+    store.write_batch(users=[u], items=[it], trending=tr)
+    assert store.read_users(["u1", "nobody"]) == [u, None]
+    assert store.read_items(["a", "zz"]) == [it, None]
+    assert store.read_trending(1) == Trending(items=(("a", 1.25),), as_of_ms=1000)
+    assert store.read_item_ids([item_key("a"), item_key("zz")]) == ["a", None]
+
+
+def test_older_write_never_overwrites_newer(store: RedisOnlineStore) -> None:
+    store.write_batch(users=[user("u1", 2000, ("new",))], user_seqs=[5])
+    store.write_batch(users=[user("u1", 1000, ("old",))], user_seqs=[9])  # older as_of
+    store.write_batch(users=[user("u1", 2000, ("same-ts-older-seq",))], user_seqs=[4])
+    (got,) = store.read_users(["u1"])
+    assert got is not None and got.history[0].item_id == "new"
+    store.write_batch(users=[user("u1", 2000, ("same-ts-newer-seq",))], user_seqs=[6])
+    (got,) = store.read_users(["u1"])
+    assert got is not None and got.history[0].item_id == "same-ts-newer-seq"
+    store.write_batch(users=[user("u1", 3000, ("newer",))], user_seqs=[1])
+    (got,) = store.read_users(["u1"])
+    assert got is not None and got.as_of_ms == 3000 and got.history[0].item_id == "newer"
+
+
+def test_ttls_from_settings(settings: Settings) -> None:
+    features = FeatureSettings(user_ttl_s=120, item_ttl_s=0)
+    s = RedisOnlineStore(settings.redis, features)
+    try:
+        s.write_batch(
+            users=[user("u1", 1)], items=[ItemFeatures("a", 1.0, {"1h": 1, "24h": 1}, 1)]
+        )
+        prefix = settings.redis.key_prefix
+        assert 0 < s.client.ttl(user_key_name(prefix, "u1")) <= 120
+        assert s.client.ttl(item_key_name(prefix, "a")) == -1  # 0 = no TTL
+    finally:
+        s.client.delete(user_key_name(prefix, "u1"), item_key_name(prefix, "a"))
+        s.close()
+
+
+def test_replaying_the_same_events_leaves_the_same_store(
+    store: RedisOnlineStore, settings: Settings
+) -> None:
+    pattern = user_key_name(settings.redis.key_prefix, "*")
+    params = FeatureParams(event_weights={"click": 1.0, "impression": 0.0}, history_len=5)
+    events = [
+        Event(f"e{n}", f"u{n % 3}", f"i{n % 4}", "click" if n % 2 else "impression", 10_000 + n * 7)
+        for n in range(30)
+    ]
+
+    def run() -> dict[bytes, dict[bytes, bytes]]:
+        # A fresh job over the same events writes after every event (worst case for ordering).
+        states: dict[str, UserState] = {}
+        for e in events:
+            st = states.setdefault(e.user_id, UserState())
+            update_user(st, e, params)
+            store.write_batch(users=[user_features(st, e.user_id, params)], user_seqs=[st.seq])
+        return {k: store.client.hgetall(k) for k in sorted(store.client.keys(pattern))}
+
+    first = run()
+    assert len(first) == 3
+    # Replay everything again, then an older prefix of it: nothing changes.
+    assert run() == first
+    events = events[:10]
+    run()
+    assert {k: store.client.hgetall(k) for k in first} == first
+
+
+def test_read_api_serves_what_the_store_holds(store: RedisOnlineStore) -> None:
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from serving.features_api import features_router
+
+    app = FastAPI()
+    app.include_router(features_router(store))
+    store.write_batch(
+        users=[user("u 1", 5000, ("b", "a"))],
+        items=[ItemFeatures("a/1", 0.75, {"1h": 1, "24h": 1}, 4000)],
+    )
+    with TestClient(app) as client:
+        got = client.get("/users/u 1/features")
+        assert got.status_code == 200
+        body = got.json()
+        assert body["as_of_ms"] == 5000 and body["last_seen_ms"] == 5000
+        assert body["history"] == [
+            {"item_id": "b", "event_type": "click", "ts_ms": 5000},
+            {"item_id": "a", "event_type": "click", "ts_ms": 4999},
+        ]
+        item = client.get("/items/a%2F1/features")  # ids may contain "/"
+        assert item.status_code == 200
+        assert item.json() == {
+            "item_id": "a/1",
+            "score": 0.75,
+            "counts": {"1h": 1, "24h": 1},
+            "as_of_ms": 4000,
+        }
+        assert client.get("/users/nobody/features").status_code == 404
+        assert client.get("/items/zz/features").status_code == 404
+
+
+def test_read_api_503_when_redis_is_down(settings: Settings) -> None:
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from feature_store.settings import RedisSettings
+    from serving.features_api import features_router
+    from tests.support import free_port
+
+    dead = RedisOnlineStore(RedisSettings(port=free_port()), socket_timeout_s=0.5)
+    app = FastAPI()
+    app.include_router(features_router(dead))
+    with TestClient(app) as client:
+        assert client.get("/users/u1/features").status_code == 503

@@ -1,0 +1,303 @@
+"""Feature functions against hand-computed expectations."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from feature_store.features import (
+    DAY_MS,
+    HOUR_MS,
+    Event,
+    FeatureParams,
+    ItemState,
+    TrendingState,
+    UserState,
+    is_late,
+    item_features,
+    make_sample,
+    trending,
+    update_item,
+    update_trending,
+    update_user,
+    user_features,
+)
+from feature_store.settings import DEFAULT_EVENT_WEIGHTS, FeatureSettings
+from feature_store.store import HistoryEntry
+
+T0 = 1_700_000_040_000  # a whole minute (divisible by 60_000)
+MIN = 60_000
+
+
+def params(**kw: object) -> FeatureParams:
+    base: dict[str, object] = {"event_weights": DEFAULT_EVENT_WEIGHTS, "history_len": 3}
+    base.update(kw)
+    return FeatureParams(**base)  # type: ignore[arg-type]
+
+
+def ev(eid: str, item: str, etype: str, ts: int, user: str = "u1") -> Event:
+    return Event(event_id=eid, user_id=user, item_id=item, event_type=etype, ts_ms=ts)
+
+
+def apply_all(events: list[Event], p: FeatureParams) -> tuple[UserState, list[object]]:
+    state = UserState()
+    outcomes = [update_user(state, e, p) for e in events]
+    return state, outcomes
+
+
+def test_params_from_settings() -> None:
+    p = FeatureParams.from_settings(FeatureSettings(), bucket_ms=1)
+    assert p.history_len == 50 and p.bucket_ms == 1 and p.weight("purchase") == 5.0
+    assert p.weight("unknown") == 0.0
+
+
+def test_history_most_recent_first_positives_only_capped() -> None:
+    p = params()
+    events = [
+        ev("e1", "a", "click", T0),
+        ev("e2", "b", "impression", T0 + 1),  # weight 0: counted, not in history
+        ev("e3", "c", "like", T0 + 2),
+        ev("e4", "d", "purchase", T0 + 3),
+        ev("e5", "e", "click", T0 + 4),
+    ]
+    state, _ = apply_all(events, p)
+    f = user_features(state, "u1", p)
+    assert f.history == (
+        HistoryEntry("e", "click", T0 + 4),
+        HistoryEntry("d", "purchase", T0 + 3),
+        HistoryEntry("c", "like", T0 + 2),
+    )
+    assert f.last_seen_ms == T0 + 4 and f.as_of_ms == T0 + 4
+    assert f.counts["1h"] == {"click": 2, "impression": 1, "like": 1, "purchase": 1}
+
+
+def test_window_boundaries_exact_buckets() -> None:
+    p = params(bucket_ms=1)
+    now = T0 + 10 * DAY_MS
+    events = [
+        ev("old", "a", "click", now - 7 * DAY_MS),  # exactly 7d before: outside (as_of - W, as_of]
+        ev("d7", "a", "click", now - 7 * DAY_MS + 1),  # inside 7d only
+        ev("h24", "a", "click", now - DAY_MS),  # outside 24h, inside 7d
+        ev("in24", "a", "click", now - DAY_MS + 1),  # inside 24h
+        ev("h1", "a", "like", now - HOUR_MS),  # outside 1h
+        ev("in1", "a", "like", now - HOUR_MS + 1),  # inside 1h
+        ev("now", "b", "purchase", now),
+    ]
+    state, _ = apply_all(events, p)
+    f = user_features(state, "u1", p)
+    assert f.counts["7d"] == {"click": 3, "like": 2, "purchase": 1}
+    assert f.counts["24h"] == {"click": 1, "like": 2, "purchase": 1}
+    assert f.counts["1h"] == {"like": 1, "purchase": 1}
+
+
+def test_window_boundaries_minute_buckets() -> None:
+    p = params()  # one-minute buckets
+    now = T0 + 30_000  # half way into the minute starting at T0
+    events = [
+        # The 1h window is the minute of `now` plus the 59 before: [T0 - 59 min, now].
+        ev("in", "a", "click", T0 - 59 * MIN),
+        ev("out", "a", "click", T0 - 59 * MIN - 1),
+        ev("now", "a", "click", now),
+    ]
+    state, _ = apply_all(events, p)
+    f = user_features(state, "u1", p)
+    assert f.counts["1h"] == {"click": 2}
+    assert f.counts["24h"] == {"click": 3}
+
+
+def test_windows_slide_and_old_buckets_are_dropped() -> None:
+    p = params(bucket_ms=1)
+    state, _ = apply_all([ev("a", "x", "click", T0), ev("b", "y", "click", T0 + 8 * DAY_MS)], p)
+    f = user_features(state, "u1", p)
+    assert f.counts == {"1h": {"click": 1}, "24h": {"click": 1}, "7d": {"click": 1}}
+    assert all(b > T0 for b in state.buckets["click"])  # the old bucket is gone
+
+
+def test_out_of_order_event_lands_in_place_and_keeps_as_of() -> None:
+    p = params(bucket_ms=1)
+    events = [
+        ev("e1", "a", "click", T0 + 10),
+        ev("e2", "b", "click", T0 + 30),
+        ev("e3", "c", "like", T0 + 20),  # out of order
+        ev("e4", "z", "click", T0 - 2 * HOUR_MS),  # late: older than a full... history not full yet
+    ]
+    state, _ = apply_all(events, p)
+    f = user_features(state, "u1", p)
+    assert [h.item_id for h in f.history] == ["b", "c", "a"]
+    assert f.as_of_ms == T0 + 30 and f.last_seen_ms == T0 + 30
+    assert f.counts["1h"] == {"click": 2, "like": 1}
+    assert f.counts["24h"] == {"click": 3, "like": 1}
+
+
+def test_event_behind_watermark_is_applied_and_flagged() -> None:
+    p = params(bucket_ms=1)
+    late = ev("late", "a", "click", T0)
+    assert is_late(late, T0 + 5) and not is_late(late, T0 - 1) and not is_late(late, None)
+    state, _ = apply_all([ev("x", "b", "click", T0 + 10_000), late], p)
+    assert user_features(state, "u1", p).counts["1h"] == {"click": 2}
+
+
+def test_late_event_older_than_full_history_is_not_inserted() -> None:
+    p = params(bucket_ms=1)
+    events = [ev(f"e{i}", f"i{i}", "click", T0 + i) for i in range(1, 4)]
+    state, _ = apply_all([*events, ev("old", "old", "click", T0)], p)
+    assert [h[0] for h in state.history] == ["i3", "i2", "i1"]
+    assert user_features(state, "u1", p).counts["1h"] == {"click": 4}
+
+
+def test_duplicate_event_ids_change_nothing() -> None:
+    p = params(bucket_ms=1)
+    state, outcomes = apply_all(
+        [ev("e1", "a", "click", T0), ev("e2", "b", "like", T0 + 1), ev("e1", "a", "click", T0)], p
+    )
+    assert [o.duplicate for o in outcomes] == [False, False, True]  # type: ignore[attr-defined]
+    assert outcomes[2].sample is None  # type: ignore[attr-defined]
+    assert user_features(state, "u1", p).counts["1h"] == {"click": 1, "like": 1}
+    assert state.seq == 2
+
+
+def test_duplicate_beyond_seen_horizon_caught_by_history() -> None:
+    p = params(bucket_ms=1, dedupe_horizon_ms=1)
+    events = [ev(f"e{i}", f"i{i}", "click", T0 + i * 1000) for i in range(70)]
+    state, _ = apply_all(events, p)
+    assert "e69" in state.seen and "e0" not in state.seen  # pruned past the horizon
+    before = user_features(state, "u1", p)
+    out = update_user(state, ev("e69", "i69", "click", T0 + 69_000), p)
+    assert out.duplicate and user_features(state, "u1", p) == before
+
+
+def test_make_sample_point_in_time() -> None:
+    p = params(history_len=2)
+    state, outcomes = apply_all(
+        [
+            ev("e1", "a", "click", T0),
+            ev("e2", "b", "like", T0 + 10),
+            ev("e3", "c", "impression", T0 + 15),
+            ev("e4", "d", "click", T0 + 20),
+        ],
+        p,
+    )
+    samples = [o.sample for o in outcomes]  # type: ignore[attr-defined]
+    assert samples[0].history == ()
+    assert samples[1].history == ("a",)
+    assert samples[2] is None  # impression: weight 0, no sample
+    assert samples[3].history == ("b", "a")
+    assert samples[3].weight == 1.0 and samples[3].sample_id == "e4"
+    assert samples[3].to_wire() == {
+        "sample_id": "e4",
+        "user_id": "u1",
+        "item_id": "d",
+        "event_type": "click",
+        "weight": 1.0,
+        "ts": T0 + 20,
+        "history": ["b", "a"],
+    }
+    # Out-of-order event: only strictly earlier interactions, never its own item.
+    late = make_sample(state, ev("e5", "a", "purchase", T0 + 10), p.event_weights, 5)
+    assert late is not None and late.history == ()
+    # The state holds history_len=2 entries (d, b): "a" fell off, so a late sample sees only b.
+    mid = make_sample(state, ev("e6", "x", "purchase", T0 + 11), p.event_weights, 5)
+    assert mid is not None and mid.history == ("b",)
+    same_ts = make_sample(state, ev("e7", "x", "purchase", T0 + 20), p.event_weights, 5)
+    assert same_ts is not None and same_ts.history == ("b",)
+    after = make_sample(state, ev("e8", "x", "purchase", T0 + 21), p.event_weights, 5)
+    assert after is not None and after.history == ("d", "b")
+
+
+def test_item_decayed_score_and_counts() -> None:
+    p = params(item_half_life_s=3600.0, bucket_ms=1)
+    state = ItemState()
+    assert update_item(state, ev("e1", "i", "click", T0), p)  # weight 1
+    assert not update_item(state, ev("e2", "i", "impression", T0 + 1), p)
+    assert update_item(state, ev("e3", "i", "purchase", T0 + HOUR_MS), p)  # weight 5
+    f = item_features(state, "i", p)
+    assert f.score == pytest.approx(1 * 0.5 + 5)
+    assert f.as_of_ms == T0 + HOUR_MS
+    assert f.counts == {"1h": 1, "24h": 2}
+    # Out of order: a like (weight 2) one half-life before as_of adds 2 * 0.5.
+    assert update_item(state, ev("e4", "i", "like", T0), p)
+    assert item_features(state, "i", p).score == pytest.approx(0.5 + 5 + 1.0)
+    assert item_features(state, "i", p).as_of_ms == T0 + HOUR_MS
+
+
+def test_item_score_is_order_independent() -> None:
+    p = params(item_half_life_s=600.0)
+    events = [ev(f"e{i}", "i", "click", T0 + i * 97_000) for i in range(10)]
+    a, b = ItemState(), ItemState()
+    for e in events:
+        update_item(a, e, p)
+    for e in reversed(events):
+        update_item(b, e, p)
+    assert a.score == pytest.approx(b.score) and a.as_of_ms == b.as_of_ms
+    expected = sum(math.pow(2, -(9 - i) * 97 / 600) for i in range(10))
+    assert a.score == pytest.approx(expected)
+
+
+def test_trending_top_n_decayed_to_common_instant() -> None:
+    p = params(trending_n=2, item_half_life_s=3600.0)
+    state = TrendingState()
+    update_trending(state, "a", 4.0, T0, p)  # at T0 + 1h: 2.0
+    update_trending(state, "b", 3.0, T0 + HOUR_MS, p)
+    update_trending(state, "c", 1.0, T0 + HOUR_MS, p)
+    update_trending(state, "d", 2.5, T0 + HOUR_MS, p)
+    update_trending(state, "e", 0.5, T0 + HOUR_MS, p)  # 5 > 2n: prune to 2
+    top = trending(state, p)
+    assert top.as_of_ms == T0 + HOUR_MS
+    assert [i for i, _ in top.items] == ["b", "d"]
+    assert top.items[1][1] == pytest.approx(2.5)
+    # A stale update (older as_of) is ignored; a newer one replaces the item's entry.
+    update_trending(state, "b", 0.1, T0, p)
+    update_trending(state, "a", 10.0, T0 + HOUR_MS, p)
+    assert [i for i, _ in trending(state, p).items] == ["a", "b"]
+
+
+# --- the feature job's parser of `events` records (stream/flink_parse.py) --------------------
+
+GOOD = {
+    "event_id": "e1",
+    "user_id": "u1",
+    "item_id": "i1",
+    "event_type": "rating",
+    "ts": T0,
+    "value": 4.5,
+    "context": {"page": "home"},
+}
+
+
+def test_parse_event_accepts_the_wire_format() -> None:
+    import json
+
+    from stream.flink_parse import parse_event
+
+    e = parse_event(json.dumps(GOOD).encode(), DEFAULT_EVENT_WEIGHTS)
+    assert e == Event("e1", "u1", "i1", "rating", T0, 4.5, {"page": "home"})
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        ({"ts": "2024-01-01"}, "ts:"),
+        ({"ts": True}, "ts:"),
+        ({"event_type": "view"}, "event_type:"),
+        ({"user_id": ""}, "user_id:"),
+        ({"item_id": "x" * 129}, "item_id:"),
+        ({"value": "high"}, "value:"),
+        ({"extra": 1}, "unknown field: extra"),
+    ],
+)
+def test_parse_event_names_the_problem(change: dict[str, object], reason: str) -> None:
+    import json
+
+    from stream.flink_parse import try_parse
+
+    parsed = try_parse(json.dumps({**GOOD, **change}), DEFAULT_EVENT_WEIGHTS)
+    assert parsed.event is None and parsed.reason is not None
+    assert parsed.reason.startswith(reason)
+
+
+def test_parse_event_rejects_non_objects() -> None:
+    from stream.flink_parse import try_parse
+
+    assert try_parse(b"\xff", DEFAULT_EVENT_WEIGHTS).reason is not None
+    assert try_parse("[1, 2]", DEFAULT_EVENT_WEIGHTS).reason == "not a JSON object"
