@@ -80,25 +80,33 @@ def test_new_user_recommendations_follow_their_clicks(pipeline: Settings) -> Non
         for k, item in enumerate(seen)])
     assert resp.status_code == 202
 
-    # Keep the population active so the trainer keeps publishing versions.
-    more = _population(rng, t0_ms + 2 * 10**6)
+    # Keep the population clicking so the trainer keeps learning and publishing versions.
+    more: list[dict[str, Any]] = []
+    rounds = [2]
     versions = {first}
+    last: dict[str, Any] = {}
 
     def reflects_the_user() -> dict[str, Any] | None:
-        if more:
-            ingest.call("POST", "/events", json=[more.pop() for _ in range(min(200, len(more)))])
+        if not more:
+            more.extend(_population(rng, t0_ms + rounds[0] * 10**6))
+            rounds[0] += 1
+        ingest.call("POST", "/events", json=[more.pop() for _ in range(min(500, len(more)))])
         v = version()
         if v:
             versions.add(v)
         answer = serving.call("GET", "/recommend", params={"user_id": new_user, "k": 10}).json()
+        last.update(answer, versions=len(versions))
         items = [it["item_id"] for it in answer["items"]]
         share_a = sum(i.startswith("a") for i in items) / max(1, len(items))
         if answer["source"] == "model" and share_a >= 0.8 and len(versions) >= 3:
             return answer
         return None
 
-    answer = wait_until(reflects_the_user, 300, "the new user's recommendations to reflect "
-                        "their clicks and the model version to advance twice", interval_s=1.0)
+    try:
+        answer = wait_until(reflects_the_user, 300, "the new user's recommendations to reflect "
+                            "their clicks and the model version to advance twice", interval_s=0.5)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; last answer: {last}") from None
     items = [it["item_id"] for it in answer["items"]]
     assert not set(items) & set(seen), "items the user already clicked must be excluded"
     assert len(items) == 10
