@@ -156,7 +156,7 @@ def _plot(result: dict[str, Any], path: Path) -> None:
         return
     fig, ax = plt.subplots(figsize=(7, 4))
     names = ["feature_s", "recommendation_s", "model_s"]
-    ax.boxplot([result[n]["values"] or [0] for n in names], labels=["feature", "recs change",
+    ax.boxplot([result[n]["values"] or [0] for n in names], tick_labels=["feature", "recs change",
                                                                     "model version"])
     ax.set_ylabel("seconds after the event")
     ax.set_title("streamrec freshness")

@@ -144,10 +144,11 @@ def run_demo(settings: Settings, rate: float, duration_s: float | None, users: i
             ing = scrape(f"{ingest}/metrics")
             trn = scrape(f"{trainer}/metrics")
             accepted = first(ing, "events_accepted_total")
-            trained = first(trn, "trained", "total") or first(trn, "examples", "total")
+            trained = trn.get("streamrec_trainer_samples_total")
             samples = samples_end_offset(settings)
             model = get_json(f"{serving}/model") or {}
-            recall = first(trn, "recall", "10")
+            recall = trn.get('streamrec_trainer_quality_rolling{metric=recall@10}')
+            pop = trn.get('streamrec_trainer_quality_rolling{metric=popularity_recall@10}')
             cur = {"accepted": accepted, "samples": samples, "trained": trained}
 
             def rate_of(name: str, now_vals: dict[str, Any] = cur,
@@ -162,7 +163,8 @@ def run_demo(settings: Settings, rate: float, duration_s: float | None, users: i
                 f"[{now - t0:6.0f}s] events/s {rate_of('accepted'):>7}  samples/s "
                 f"{rate_of('samples'):>6}  trained/s {rate_of('trained'):>7}  model "
                 f"{model.get('version') or '-'} age {f'{age:.0f}s' if age is not None else '-'}"
-                f"  recall@10 {f'{recall:.3f}' if recall is not None else '-'}  serving p99 "
+                f"  recall@10 {f'{recall:.3f}' if recall is not None else '-'}"
+                f" (popularity {f'{pop:.3f}' if pop is not None else '-'})  serving p99 "
                 f"{f'{p99:.1f}ms' if p99 is not None else '-'} popular/degraded "
                 f"{probe.share('popular', 'degraded'):.0%}",
                 flush=True,

@@ -104,8 +104,9 @@ class Stack:
                     continue
                 if self._start(c):
                     started.append(c.name)
-            if only is None or "kafka" in only:
-                self._create_topics()
+                if c.name == "kafka":
+                    # Before any service runs, so none of them auto-creates a topic.
+                    self._create_topics()
         return started
 
     def start_component(self, name: str) -> bool:

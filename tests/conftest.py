@@ -12,14 +12,13 @@ model registry folder.
 from __future__ import annotations
 
 import os
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from feature_store.settings import Settings, load_settings
-from tests.support import REPO_ROOT
+from tests.support import REPO_ROOT, isolated_settings
 
 TEST_RUN_DIR = REPO_ROOT / ".streamrec-test"
 
@@ -55,21 +54,4 @@ def stack() -> Iterator[Settings]:
 @pytest.fixture
 def settings(stack: Settings, tmp_path: Path) -> Settings:
     """Settings of one test: its own topics, key prefix, group and registry."""
-    from stream.kafka_io import ensure_topics
-
-    uid = f"t{uuid.uuid4().hex[:10]}"
-    s = stack.model_copy(update={
-        "kafka": stack.kafka.model_copy(update={
-            "events_topic": f"{uid}.events",
-            "dlq_topic": f"{uid}.events.dlq",
-            "samples_topic": f"{uid}.samples",
-        }),
-        "redis": stack.redis.model_copy(update={"key_prefix": f"{uid}:"}),
-        "trainer": stack.trainer.model_copy(update={
-            "group_id": f"{uid}-trainer",
-            "registry_dir": tmp_path / "models",
-            "checkpoint_dir": tmp_path / "trainer",
-        }),
-    })
-    ensure_topics(s.kafka, [s.kafka.events_topic, s.kafka.dlq_topic, s.kafka.samples_topic])
-    return s
+    return isolated_settings(stack, tmp_path)

@@ -71,6 +71,31 @@ def consume(bootstrap: str, topic: str, n: int, timeout_s: float = 30.0) -> list
     return records
 
 
+def isolated_settings(stack: Any, root: Path, prefix: str = "t") -> Any:
+    """Settings derived from the test stack's with their own topics (created here), Redis key
+    prefix, trainer consumer group, model registry and checkpoints under ``root``."""
+    import uuid
+
+    from stream.kafka_io import ensure_topics
+
+    uid = f"{prefix}{uuid.uuid4().hex[:10]}"
+    s = stack.model_copy(update={
+        "kafka": stack.kafka.model_copy(update={
+            "events_topic": f"{uid}.events",
+            "dlq_topic": f"{uid}.events.dlq",
+            "samples_topic": f"{uid}.samples",
+        }),
+        "redis": stack.redis.model_copy(update={"key_prefix": f"{uid}:"}),
+        "trainer": stack.trainer.model_copy(update={
+            "group_id": f"{uid}-trainer",
+            "registry_dir": root / "models",
+            "checkpoint_dir": root / "trainer",
+        }),
+    })
+    ensure_topics(s.kafka, [s.kafka.events_topic, s.kafka.dlq_topic, s.kafka.samples_topic])
+    return s
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -5,13 +5,12 @@ Redis key prefix."""
 from __future__ import annotations
 
 import os
-import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from feature_store.settings import Settings, to_env
+from tests.support import isolated_settings
 
 SERVICES = ["ingest-api", "features", "trainer", "serving"]
 
@@ -19,22 +18,13 @@ SERVICES = ["ingest-api", "features", "trainer", "serving"]
 @pytest.fixture(scope="session")
 def pipeline(stack: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
     from deploy.stack import Stack
-    from stream.kafka_io import ensure_topics
 
-    uid = f"e{uuid.uuid4().hex[:8]}"
-    root: Path = tmp_path_factory.mktemp("pipeline")
-    s = stack.model_copy(update={
-        "kafka": stack.kafka.model_copy(update={
-            "events_topic": f"{uid}.events", "dlq_topic": f"{uid}.events.dlq",
-            "samples_topic": f"{uid}.samples"}),
-        "redis": stack.redis.model_copy(update={"key_prefix": f"{uid}:"}),
-        "trainer": stack.trainer.model_copy(update={
-            "group_id": f"{uid}-trainer", "registry_dir": root / "models",
-            "checkpoint_dir": root / "trainer", "export_every_s": 5.0}),
-        "serving": stack.serving.model_copy(update={"poll_interval_s": 1.0}),
-        "stack": stack.stack.model_copy(update={"ready_timeout_s": 240.0}),
+    base = isolated_settings(stack, tmp_path_factory.mktemp("pipeline"), prefix="e")
+    s = base.model_copy(update={
+        "trainer": base.trainer.model_copy(update={"export_every_s": 5.0}),
+        "serving": base.serving.model_copy(update={"poll_interval_s": 1.0}),
+        "stack": base.stack.model_copy(update={"ready_timeout_s": 240.0}),
     })
-    ensure_topics(s.kafka, [s.kafka.events_topic, s.kafka.dlq_topic, s.kafka.samples_topic])
     saved = dict(os.environ)
     os.environ.update(to_env(s))
     runner = Stack(s, available_commands={"ingest-api", "features", "train", "serve"})
