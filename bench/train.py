@@ -6,7 +6,10 @@ size, and model freshness.
 
 * step: the compiled train step alone on pre-built synthetic batches (history_len 50, d 32,
   10k users, 20k items), after warm-up; at each batch size, plus batch 512 with history rows
-  frozen (``--no-history-grad``). Test-then-train evaluation is off here.
+  frozen (``--no-history-grad``). Test-then-train evaluation is off here. With
+  ``--compare-rounds N`` also the deduplicated step and the reference step
+  (``TrainOptions.dedup_lookups``) side by side in one process: N alternating rounds on the
+  same batches, taken from a longer stream (histories fill up to 50 items), medians reported.
 * e2e: ``--e2e-samples`` samples pre-produced to a fresh topic of the Kafka in the settings
   (``STREAMREC_KAFKA__PORT``), then the trainer service (decode, evaluate 128 rows/batch,
   train, checkpoint + export at the default cadence) drains them; rate = samples / wall time
@@ -20,7 +23,8 @@ size, and model freshness.
   first version whose Kafka offsets cover it minus its event time.
 
 JSON keys: ``step_examples_per_s`` (batch 512), ``step_examples_per_s_by_batch``,
-``step_examples_per_s_frozen_history`` (and ``*_per_cpu_s*``: examples per CPU second of the
+``step_examples_per_s_frozen_history``, ``step_compare_512`` (with ``--compare-rounds``: the
+deduplicated and the reference step, median and rounds) (and ``*_per_cpu_s*``: examples per CPU second of the
 process, steadier than wall time on a shared machine), ``e2e_examples_per_s``, ``export`` (list),
 ``model_freshness_s`` {p50, p95, n}, ``load_avg`` (the machine is shared: read figures with it).
 """
@@ -54,16 +58,48 @@ def _batches(n_batches: int, batch: int, seed: int = 1) -> list[Any]:
     return [to_batch(stream.take(batch), HIST, keys) for _ in range(n_batches)]
 
 
-def bench_step(batch: int, seconds: float, train_history: bool = True) -> tuple[float, float]:
-    """(examples per wall second, examples per CPU second of this process)."""
+def _step_trainer(batch: int, train_history: bool = True, dedup: bool = True) -> Any:
     from model.trainer import Trainer, TrainOptions
     from model.two_tower import ModelConfig
 
-    trainer = Trainer(
+    return Trainer(
         ModelConfig(history_len=HIST, train_history=train_history),
-        TrainOptions(batch_size=batch, eval_rows=0),
-        tag=f"b{batch}{int(train_history)}",
+        TrainOptions(batch_size=batch, eval_rows=0, dedup_lookups=dedup),
+        tag=f"b{batch}{int(train_history)}{int(dedup)}",
     )
+
+
+def bench_step_compare(
+    batch: int, rounds: int, seconds: float
+) -> dict[str, dict[str, Any]]:
+    """The deduplicated and the reference step (``TrainOptions.dedup_lookups``) side by side:
+    ``rounds`` rounds, each timing every variant for ``seconds`` on the same batches, in
+    alternating order; per variant the median and all rounds (examples per wall second)."""
+    variants = {"dedup": True, "reference": False}
+    trainers = {name: _step_trainer(batch, dedup=d) for name, d in variants.items()}
+    per_round = max(4, int(seconds * 100_000 / batch))
+    batches = _batches(5 + rounds * per_round, batch)
+    for trainer in trainers.values():
+        for b in batches[:5]:
+            trainer.train_step(b)
+    runs: dict[str, list[float]] = {name: [] for name in variants}
+    for r in range(rounds):
+        chunk = batches[5 + r * per_round: 5 + (r + 1) * per_round]
+        order = list(variants) if r % 2 == 0 else list(reversed(variants))
+        for name in order:
+            started = time.perf_counter()
+            for b in chunk:
+                trainers[name].train_step(b)
+            runs[name].append(len(chunk) * batch / (time.perf_counter() - started))
+    return {name: {"median": round(float(np.median(v))), "runs": [round(x) for x in v]}
+            for name, v in runs.items()}
+
+
+def bench_step(
+    batch: int, seconds: float, train_history: bool = True, dedup: bool = True
+) -> tuple[float, float]:
+    """(examples per wall second, examples per CPU second of this process)."""
+    trainer = _step_trainer(batch, train_history, dedup)
     batches = _batches(max(8, int(seconds * 120_000 / batch) + 6), batch)
     for b in batches[:5]:
         trainer.train_step(b)
@@ -245,6 +281,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--freshness-s", type=float, default=75.0)
     parser.add_argument("--freshness-rate", type=float, default=2000.0)
     parser.add_argument("--skip", default="", help="comma list of step,e2e,export,freshness")
+    parser.add_argument("--compare-rounds", type=int, default=0,
+                        help="also time the deduplicated and the reference step side by side at "
+                             "batch 512 for this many rounds of --step-seconds each")
     args = parser.parse_args(argv)
     skip = set(filter(None, args.skip.split(",")))
     result: dict[str, Any] = {"load_avg_start": os.getloadavg()[0]}
@@ -264,6 +303,11 @@ def main(argv: list[str] | None = None) -> int:
             result["step_examples_per_cpu_s_frozen_history"] = round(cpu)
             print(f"step batch 512, history rows frozen: {wall:,.0f} examples/s "
                   f"({cpu:,.0f} per CPU second)")
+        if args.compare_rounds > 0:
+            cmp = bench_step_compare(512, args.compare_rounds, args.step_seconds)
+            result["step_compare_512"] = cmp
+            for name, fig in cmp.items():
+                print(f"step batch 512 {name}: median {fig['median']:,} examples/s, rounds {fig['runs']}")
         if "e2e" not in skip:
             result["e2e_examples_per_s"] = round(bench_e2e(args.e2e_samples, root))
             print(f"end to end from Kafka: {result['e2e_examples_per_s']:,} examples/s")

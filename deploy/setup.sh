@@ -64,7 +64,7 @@ have=$(cat deploy/jvm/lib/.fetched 2>/dev/null || true)
 if [ "$want" != "$have" ] || ! ls deploy/jvm/lib/kafka/kafka_2.13-*.jar >/dev/null 2>&1; then
   say "fetching Kafka and the Flink Kafka connector from Maven Central"
   rm -rf deploy/jvm/lib
-  mvn -q -B -f deploy/jvm/pom.xml package \
+  mvn -q -B -Dstyle.color=never -f deploy/jvm/pom.xml package \
     || die "Maven could not fetch the jars listed in deploy/jvm/pom.xml. Check that Maven Central is reachable (proxy settings in ~/.m2/settings.xml), then run make setup again."
   echo "$want" > deploy/jvm/lib/.fetched
 fi

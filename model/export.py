@@ -13,7 +13,9 @@ What is exported (see ``model/artifact.py`` for the format):
 * ``item_hist_keys``/``item_hist_rows``: every item with an own row (the history pool);
 * ``item_ids``/``item_vectors``: the item tower output of each known item whose external id
   the trainer saw (ids come from the samples; the trainer keeps ``key -> item_id``);
-* the user tower's dense layers and the L2-normalisation flag.
+* the user tower's dense layers and the L2-normalisation flag of the user vector;
+* with ``ModelConfig.prior_weight``, the popularity prior as one more dimension of both
+  sides (``model.prior``).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from model.artifact import write_artifact
+from model.prior import check_exportable, exported_layers
 from model.registry import Registry
 from model.trainer import Trainer
 
@@ -40,10 +43,15 @@ def artifact_arrays(trainer: Trainer, item_ids: Mapping[int, str]) -> dict[str, 
     hkeys, hrows = model.known_rows(model.items)
     vkeys, vecs = trainer.item_vectors()
     named = np.fromiter((int(k) in item_ids for k in vkeys), bool, vkeys.size)
-    layers = [
-        (w.numpy(), b.numpy(), act)
-        for w, b, act in zip(model.kernels, model.biases, model.activations, strict=True)
-    ]
+    config = model.config
+    check_exportable(config.prior_weight, config.normalize and config.normalize_user)
+    layers = exported_layers(
+        [
+            (w.numpy(), b.numpy(), act)
+            for w, b, act in zip(model.kernels, model.biases, model.activations, strict=True)
+        ],
+        config.prior_weight,
+    )
     return {
         "item_ids": [item_ids[int(k)] for k in vkeys[named]],
         "item_vectors": vecs[named],
@@ -53,7 +61,7 @@ def artifact_arrays(trainer: Trainer, item_ids: Mapping[int, str]) -> dict[str, 
         "user_rows": urows,
         "default_user_row": model.default_row(model.users),
         "layers": layers,
-        "normalize": model.config.normalize,
+        "normalize": config.normalize and config.normalize_user,
     }
 
 

@@ -114,11 +114,13 @@ def in_batch_softmax_loss(
     logits = tf.matmul(user_vecs, item_vecs, transpose_b=True)
     logits = tf.cast(logits, tf.float32) / temperature - log_q[None, :]
     batch = tf.shape(logits)[0]
-    same_item = tf.equal(item_keys[:, None], item_keys[None, :])
-    keep = tf.logical_or(tf.logical_not(same_item), tf.eye(batch, dtype=tf.bool))
+    # Masked entries get MASKED_LOGIT added: a constant bias (no select in the forward or
+    # the backward pass); their softmax weight, hence their gradient, is exactly 0.
+    masked = tf.equal(item_keys[:, None], item_keys[None, :])
     if num_groups > 1:
-        keep = tf.logical_and(keep, block_mask(batch, num_groups))
-    logits = tf.where(keep, logits, MASKED_LOGIT)
+        masked = tf.logical_or(masked, tf.logical_not(block_mask(batch, num_groups)))
+    masked = tf.linalg.set_diag(masked, tf.zeros([batch], tf.bool))
+    logits = logits + tf.where(masked, MASKED_LOGIT, 0.0)
     ce = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=tf.range(batch), logits=logits)
     weights = tf.cast(weights, tf.float32)
     total = tf.reduce_sum(weights * ce)

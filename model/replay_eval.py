@@ -328,13 +328,10 @@ class TwoTowerLearner:
 
     name = "model"
 
-    def __init__(
-        self, trainer: Any, history_len: int, epochs: int = 1, prior_weight: float = 0.0
-    ) -> None:
+    def __init__(self, trainer: Any, history_len: int, epochs: int = 1) -> None:
         from model.samples import KeyCache
 
         self.trainer = trainer
-        self.prior_weight = prior_weight
         self.history_len = history_len
         self.epochs = epochs
         self.keys = KeyCache()
@@ -363,14 +360,7 @@ class TwoTowerLearner:
         where = np.fromiter((self._key_pos.get(int(k), -1) for k in keys), np.int64, keys.size)
         keep = (where >= 0) & (where < n_candidates)
         users = self.trainer.user_vectors(train_batch.user_keys, train_batch.history)
-        scores = users @ vectors[keep].T
-        if self.prior_weight:
-            from model.tf_env import tf
-
-            t = self.trainer.config.temperature
-            lq = self.trainer.freq.log_q(tf.constant(keys[keep], tf.int64)).numpy()
-            scores = scores / t + self.prior_weight * lq[None, :]
-        out[:, where[keep]] = scores
+        out[:, where[keep]] = users @ vectors[keep].T
         return out
 
     def learn(self, batch: Sequence[Positive]) -> None:

@@ -15,6 +15,12 @@ Options (each changes the computation as stated; ``tests/unit/test_trainer_optio
   dense layers, each with its own learning rate.
 * ``evict_every_steps=E``: every E steps each table keeps its ``max_*_rows`` most recently
   trained rows (0 = never evict).
+* ``dedup_lookups`` (default True): the single step reads each table once for the batch's
+  distinct keys and pools the history with a sparse matmul over its known entries
+  (``TwoTower.plan``); the gradient reaches each table already summed per key, so the
+  optimizer updates every row once. False runs the reference step (per-position lookups
+  through the Keras layer, dense ``[B, L, d]`` history pooling); both compute the same
+  update (``tests/unit/test_trainer_options.py``), the first faster (``bench/train.py``).
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import numpy as np
 
 from model.evaluation import Evaluator
 from model.loss import FrequencyEstimator, group_ids, in_batch_softmax_loss
+from model.prior import item_scoring_vectors, user_scoring_vectors
 from model.samples import Batch
 from model.tf_env import de, tf, tf_keras
 from model.two_tower import ModelConfig, TwoTower
@@ -55,6 +62,7 @@ class TrainOptions:
     eval_rows: int = 128
     eval_refresh_steps: int = 20
     eval_window: int = 10_000
+    dedup_lookups: bool = True
 
     def __post_init__(self) -> None:
         if self.grad_accum_steps < 1 or self.loss_groups < 1:
@@ -102,7 +110,8 @@ class Trainer:
         self.evaluator = Evaluator(opts.eval_k, opts.eval_window)
         self._since_refresh = opts.eval_refresh_steps
         self._head_vectors: np.ndarray | None = None
-        self._step_fn = tf.function(self._single_step, input_signature=_SIG)
+        single = self._dedup_step if opts.dedup_lookups else self._single_step
+        self._step_fn = tf.function(single, input_signature=_SIG)
         self._accum_fn = tf.function(self._accum_step, input_signature=_SIG)
         self._user_vec_fn = tf.function(
             self.model.user_vectors,
@@ -148,6 +157,27 @@ class Trainer:
         dense = self.model.dense_variables
         grads = tape.gradient(loss, [self.model.users.shadow, self.model.items.shadow, *dense])
         self._apply(grads[0], grads[1], grads[2:])
+        return loss, tf.cast(uv[: max(self.options.eval_rows, 0)], tf.float32)
+
+    def _dedup_step(
+        self, uk: tf.Tensor, ik: tf.Tensor, hist: tf.Tensor, w: tf.Tensor
+    ) -> tuple[tf.Tensor, tf.Tensor]:
+        """:meth:`_single_step` with one read per distinct key (see ``dedup_lookups``)."""
+        u_eff, i_eff, _, known, log_q = self._begin(uk, ik, hist)
+        model = self.model
+        plan = model.plan(u_eff, i_eff, hist, known)
+        dense = model.dense_variables
+        with tf.GradientTape() as tape:
+            u_uniq = model.shadow_rows(model.users, plan.user_keys)
+            i_uniq = model.shadow_rows(model.items, plan.item_keys)
+            uv, iv = model.planned_towers(plan, u_uniq, i_uniq)
+            loss = in_batch_softmax_loss(
+                uv, iv, ik, log_q, w, self.config.temperature, self.options.loss_groups
+            )
+        g_user, g_item, *g_dense = tape.gradient(loss, [u_uniq, i_uniq, *dense])
+        # Gradients w.r.t. the distinct rows, summed per key: dense [U, d] / [I, d] updates
+        # of the shadow buffers, which hold exactly those keys in that order.
+        self._apply(tf.convert_to_tensor(g_user), tf.convert_to_tensor(g_item), g_dense)
         return loss, tf.cast(uv[: max(self.options.eval_rows, 0)], tf.float32)
 
     def _materialize(self, params: object, keys: tf.Tensor) -> None:
@@ -221,7 +251,8 @@ class Trainer:
             loss = float(self._accum_fn(*args))
         else:
             loss_t, head = self._step_fn(*args)
-            loss, self._head_vectors = float(loss_t), head.numpy()
+            loss = float(loss_t)
+            self._head_vectors = user_scoring_vectors(head.numpy(), self.config.prior_weight)
         self.maybe_evict()
         return loss
 
@@ -230,16 +261,23 @@ class Trainer:
         return n > 1 and len(batch) >= n
 
     def user_vectors(self, user_keys: np.ndarray, history: np.ndarray) -> np.ndarray:
-        return self._user_vec_fn(
+        """Scoring vectors of users (the user tower, plus the prior's 1: ``model.prior``)."""
+        vectors = self._user_vec_fn(
             tf.constant(user_keys, tf.int64), tf.constant(history, tf.int64)
         ).numpy()
+        return user_scoring_vectors(vectors, self.config.prior_weight)
 
     def item_vectors(self) -> tuple[np.ndarray, np.ndarray]:
-        """(keys, item tower outputs float32) of every known item."""
+        """(keys, scoring vectors float32) of every known item: the item tower output, with
+        the popularity prior when ``ModelConfig.prior_weight`` (``model.prior``)."""
         keys, rows = self.model.known_rows(self.model.items)
         if self.config.normalize and rows.size:
             rows = rows / np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-12)
-        return keys, rows.astype(np.float32)
+        weight = self.config.prior_weight
+        if not weight:
+            return keys, rows.astype(np.float32)
+        log_q = self.freq.log_q(tf.constant(keys, tf.int64)).numpy()
+        return keys, item_scoring_vectors(rows, log_q, self.config.temperature, weight)
 
     def fit_batch(self, batch: Batch) -> float:
         """Test-then-train: score the first ``eval_rows`` rows with the model as it was

@@ -15,6 +15,13 @@
   table (by the trainer's step counter, not a wall clock), removing the evicted keys from
   the table, the optimizer slots and the stats (so an evicted id must be re-admitted).
 
+* Training lookups (:meth:`TwoTower.plan` / :meth:`TwoTower.planned_towers`): each table is
+  read once per step for the batch's *distinct* keys (targets plus known history items share
+  one read of the item table); rows are then gathered, and the history mean is a sparse
+  ``[B, distinct items]`` matrix (weights ``1/n`` at the known entries only: padding and
+  unknown items cost nothing) times the distinct rows. The gradient with respect to the
+  distinct rows is thus already summed per key, so each optimizer touches every row once.
+
 All heavy lifting is TF; the class holds no global state and is checkpointed with
 ``tf.train.Checkpoint`` (tables, stats, dense weights).
 """
@@ -24,6 +31,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -46,7 +54,16 @@ class ModelConfig:
     history_len: int = 50
     temperature: float = 0.05
     normalize: bool = True
+    #: Whether ``normalize`` also applies to the user tower (False: items only; the user
+    #: vector's norm then scales that user's logits, a learned per-user temperature).
+    normalize_user: bool = True
+    #: Weight of the popularity prior in the score (``model.prior``); 0 = none. Export
+    #: (artifact format 1) then needs ``normalize_user=False`` when ``normalize``.
+    prior_weight: float = 0.0
     admit_after: int = 1
+    #: Admission threshold of the user table (None: ``admit_after``). Users below it share
+    #: the default row, so the user tower rests on their history alone.
+    user_admit_after: int | None = None
     init_stddev: float = 0.05
     seed: int = 7
     #: "bfloat16": tower math and logits in bfloat16, variables stay float32 (master weights).
@@ -62,8 +79,26 @@ class ModelConfig:
             raise ValueError("user_layers must end with embedding_dim (the item vector size)")
         if self.compute_dtype not in COMPUTE_DTYPES:
             raise ValueError(f"compute_dtype must be one of {COMPUTE_DTYPES}")
-        if self.admit_after < 1:
-            raise ValueError("admit_after must be >= 1")
+        if self.admit_after < 1 or (self.user_admit_after or 1) < 1:
+            raise ValueError("admit_after and user_admit_after must be >= 1")
+
+
+class LookupPlan(NamedTuple):
+    """Distinct keys of one training batch and where each use of a key reads its row.
+
+    ``item_keys`` holds the batch's target items followed by its known history items (only
+    targets when history rows are frozen: then ``hist_keys`` holds the history's own distinct
+    keys, read without gradients). ``pool`` is the ``[B, len(hist_keys)]`` sparse matrix
+    whose row b holds ``1 / n_b`` at each known history entry of b (n_b of them, repeats
+    add up): ``pool @ rows(hist_keys)`` is the mean of the known history rows.
+    """
+
+    user_keys: tf.Tensor  # [U] distinct effective user keys
+    user_idx: tf.Tensor  # [B] row of each batch user in user_keys
+    item_keys: tf.Tensor  # [I] distinct keys read (with gradients) from the item table
+    target_idx: tf.Tensor  # [B] row of each target item in item_keys
+    hist_keys: tf.Tensor  # [H] distinct keys the history rows are read from
+    pool: tf.SparseTensor  # [B, H] history mean-pooling weights
 
 
 class EmbeddingTable(tf.Module):
@@ -151,15 +186,19 @@ class TwoTower(tf.Module):
     ) -> tf.Tensor:
         """Keys with a row of their own, else DEFAULT_KEY; counts a sighting if ``step``."""
         counts = table.observe(keys, step) if step is not None else table.sightings(keys)
-        admitted = counts >= self.config.admit_after
+        admitted = counts >= self.threshold(table)
         return tf.where(admitted, keys, tf.constant(DEFAULT_KEY, tf.int64))
+
+    def threshold(self, table: EmbeddingTable) -> int:
+        """Sightings an id of ``table`` needs for a row of its own."""
+        user = self.config.user_admit_after
+        return user if user is not None and table is self.users else self.config.admit_after
 
     def known_history(self, history: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         """(history keys with unknown/pad entries replaced by DEFAULT_KEY, known mask)."""
-        known = tf.logical_and(
-            tf.not_equal(history, PAD_KEY),
-            self.items.sightings(history) >= self.config.admit_after,
-        )
+        uniq, idx = tf.unique(tf.reshape(history, [-1]))  # one stats probe per distinct key
+        admitted = tf.gather(self.items.sightings(uniq) >= self.config.admit_after, idx)
+        known = tf.logical_and(tf.not_equal(history, PAD_KEY), tf.reshape(admitted, tf.shape(history)))
         return tf.where(known, history, tf.constant(DEFAULT_KEY, tf.int64)), known
 
     def prepare(
@@ -196,16 +235,66 @@ class TwoTower(tf.Module):
         rows = tf.gather(table.params.lookup(uniq), idx)
         return tf.reshape(rows, tf.concat([tf.shape(keys), [self.config.embedding_dim]], 0))
 
+    def plan(
+        self, u_eff: tf.Tensor, i_eff: tf.Tensor, history: tf.Tensor, known: tf.Tensor
+    ) -> LookupPlan:
+        """Distinct keys per table and gather indices (see :class:`LookupPlan`)."""
+        b = tf.shape(i_eff)[0]
+        user_keys, user_idx = tf.unique(u_eff)
+        coords = tf.where(known)  # [K, 2] (row, position) of each known history entry
+        rows = coords[:, 0]
+        count = tf.math.bincount(tf.cast(rows, tf.int32), minlength=b, maxlength=b, dtype=tf.float32)
+        weights = tf.gather(1.0 / tf.maximum(count, 1.0), rows)
+        if self.config.train_history:
+            hist = tf.gather_nd(history, coords)
+            item_keys, idx = tf.unique(tf.concat([i_eff, hist], axis=0))
+            target_idx, hist_idx, hist_keys = idx[:b], idx[b:], item_keys
+        else:
+            item_keys, target_idx = tf.unique(i_eff)
+            # The distinct keys of the whole effective history, as read_rows reads them (an
+            # id first seen in this batch has no row yet: its random first row depends on them).
+            h_eff = tf.where(known, history, tf.constant(DEFAULT_KEY, tf.int64))
+            hist_keys, idx = tf.unique(tf.reshape(h_eff, [-1]))
+            hist_idx = tf.gather_nd(tf.reshape(idx, tf.shape(history)), coords)
+        pool = tf.SparseTensor(
+            tf.stack([rows, tf.cast(hist_idx, tf.int64)], axis=1),
+            weights,
+            tf.cast(tf.stack([b, tf.size(hist_keys)]), tf.int64),
+        )
+        return LookupPlan(user_keys, user_idx, item_keys, target_idx, hist_keys, pool)
+
+    def shadow_rows(self, table: EmbeddingTable, keys: tf.Tensor) -> tf.Tensor:
+        """Rows of distinct ``keys`` through the table's TFRA shadow variable: the gradient
+        with respect to the result is the (per key summed) gradient of the table rows."""
+        return de.shadow_ops.embedding_lookup(table.shadow, keys)
+
+    def planned_towers(
+        self, plan: LookupPlan, u_uniq: tf.Tensor, i_uniq: tf.Tensor
+    ) -> tuple[tf.Tensor, tf.Tensor]:
+        """:meth:`towers` from the distinct rows of :meth:`plan` (``u_uniq``/``i_uniq`` are the
+        rows of ``plan.user_keys``/``plan.item_keys``)."""
+        if self.config.train_history:
+            h_uniq = i_uniq
+        else:
+            h_uniq = tf.stop_gradient(self.items.params.lookup(plan.hist_keys))
+        pooled = tf.sparse.sparse_dense_matmul(plan.pool, h_uniq)
+        uv = self.user_mlp(tf.gather(u_uniq, plan.user_idx), pooled)
+        return uv, self.item_tower(tf.gather(i_uniq, plan.target_idx))
+
     # -- math -----------------------------------------------------------------------------------
     def user_tower(self, u_rows: tf.Tensor, h_rows: tf.Tensor, known: tf.Tensor) -> tf.Tensor:
         mask = tf.cast(known, tf.float32)[..., None]
         pooled = tf.reduce_sum(h_rows * mask, axis=1) / tf.maximum(tf.reduce_sum(mask, axis=1), 1.0)
+        return self.user_mlp(u_rows, pooled)
+
+    def user_mlp(self, u_rows: tf.Tensor, pooled: tf.Tensor) -> tf.Tensor:
+        """Dense layers on ``concat(user row, pooled history)`` (float32 inputs)."""
         x = tf.cast(tf.concat([u_rows, pooled], axis=-1), self.compute_dtype)
         for w, b, act in zip(self.kernels, self.biases, self.activations, strict=True):
             x = tf.matmul(x, tf.cast(w, self.compute_dtype)) + tf.cast(b, self.compute_dtype)
             if act == "relu":
                 x = tf.nn.relu(x)
-        return self._finish(x)
+        return self._finish(x) if self.config.normalize_user else x
 
     def item_tower(self, i_rows: tf.Tensor) -> tf.Tensor:
         return self._finish(tf.cast(i_rows, self.compute_dtype))
@@ -236,9 +325,9 @@ class TwoTower(tf.Module):
         keys, rows = table.params.export()
         keys, rows = keys.numpy(), rows.numpy()
         keep = keys != DEFAULT_KEY
-        if self.config.admit_after > 1 and keys.size:
+        if self.threshold(table) > 1 and keys.size:
             counts = table.sightings(tf.constant(keys)).numpy()
-            keep &= counts >= self.config.admit_after
+            keep &= counts >= self.threshold(table)
         return keys[keep], rows[keep]
 
     def init_default_rows(self) -> None:
@@ -279,7 +368,7 @@ class TwoTower(tf.Module):
         if n_stats > 4 * max(max_rows, 1):
             skeys, svals = table.stats.export()
             skeys, svals = skeys.numpy(), svals.numpy()
-            cold = svals[:, 0] < self.config.admit_after
+            cold = svals[:, 0] < self.threshold(table)
             order = np.argsort(np.where(cold, svals[:, 1], np.iinfo(np.int64).max), kind="stable")
             excess = n_stats - 2 * max(max_rows, 1)
             victims = order[:excess]

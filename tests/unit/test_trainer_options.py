@@ -230,3 +230,43 @@ def test_decodes_the_samples_the_feature_job_writes() -> None:
         "e1", "u1", "i9", 2.0, 1_767_225_600_123
     )
     assert sample.history == ("i3", "i2")
+
+
+def _slot(trainer: Trainer, which: str) -> dict[int, np.ndarray]:
+    table = trainer.model.users if which == "user" else trainer.model.items
+    opt = trainer.opt_user if which == "user" else trainer.opt_item
+    keys, rows = opt.get_slot(table.shadow, "accumulator").params.export()
+    return {int(k): r for k, r in zip(keys.numpy(), rows.numpy(), strict=True) if k != DEFAULT_KEY}
+
+
+@pytest.mark.parametrize("train_history", [True, False])
+def test_deduplicated_step_equals_the_reference_step(train_history: bool) -> None:
+    batches = _batches(3, 24, seed=11)
+    assert any(len(np.unique(b.user_keys)) < len(b) for b in batches)  # repeated users
+    assert any(np.isin(b.item_keys, b.history).any() for b in batches)  # targets in histories
+    cfg = replace(CFG, train_history=train_history)
+    trainers = [
+        Trainer(cfg, TrainOptions(eval_rows=4, learning_rate=0.3, dedup_lookups=d),
+                tag=f"dedup{int(d)}{int(train_history)}")
+        for d in (False, True)
+    ]
+    for t in trainers:
+        _seed_state(t, batches[0])
+    unknown = np.int64(987_654_321)  # never observed: skipped in every history
+    for b in batches:
+        b.history[::3, -1] = unknown
+    before = _table(trainers[0], "item")
+    losses = [[t.train_step(b) for b in batches] for t in trainers]
+    np.testing.assert_allclose(losses[0], losses[1], rtol=1e-5)
+    np.testing.assert_allclose(trainers[0]._head_vectors, trainers[1]._head_vectors, atol=1e-6)
+    for which in ("user", "item"):
+        for read in (_table, _slot):
+            ref, new = read(trainers[0], which), read(trainers[1], which)
+            assert ref.keys() == new.keys()
+            for k, row in ref.items():
+                np.testing.assert_allclose(new[k], row, rtol=1e-5, atol=1e-5, err_msg=f"{which} {k}")
+    for va, vb in zip(trainers[0].model.dense_variables, trainers[1].model.dense_variables, strict=True):
+        np.testing.assert_allclose(va.numpy(), vb.numpy(), atol=1e-5)
+    after = _table(trainers[1], "item")
+    assert max(np.abs(after[k] - before[k]).max() for k in before) > 1e-3  # it trained
+    assert unknown not in after
