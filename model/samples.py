@@ -3,7 +3,8 @@
 Wire format (DESIGN.md / README): UTF-8 JSON ``{"sample_id": str, "user_id": str,
 "item_id": str, "event_type": str, "weight": float, "ts": int ms, "history": [item_id, ...]}``.
 A record that does not match raises :class:`SampleError` with the reason (the trainer sends
-it to the dead-letter topic and keeps going).
+it to the dead-letter topic and keeps going). Samples are :class:`feature_store.features.Sample`,
+the type the feature job writes.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from feature_store.features import Sample
 from feature_store.ids import item_key, user_key
 
 
@@ -38,17 +40,6 @@ class Batch:
 
 class SampleError(ValueError):
     """A ``samples`` record that cannot be trained on."""
-
-
-@dataclass(frozen=True, slots=True)
-class Sample:
-    sample_id: str
-    user_id: str
-    item_id: str
-    event_type: str
-    weight: float
-    ts: int
-    history: tuple[str, ...]
 
 
 def _str(obj: dict[str, Any], name: str) -> str:
@@ -83,23 +74,14 @@ def decode_sample(raw: bytes | str) -> Sample:
         item_id=_str(obj, "item_id"),
         event_type=_str(obj, "event_type"),
         weight=float(weight),
-        ts=ts,
+        ts_ms=ts,
         history=tuple(history),
     )
 
 
 def encode_sample(sample: Sample) -> bytes:
-    return orjson.dumps(
-        {
-            "sample_id": sample.sample_id,
-            "user_id": sample.user_id,
-            "item_id": sample.item_id,
-            "event_type": sample.event_type,
-            "weight": sample.weight,
-            "ts": sample.ts,
-            "history": list(sample.history),
-        }
-    )
+    """The wire value of ``sample`` (the inverse of :func:`decode_sample`)."""
+    return sample.to_json().encode()
 
 
 class KeyCache:

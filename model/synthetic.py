@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from model.samples import Sample
+from feature_store.features import Sample
 
 EVENT_TYPES = ("click", "like", "add_to_cart", "purchase")
 EVENT_PROBS = (0.8, 0.1, 0.06, 0.04)
@@ -81,7 +81,7 @@ class SyntheticStream:
             item_id=item,
             event_type=event,
             weight=EVENT_WEIGHTS[event],
-            ts=cfg.start_ms + self.count * cfg.step_ms,
+            ts_ms=cfg.start_ms + self.count * cfg.step_ms,
             history=tuple(hist),
         )
         hist.appendleft(item)

@@ -296,7 +296,7 @@ class TrainerService:
                 self.item_ids[key] = s.item_id
             st.samples_trained += len(samples)
             st.digest = (st.digest + sample_digest([s.sample_id for s in samples])) % (1 << 64)
-            newest = max(s.ts for s in samples)
+            newest = max(s.ts_ms for s in samples)
             st.trained_through_ms = max(newest, st.trained_through_ms or newest)
             m = self.metrics
             m.samples.inc(len(samples))

@@ -107,7 +107,7 @@ def test_samples_in_versions_out_with_valid_manifest(in_process_run: InProcessRu
     m = art.manifest
     assert m["samples_trained"] == len(run.samples)
     assert m["sample_digest"] == str(sample_digest([s.sample_id for s in run.samples]))
-    assert m["trained_through_ms"] == max(s.ts for s in run.samples)
+    assert m["trained_through_ms"] == max(s.ts_ms for s in run.samples)
     assert sum(m["kafka_offsets"].values()) == len(run.samples) + len(POISON)
     assert {"recall@10", "ndcg@10", "popularity_recall@10"} <= m["metrics"].keys()
     assert art.item_vectors.shape[0] == len({s.item_id for s in run.samples})

@@ -226,7 +226,7 @@ def test_decodes_the_samples_the_feature_job_writes() -> None:
 
     wire = WireSample("e1", "u1", "i9", "like", 2.0, 1_767_225_600_123, ("i3", "i2"))
     sample = decode_sample(wire.to_json())
-    assert (sample.sample_id, sample.user_id, sample.item_id, sample.weight, sample.ts) == (
+    assert (sample.sample_id, sample.user_id, sample.item_id, sample.weight, sample.ts_ms) == (
         "e1", "u1", "i9", 2.0, 1_767_225_600_123
     )
     assert sample.history == ("i3", "i2")
