@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -22,32 +21,11 @@ from model.artifact import load_artifact
 from model.registry import Registry
 from model.samples import Sample, encode_sample, sample_digest
 from model.synthetic import SyntheticConfig, SyntheticStream
-from tests.support import consume, free_port, repo_root, wait_until
+from tests.support import consume, free_port, isolated_settings, repo_root, wait_until
 
 pytestmark = pytest.mark.integration
 
 POISON = [b"{not json", json.dumps({"sample_id": "x", "user_id": "u", "item_id": "i"}).encode()]
-
-
-def _isolated(stack: Settings, root: Path) -> Settings:
-    from stream.kafka_io import ensure_topics
-
-    uid = f"t{uuid.uuid4().hex[:10]}"
-    s = stack.model_copy(update={
-        "kafka": stack.kafka.model_copy(update={
-            "events_topic": f"{uid}.events",
-            "dlq_topic": f"{uid}.events.dlq",
-            "samples_topic": f"{uid}.samples",
-        }),
-        "redis": stack.redis.model_copy(update={"key_prefix": f"{uid}:"}),
-        "trainer": stack.trainer.model_copy(update={
-            "group_id": f"{uid}-trainer",
-            "registry_dir": root / "models",
-            "checkpoint_dir": root / "trainer",
-        }),
-    })
-    ensure_topics(s.kafka, [s.kafka.events_topic, s.kafka.dlq_topic, s.kafka.samples_topic])
-    return s
 
 
 def _produce(settings: Settings, values: list[tuple[str, bytes]]) -> None:
@@ -81,7 +59,7 @@ def in_process_run(stack: Settings, tmp_path_factory: pytest.TempPathFactory) ->
     from model.trainer_loop import LoopOptions, build_service
     from model.two_tower import ModelConfig
 
-    settings = _isolated(stack, tmp_path_factory.mktemp("trainer"))
+    settings = isolated_settings(stack, tmp_path_factory.mktemp("trainer"))
     cfg = SyntheticConfig(users=1000, items=500, clusters=20, history_len=20, seed=11)
     samples = SyntheticStream(cfg).take(40_000)
     values = _encoded(samples)
