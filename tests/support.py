@@ -96,6 +96,18 @@ def isolated_settings(stack: Any, root: Path, prefix: str = "t") -> Any:
     return s
 
 
+def stop_process(proc: Any, grace_s: float = 10.0) -> None:
+    """SIGTERM a ``subprocess.Popen``, then SIGKILL if it has not exited after ``grace_s``."""
+    import subprocess
+
+    proc.terminate()
+    try:
+        proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -28,7 +28,7 @@ from feature_store.ids import item_keys, user_key
 from feature_store.settings import Settings, to_env
 from model.artifact import load_artifact, write_artifact
 from model.registry import STAGING, Registry
-from tests.support import free_port, repo_root, wait_until
+from tests.support import free_port, repo_root, stop_process, wait_until
 
 pytestmark = pytest.mark.chaos
 
@@ -92,12 +92,7 @@ def serve(settings: Settings, tmp_path: Path) -> Iterator[str]:
                    90, "serve /health")
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+        stop_process(proc)
 
 
 class Watch(threading.Thread):

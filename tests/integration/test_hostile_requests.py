@@ -25,7 +25,7 @@ import httpx
 import pytest
 
 from feature_store.settings import Settings, to_env
-from tests.support import free_port, repo_root, wait_until
+from tests.support import free_port, repo_root, stop_process, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -101,12 +101,7 @@ def start(tmp_path: Path) -> Iterator[Callable[[str, dict[str, str]], Service]]:
 
     yield run
     for proc in procs:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+        stop_process(proc)
 
 
 def send(method: str, url: str, **kwargs: object) -> int:

@@ -24,7 +24,7 @@ from feature_store.settings import Settings
 from feature_store.store import HistoryEntry, Trending, UserFeatures
 from model.artifact import write_artifact
 from model.registry import Registry, published_channel
-from tests.support import free_port, repo_root, wait_until
+from tests.support import free_port, repo_root, stop_process, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -99,12 +99,7 @@ def serve(tmp_path: Path) -> Iterator:
 
     yield start
     for proc in procs:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+        stop_process(proc)
 
 
 class Client(threading.Thread):
