@@ -248,10 +248,15 @@ class RecommendLoad(threading.Thread):
         self.stop_event.set()
         self.join(30)
 
-    def failures_outside(self, windows: list[tuple[float, float]]) -> list[tuple[float, int]]:
-        """Non-200 answers to requests that started outside every ``(start, end)`` window."""
+    def failures_outside(self, windows: list[tuple[float, float]],
+                         in_flight_s: float = 5.0) -> list[tuple[float, int]]:
+        """Non-200 answers to requests that did not overlap any ``(start, end)`` window.
+
+        A request that started up to ``in_flight_s`` (the client's timeout) before a window
+        was still in flight when the process died, so its failure belongs to that outage.
+        """
         return [(t, status) for t, status, _ in self.answers
-                if status != 200 and not any(a <= t <= b for a, b in windows)]
+                if status != 200 and not any(a - in_flight_s <= t <= b for a, b in windows)]
 
 
 def per_fault(outages: list[tuple[str, float, float]], times: dict[str, float],

@@ -69,5 +69,5 @@ def test_kill9_each_service_under_load(tmp_path: Path) -> None:
     assert not lost, sorted(lost)[:20]
     assert set(counts) == acked, "the topic holds events no client was acknowledged for"
     assert duplicated <= events.retried, sorted(duplicated - events.retried)[:20]
-    assert recs.failures_outside(serving_down) == []
+    assert recs.failures_outside(serving_down) == [], f"outages: {chaos.outages}"
     assert degraded_during_redis > 0, "Redis was down but no answer said degraded"
