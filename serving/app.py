@@ -22,6 +22,7 @@ from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from typing import Any
 
+import orjson
 from fastapi import FastAPI, Header, Query, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -60,10 +61,18 @@ class BodyLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        has_body = False
         for name, value in scope.get("headers", ()):
-            if name == b"content-length" and value.isdigit() and int(value) > self.limit:
-                await self._too_large(scope, receive, send)
-                return
+            if name == b"content-length":
+                if value.isdigit() and int(value) > self.limit:
+                    await self._too_large(scope, receive, send)
+                    return
+                has_body = value != b"0"
+            elif name == b"transfer-encoding":
+                has_body = True
+        if not has_body:  # nothing to buffer (e.g. every GET /recommend)
+            await self.app(scope, receive, send)
+            return
         chunks: list[bytes] = []
         size, more = 0, True
         while more:
@@ -312,8 +321,9 @@ def create_app(
         user_id: str = Query(min_length=1, max_length=128),
         k: int = Query(default_k, ge=1, le=MAX_K),
         exclude_seen: bool = True,
-    ) -> JSONResponse:
-        return JSONResponse(await state.recommend(user_id, k, exclude_seen))
+    ) -> Response:
+        answer = await state.recommend(user_id, k, exclude_seen)
+        return Response(orjson.dumps(answer), media_type="application/json")
 
     @app.get("/model")
     def model_info() -> dict[str, Any]:

