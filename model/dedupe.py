@@ -23,6 +23,14 @@ def id_hash(sample_id: str) -> int:
                           signed=True)
 
 
+def id_hashes(sample_ids: Sequence[str]) -> np.ndarray:
+    """:func:`id_hash` of each id as an int64 array (the fetch thread computes them once per
+    sample; ``admit_hashes`` and ``model.samples.digest_of_hashes`` both read them)."""
+    blake2b = hashlib.blake2b
+    raw = b"".join([blake2b(sid.encode(), digest_size=8).digest() for sid in sample_ids])
+    return np.frombuffer(raw, dtype="<i8").astype(np.int64, copy=True)
+
+
 class RecentIds:
     def __init__(self, capacity: int = 500_000) -> None:
         self.capacity = capacity
@@ -35,9 +43,12 @@ class RecentIds:
     def admit(self, sample_ids: Sequence[str]) -> np.ndarray:
         """Boolean mask: True for ids not seen before (including earlier in this call);
         those are remembered."""
-        keep = np.ones(len(sample_ids), dtype=bool)
-        for i, sid in enumerate(sample_ids):
-            h = id_hash(sid)
+        return self.admit_hashes(id_hashes(sample_ids))
+
+    def admit_hashes(self, hashes: np.ndarray) -> np.ndarray:
+        """:meth:`admit` for ids given by their :func:`id_hashes`."""
+        keep = np.ones(len(hashes), dtype=bool)
+        for i, h in enumerate(hashes.tolist()):
             if h in self._set:
                 keep[i] = False
                 continue

@@ -9,10 +9,11 @@ the type the feature job writes.
 
 from __future__ import annotations
 
-import hashlib
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import chain
+from operator import attrgetter
 from typing import Any
 
 import numpy as np
@@ -20,6 +21,7 @@ import orjson
 
 from feature_store.features import Sample
 from feature_store.ids import item_key, user_key
+from model.dedupe import id_hashes
 
 
 @dataclass(frozen=True)
@@ -34,7 +36,7 @@ class Batch:
     def __len__(self) -> int:
         return int(self.item_keys.shape[0])
 
-    def rows(self, sl: slice) -> Batch:
+    def rows(self, sl: slice | np.ndarray) -> Batch:
         return Batch(self.user_keys[sl], self.item_keys[sl], self.history[sl], self.weights[sl])
 
 
@@ -47,6 +49,9 @@ def _str(obj: dict[str, Any], name: str) -> str:
     if not isinstance(value, str) or not value:
         raise SampleError(f"{name}: expected a non-empty string")
     return value
+
+
+_STR_ONLY = {str}
 
 
 def decode_sample(raw: bytes | str) -> Sample:
@@ -66,7 +71,11 @@ def decode_sample(raw: bytes | str) -> Sample:
     if isinstance(ts, bool) or not isinstance(ts, int):
         raise SampleError("ts: expected an integer (epoch ms)")
     history = obj.get("history", [])
-    if not isinstance(history, list) or not all(isinstance(h, str) and h for h in history):
+    # JSON decoding yields exact types, so ``type(...) is str`` is the isinstance check; the
+    # set of element types and the "" probe run in C (this is the per-sample hot path).
+    if not isinstance(history, list) or (
+        history and (set(map(type, history)) != _STR_ONLY or "" in history)
+    ):
         raise SampleError("history: expected a list of item ids")
     return Sample(
         sample_id=_str(obj, "sample_id"),
@@ -84,37 +93,53 @@ def encode_sample(sample: Sample) -> bytes:
     return sample.to_json().encode()
 
 
+class _Memo(dict[str, int]):
+    """``key_fn(id)`` memoised: a hit is one C-level dict probe (``map(memo.__getitem__, ids)``
+    never enters Python for cached ids); a miss computes and stores the key."""
+
+    def __init__(self, key_fn: Callable[[str], int]) -> None:
+        super().__init__()
+        self.key_fn = key_fn
+
+    def __missing__(self, external_id: str) -> int:
+        key = self[external_id] = self.key_fn(external_id)
+        return key
+
+
 class KeyCache:
-    """Memoised ``ids.item_key`` / ``ids.user_key`` (hashing dominates decoding otherwise)."""
+    """Memoised ``ids.item_key`` / ``ids.user_key`` (hashing dominates decoding otherwise).
+
+    Bounded: a memo that grows past ``max_size`` ids is emptied before its next use (the
+    mapping itself is fixed, so forgetting only costs re-hashing)."""
 
     def __init__(self, max_size: int = 2_000_000) -> None:
         self.max_size = max_size
-        self._items: dict[str, int] = {}
-        self._users: dict[str, int] = {}
+        self._items = _Memo(item_key)
+        self._users = _Memo(user_key)
+
+    def _bounded(self, memo: _Memo) -> _Memo:
+        if len(memo) >= self.max_size:
+            memo.clear()
+        return memo
 
     def item(self, item_id: str) -> int:
-        key = self._items.get(item_id)
-        if key is None:
-            if len(self._items) >= self.max_size:
-                self._items.clear()
-            key = self._items[item_id] = item_key(item_id)
-        return key
+        return self._bounded(self._items)[item_id]
 
     def items(self, item_ids: Sequence[str]) -> np.ndarray:
-        """Keys of many items as an int64 array (one dict probe per id when cached)."""
-        get = self._items.get
-        found = [get(x) for x in item_ids]
-        if None in found:
-            found = [k if k is not None else self.item(x) for k, x in zip(found, item_ids, strict=True)]
-        return np.array(found, dtype=np.int64)
+        """Keys of many items as an int64 array (one C-level dict probe per cached id)."""
+        memo = self._bounded(self._items)
+        return np.fromiter(map(memo.__getitem__, item_ids), np.int64, len(item_ids))
 
     def user(self, user_id: str) -> int:
-        key = self._users.get(user_id)
-        if key is None:
-            if len(self._users) >= self.max_size:
-                self._users.clear()
-            key = self._users[user_id] = user_key(user_id)
-        return key
+        return self._bounded(self._users)[user_id]
+
+    def users(self, user_ids: Sequence[str]) -> np.ndarray:
+        """Keys of many users as an int64 array."""
+        memo = self._bounded(self._users)
+        return np.fromiter(map(memo.__getitem__, user_ids), np.int64, len(user_ids))
+
+
+_HISTORY = attrgetter("history")
 
 
 def to_batch(samples: Sequence[Sample], history_len: int, keys: KeyCache | None = None) -> Batch:
@@ -122,24 +147,29 @@ def to_batch(samples: Sequence[Sample], history_len: int, keys: KeyCache | None 
     keys = keys or KeyCache()
     n = len(samples)
     width = max(history_len, 1)
-    flat: list[str] = []
-    lens = np.zeros(n, np.int64)
-    for i, s in enumerate(samples):
-        h = s.history[:history_len]
-        flat.extend(h)
-        lens[i] = len(h)
+    hists = list(map(_HISTORY, samples))
+    lens = np.fromiter(map(len, hists), np.int64, n)
+    if n and int(lens.max()) > history_len:
+        hists = [h[:history_len] for h in hists]
+        lens = np.minimum(lens, history_len)
     hist = np.zeros((n, width), np.int64)
-    if flat:
-        rows = np.repeat(np.arange(n), lens)
-        starts = np.cumsum(lens) - lens
-        cols = np.arange(len(flat)) - np.repeat(starts, lens)
-        hist[rows, cols] = keys.items(flat)
+    total = int(lens.sum())
+    if total:
+        # Row-major boolean-mask assignment fills each row's first len(h) cells in order.
+        mask = np.arange(width) < lens[:, None]
+        hist[mask] = keys.items(list(chain.from_iterable(hists)))
     return Batch(
-        user_keys=np.fromiter((keys.user(s.user_id) for s in samples), np.int64, n),
+        user_keys=keys.users([s.user_id for s in samples]),
         item_keys=keys.items([s.item_id for s in samples]),
         history=hist,
         weights=np.fromiter((s.weight for s in samples), np.float32, n),
     )
+
+
+def digest_of_hashes(hashes: np.ndarray) -> int:
+    """:func:`sample_digest` of ids given by their ``model.dedupe.id_hashes`` (the same
+    64-bit BLAKE2b values, read unsigned; the uint64 sum wraps modulo 2**64)."""
+    return int(np.asarray(hashes, np.int64).view(np.uint64).sum(dtype=np.uint64))
 
 
 def sample_digest(sample_ids: Sequence[str]) -> int:
@@ -148,7 +178,4 @@ def sample_digest(sample_ids: Sequence[str]) -> int:
     Training each sample exactly once gives the digest of the produced ids; a duplicate or
     a skipped sample changes it.
     """
-    total = 0
-    for sid in sample_ids:
-        total += int.from_bytes(hashlib.blake2b(sid.encode(), digest_size=8).digest(), "little")
-    return total % (1 << 64)
+    return digest_of_hashes(id_hashes(sample_ids))

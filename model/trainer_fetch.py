@@ -1,7 +1,9 @@
 """Background fetching: Kafka poll + decode + batch assembly off the training thread.
 
 The TF step releases the GIL while it runs, so polling and JSON decoding on this thread
-overlap with training on the other core. The fetcher only reads: it owns the consumer
+overlap with training on the other core. Everything per sample that does not need the
+training state is done here too (int64 keys, sample-id hashes for dedupe and the digest,
+event times), so the training thread does per chunk only what it must. The fetcher only reads: it owns the consumer
 (kafka-python consumers are not thread-safe) and hands over :class:`Chunk` objects in
 order; offsets are recorded by the training thread after a chunk is trained, so a chunk
 fetched but not trained is simply read again after a restart.
@@ -16,25 +18,30 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
+from model.dedupe import id_hashes
 from model.samples import Batch, KeyCache, Sample, SampleError, decode_sample, to_batch
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class Entry:
-    """One consumed record: its sample, or the reason it cannot be trained on."""
-
-    sample: Sample | None
-    reason: str | None
-    record: Any
-
-
-@dataclass(frozen=True)
 class Chunk:
-    entries: list[Entry]
+    """Up to ``batch_size`` consecutive records of the samples topic, decoded.
+
+    ``samples`` are the trainable ones in record order, with their ``batch`` and, per
+    sample, the ``model.dedupe.id_hashes`` of its id and its event time; ``rejected`` are
+    the records that do not decode, with the reason (for the dead-letter topic);
+    ``offsets`` is the next offset per ``"topic:partition"`` once the chunk is consumed.
+    """
+
     samples: list[Sample]
     batch: Batch | None
+    id_hashes: np.ndarray
+    ts_ms: np.ndarray
+    rejected: list[tuple[Any, str]]
+    offsets: dict[str, int]
 
 
 class ChunkFetcher(threading.Thread):
@@ -63,10 +70,17 @@ class ChunkFetcher(threading.Thread):
         self.stopping = threading.Event()
         self.error: BaseException | None = None
 
-    def _emit(self, entries: list[Entry]) -> None:
-        samples = [e.sample for e in entries if e.sample is not None]
-        batch = to_batch(samples, self.history_len, self.keys) if samples else None
-        chunk = Chunk(entries, samples, batch)
+    def _emit(self, samples: list[Sample], rejected: list[tuple[Any, str]],
+              offsets: dict[str, int]) -> None:
+        n = len(samples)
+        chunk = Chunk(
+            samples=samples,
+            batch=to_batch(samples, self.history_len, self.keys) if samples else None,
+            id_hashes=id_hashes([s.sample_id for s in samples]),
+            ts_ms=np.fromiter((s.ts_ms for s in samples), np.int64, n),
+            rejected=rejected,
+            offsets=offsets,
+        )
         while not self.stopping.is_set():
             try:
                 self.chunks.put(chunk, timeout=0.1)
@@ -75,27 +89,30 @@ class ChunkFetcher(threading.Thread):
                 continue
 
     def run(self) -> None:
-        pending: list[Entry] = []
-        trainable = 0
+        samples: list[Sample] = []
+        rejected: list[tuple[Any, str]] = []
+        offsets: dict[str, int] = {}
         first = 0.0
+        decode = decode_sample
         try:
             while not self.stopping.is_set():
                 polled = self.consumer.poll(timeout_ms=self.poll_timeout_ms)
-                for records in polled.values():
+                for tp, records in polled.items():
+                    where = f"{tp.topic}:{tp.partition}"
                     for record in records:
-                        if not pending:
+                        if not offsets:
                             first = self.monotonic()
                         try:
-                            pending.append(Entry(decode_sample(record.value), None, record))
-                            trainable += 1
+                            samples.append(decode(record.value))
                         except SampleError as exc:
-                            pending.append(Entry(None, str(exc), record))
-                        if trainable >= self.batch_size:
-                            self._emit(pending)
-                            pending, trainable = [], 0
-                if pending and self.monotonic() - first >= self.batch_timeout_s:
-                    self._emit(pending)
-                    pending, trainable = [], 0
+                            rejected.append((record, str(exc)))
+                        offsets[where] = record.offset + 1
+                        if len(samples) >= self.batch_size:
+                            self._emit(samples, rejected, offsets)
+                            samples, rejected, offsets = [], [], {}
+                if offsets and self.monotonic() - first >= self.batch_timeout_s:
+                    self._emit(samples, rejected, offsets)
+                    samples, rejected, offsets = [], [], {}
         except BaseException as exc:  # handed to the training thread, which re-raises
             log.exception("fetcher failed")
             self.error = exc

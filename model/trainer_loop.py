@@ -23,9 +23,11 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -38,7 +40,7 @@ from model.checkpoint import CheckpointStore
 from model.dedupe import RecentIds
 from model.export import publish_version
 from model.registry import Registry, RegistryError
-from model.samples import KeyCache, sample_digest
+from model.samples import KeyCache, digest_of_hashes
 from model.trainer import Trainer, TrainOptions
 from model.trainer_fetch import Chunk, ChunkFetcher
 from model.trainer_metrics import TrainerMetrics
@@ -80,6 +82,17 @@ class LoopOptions:
     export_every_s: float = 30.0
     export_every_samples: int = 200_000
     max_samples: int | None = None
+    #: GIL switch interval while ``run()`` trains (``sys.setswitchinterval``, restored on
+    #: return; None = leave it). The training thread releases the GIL at every TF and numpy
+    #: call; while the fetch thread decodes, Python's default 5 ms interval can keep it
+    #: waiting that long each time it wants the GIL back (measured: test-then-train steps
+    #: ~14% faster at 0.5 ms next to a thread running Python half of the time).
+    gil_switch_interval_s: float | None = 0.0005
+    #: numpy's BLAS threads while ``run()`` trains (``threadpoolctl``; restored on return;
+    #: None = leave them). OpenBLAS workers busy-wait after each call (the evaluation's
+    #: scoring matmul), taking CPU from the TF step and the fetch thread: one thread costs
+    #: the matmul little and the process about a third of its CPU (``bench/train.py`` e2e).
+    blas_threads: int | None = 1
 
 
 def feature_schema_hash(history_len: int, config: ModelConfig) -> str:
@@ -91,6 +104,28 @@ def feature_schema_hash(history_len: int, config: ModelConfig) -> str:
         "admit_after": config.admit_after,
     }
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
+
+
+@contextmanager
+def _tuned(loop: LoopOptions) -> Iterator[None]:
+    """The process settings of ``LoopOptions`` while the loop trains, restored after."""
+    previous_switch = sys.getswitchinterval()
+    if loop.gil_switch_interval_s is not None:
+        sys.setswitchinterval(loop.gil_switch_interval_s)
+    blas = None
+    if loop.blas_threads is not None:
+        try:
+            from threadpoolctl import threadpool_limits
+        except ImportError:
+            log.warning("threadpoolctl is not installed: numpy's BLAS threads left as they are")
+        else:
+            blas = threadpool_limits(limits=loop.blas_threads, user_api="blas")
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(previous_switch)
+        if blas is not None:
+            blas.restore_original_limits()
 
 
 class TrainerService:
@@ -238,29 +273,30 @@ class TrainerService:
             self.monotonic,
             self.keys,
         )
-        fetcher.start()
-        self.running = True
         last_export = self.monotonic()
         since_export = 0
-        try:
-            while not self.stop_event.is_set() and not self._limit_reached():
-                chunk = fetcher.get(timeout_s=0.1)
-                if chunk is not None:
-                    since_export += self._train(chunk)
-                now = self.monotonic()
-                if since_export > 0 and (
-                    now - last_export >= self.loop.export_every_s
-                    or since_export >= self.loop.export_every_samples
-                ):
+        with _tuned(self.loop):
+            fetcher.start()
+            self.running = True
+            try:
+                while not self.stop_event.is_set() and not self._limit_reached():
+                    chunk = fetcher.get(timeout_s=0.1)
+                    if chunk is not None:
+                        since_export += self._train(chunk)
+                    now = self.monotonic()
+                    if since_export > 0 and (
+                        now - last_export >= self.loop.export_every_s
+                        or since_export >= self.loop.export_every_samples
+                    ):
+                        self._export_logged()
+                        last_export, since_export = self.monotonic(), 0
+                if since_export > 0:
                     self._export_logged()
-                    last_export, since_export = self.monotonic(), 0
-            if since_export > 0:
-                self._export_logged()
-            return self.state
-        finally:
-            self.running = False
-            fetcher.stop()
-            self.close()
+                return self.state
+            finally:
+                self.running = False
+                fetcher.stop()
+                self.close()
 
     def _export_logged(self) -> None:
         """Export; a failed publication is logged and retried at the next export (the
@@ -275,13 +311,12 @@ class TrainerService:
         return cap is not None and self.state.samples_trained >= cap
 
     def _train(self, chunk: Chunk) -> int:
-        for entry in chunk.entries:
-            if entry.reason is not None:
-                self._dead_letter(entry.record, entry.reason)
+        for record, reason in chunk.rejected:
+            self._dead_letter(record, reason)
         samples, st = chunk.samples, self.state
-        batch = chunk.batch
+        batch, hashes, ts = chunk.batch, chunk.id_hashes, chunk.ts_ms
         if batch is not None:
-            fresh = self.recent_ids.admit([s.sample_id for s in samples])
+            fresh = self.recent_ids.admit_hashes(hashes)
             if not fresh.all():
                 dropped = int((~fresh).sum())
                 st.duplicates_dropped += dropped
@@ -289,14 +324,16 @@ class TrainerService:
                 log.info("dropped %d samples trained before (same sample_id)", dropped)
                 samples = [s for s, keep in zip(samples, fresh.tolist(), strict=True) if keep]
                 batch = batch.rows(fresh) if samples else None
+                hashes, ts = hashes[fresh], ts[fresh]
         if batch is not None:
             started = self.monotonic()
             self._last_loss = self.trainer.fit_batch(batch)
-            for key, s in zip(batch.item_keys.tolist(), samples, strict=True):
-                self.item_ids[key] = s.item_id
+            self.item_ids.update(
+                zip(batch.item_keys.tolist(), [s.item_id for s in samples], strict=True)
+            )
             st.samples_trained += len(samples)
-            st.digest = (st.digest + sample_digest([s.sample_id for s in samples])) % (1 << 64)
-            newest = max(s.ts_ms for s in samples)
+            st.digest = (st.digest + digest_of_hashes(hashes)) % (1 << 64)
+            newest = int(ts.max())
             st.trained_through_ms = max(newest, st.trained_through_ms or newest)
             m = self.metrics
             m.samples.inc(len(samples))
@@ -308,9 +345,7 @@ class TrainerService:
             self._batches_done += 1
             if self._batches_done % 20 == 0:
                 m.set_quality(self.trainer.evaluator.summary())
-        for entry in chunk.entries:
-            record = entry.record
-            st.offsets[f"{record.topic}:{record.partition}"] = record.offset + 1
+        st.offsets.update(chunk.offsets)
         return len(samples)
 
     def export(self) -> str:

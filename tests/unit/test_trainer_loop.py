@@ -1,0 +1,33 @@
+"""Process settings the training loop applies while it runs (``model.trainer_loop``)."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from model.trainer_loop import LoopOptions, _tuned
+
+
+def _blas_threads() -> list[int]:
+    from threadpoolctl import threadpool_info
+
+    return [p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"]
+
+
+def test_switch_interval_and_blas_threads_hold_while_running_and_are_restored() -> None:
+    pytest.importorskip("threadpoolctl")
+    import numpy  # noqa: F401 - loads the BLAS library threadpoolctl inspects
+
+    before_switch, before_blas = sys.getswitchinterval(), _blas_threads()
+    with _tuned(LoopOptions(gil_switch_interval_s=0.002, blas_threads=1)):
+        assert sys.getswitchinterval() == pytest.approx(0.002)
+        assert _blas_threads() and set(_blas_threads()) == {1}
+    assert sys.getswitchinterval() == pytest.approx(before_switch)
+    assert _blas_threads() == before_blas
+
+
+def test_none_leaves_process_settings_alone() -> None:
+    before = sys.getswitchinterval()
+    with _tuned(LoopOptions(gil_switch_interval_s=None, blas_threads=None)):
+        assert sys.getswitchinterval() == before
