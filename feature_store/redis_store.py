@@ -2,9 +2,10 @@
 
 The key layout and the write rule are the written spec ``feature_store/FORMAT.md``; the pure
 encode/decode functions below are its only implementation. Writes go through one Lua script
-(:data:`WRITE_IF_NEWER`, run with ``EVALSHA`` in a pipeline) so "only if newer ``(as_of, seq)``"
-is atomic per record; a whole batch is one round trip. redis-py uses hiredis for parsing
-when it is installed (it is a dependency).
+(:data:`WRITE_IF_NEWER`, run with ``EVALSHA`` on up to :data:`SCRIPT_CHUNK` records at a time,
+in a pipeline) so "only if newer ``(as_of, seq)``" is atomic per record; a whole batch is one
+round trip and one script call per chunk, not one command per record. redis-py uses hiredis
+for parsing when it is installed (it is a dependency).
 """
 
 from __future__ import annotations
@@ -30,21 +31,33 @@ log = logging.getLogger(__name__)
 #: Bump on an incompatible change of FORMAT.md.
 LAYOUT_VERSION = "1"
 
-#: KEYS[1] = record key; ARGV = as_of, seq, payload, ttl_s. Returns 1 if written, 0 if stale.
+#: KEYS = record keys; ARGV = (as_of, seq, payload, ttl_s) per key, in order. Each record is
+#: written only if its (as_of, seq) is not older than the stored one; returns how many were.
 WRITE_IF_NEWER = """
-local cur = redis.call('HMGET', KEYS[1], 'as_of', 'seq')
-if cur[1] then
-  local a = tonumber(cur[1])
-  local s = tonumber(cur[2] or '0') or 0
-  local na = tonumber(ARGV[1])
-  local ns = tonumber(ARGV[2])
-  if na < a or (na == a and ns < s) then return 0 end
+local written = 0
+for i = 1, #KEYS do
+  local j = (i - 1) * 4
+  local na = tonumber(ARGV[j + 1])
+  local ns = tonumber(ARGV[j + 2])
+  local cur = redis.call('HMGET', KEYS[i], 'as_of', 'seq')
+  local stale = false
+  if cur[1] then
+    local a = tonumber(cur[1])
+    local s = tonumber(cur[2] or '0') or 0
+    stale = na < a or (na == a and ns < s)
+  end
+  if not stale then
+    redis.call('HSET', KEYS[i], 'as_of', ARGV[j + 1], 'seq', ARGV[j + 2], 'v', ARGV[j + 3])
+    local ttl = tonumber(ARGV[j + 4])
+    if ttl > 0 then redis.call('EXPIRE', KEYS[i], ttl) end
+    written = written + 1
+  end
 end
-redis.call('HSET', KEYS[1], 'as_of', ARGV[1], 'seq', ARGV[2], 'v', ARGV[3])
-local ttl = tonumber(ARGV[4])
-if ttl > 0 then redis.call('EXPIRE', KEYS[1], ttl) end
-return 1
+return written
 """
+
+#: Records per script call (bounds how long one call holds the Redis server).
+SCRIPT_CHUNK = 500
 
 def _dumps(obj: object) -> str:
     return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
@@ -189,23 +202,27 @@ class RedisOnlineStore(OnlineStore):
         if not users and not items and trending is None:
             return
         p = self._prefix
+        keys: list[str] = []
+        args: list[Any] = []
+        for n, u in enumerate(users):
+            keys.append(user_key_name(p, u.user_id))
+            args += (u.as_of_ms, user_seqs[n] if user_seqs else 0, encode_user(u), self._user_ttl)
+        for n, it in enumerate(items):
+            keys.append(item_key_name(p, it.item_id))
+            args += (it.as_of_ms, item_seqs[n] if item_seqs else 0, encode_item(it), self._item_ttl)
+        if trending is not None:
+            keys.append(trending_key_name(p))
+            args += (trending.as_of_ms, trending_seq, encode_trending(trending), 0)
         try:
             pipe = self._redis.pipeline(transaction=False)
-            for n, u in enumerate(users):
-                seq = user_seqs[n] if user_seqs else 0
-                args: list[Any] = [u.as_of_ms, seq, encode_user(u), self._user_ttl]
-                self._write(keys=[user_key_name(p, u.user_id)], args=args, client=pipe)
             if items:
                 pipe.hset(
                     item_ids_key_name(p), mapping={str(item_key(i.item_id)): i.item_id for i in items}
                 )
-            for n, it in enumerate(items):
-                seq = item_seqs[n] if item_seqs else 0
-                args = [it.as_of_ms, seq, encode_item(it), self._item_ttl]
-                self._write(keys=[item_key_name(p, it.item_id)], args=args, client=pipe)
-            if trending is not None:
-                args = [trending.as_of_ms, trending_seq, encode_trending(trending), 0]
-                self._write(keys=[trending_key_name(p)], args=args, client=pipe)
+            for start in range(0, len(keys), SCRIPT_CHUNK):
+                chunk = keys[start : start + SCRIPT_CHUNK]
+                chunk_args = args[4 * start : 4 * (start + len(chunk))]
+                self._write(keys=chunk, args=chunk_args, client=pipe)
             pipe.set(layout_key_name(p), LAYOUT_VERSION)
             pipe.execute()
         except self._errors as exc:

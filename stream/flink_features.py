@@ -1,12 +1,15 @@
 """The Flink feature job: ``events`` -> user/item/trending features in Redis + ``samples``.
 
-Graph (DataStream API, Python operators in ``thread`` mode)::
+Graph (SQL where it is cheap, Python ``KeyedProcessFunction``s in ``thread`` mode where the
+feature definitions run; functions in ``stream/flink_functions.py``)::
 
-    Kafka table source (raw value, partition, offset) -> parse ─(bad)─> KafkaSink(events.dlq)
-        -> event-time watermarks (bounded out-of-orderness)
-        -> key_by(user_id): dedupe + user features + samples ─(side)─> KafkaSink(samples)
-        -> key_by(item_id): item decayed score + counts
-        -> key_by(const), parallelism 1: trending top-N
+    Kafka table source (raw value, partition, offset; JVM: user_id and event-time watermarks
+    from SQL JSON functions) -> keyBy(user_id) in the JVM
+      -> [Python] user stage: parse/validate, dedupe, user features, point-in-time sample
+         -> one output, split by SQL: samples -> Kafka, bad records -> events.dlq,
+            positives -> keyBy(item_id) in the JVM
+      -> [Python] item stage: decayed score + counts -> one batch per flush
+      -> [Python] trending top-N (one key, parallelism 1)
 
 All feature logic is ``feature_store.features``; this module only wires it. Run it three ways:
 
@@ -20,43 +23,75 @@ restart rewrite identical values. The ``samples`` sink is at-least-once: after a
 samples of the events since the last checkpoint are produced again with the same
 ``sample_id`` (= event_id), and consumers drop repeats by ``sample_id``. (An exactly-once
 transactional sink would delay every sample by a checkpoint interval and needs
-``read_committed`` consumers; the trainer dedupes instead.) Samples carry no Kafka key: the
-PyFlink Kafka sink can only serialise the whole element as the key.
+``read_committed`` consumers; the trainer dedupes instead.) Samples carry no Kafka key.
 
-Why Python operators (DataStream) and not Flink SQL — measured with ``bench/features.py`` on
-the shared 2-core machine (load average 7-13 from other work during the runs, so the
-CPU-normalised figure is the comparable one):
+Choice of API, measured with ``bench/features.py`` (MiniCluster, 100k events preloaded, 5,000
+users x 20,000 items; the shared 2-core machine had load average 6-12 from other work, so the
+CPU-normalised column is the comparable one; medians of 3 runs each, alternating with the
+previous job run from a copy of the tree; ``bench/features.py --events 100000``):
 
-==========================================================  ==========  ===================
-pipeline (MiniCluster, 50-100k events)                      events/s    events per CPU-s
-==========================================================  ==========  ===================
-this job, thread mode, parallelism 1                        1.75k       1.9k
-this job, thread mode, parallelism 2                        1.8k        1.9k
-same with the DataStream KafkaSource (no DLQ offsets)       1.4-2.3k    2.1-2.3k
-this job, process mode, parallelism 1                       0.4k        0.4k
-only the user stage (``--stages users``), thread mode       3.0k        3.7k
-Flink SQL, JSON parse + per-(user, type) counts (JVM only)  7.3k [1]    10.4k [1]
-==========================================================  ==========  ===================
+=============================================================  ==========  ================
+pipeline                                                       events/s    events per CPU-s
+=============================================================  ==========  ================
+previous job: 4 Python stages, pickled objects, p=1            1.96k       2.10k
+previous job, p=2                                              1.87k       1.86k
+this job, p=1                                                  3.35k       3.69k
+this job, p=2                                                  3.61k       3.16k
+process mode, p=2 (one run, 60k events, earlier revision) [1]  0.52k       0.47k
+JVM only: Kafka + SQL key/JSON extraction, no Python [2]       --          ~90k
+ONE Python keyed stage (json.loads, 1 state get+put) [2]       --          25-33k
+same, keyed with PyFlink's ``key_by(lambda)`` [2]              --          ~15k
+=============================================================  ==========  ================
 
-Freshness (ingest API 2xx -> ``GET /users/{id}/features``), parallelism 1: p50/p95/p99 =
-0.12/0.34/0.53 s at 500 events/s, 0.14/0.27/0.38 s at 1,000 events/s, 1.6/1.8/1.9 s at
-2,000 events/s (the job is near saturation there and latency grows with the backlog).
+[1] with side outputs for samples/DLQ instead of the one output split by SQL (see
+``stream/flink_functions.py``: measured equal in thread mode).
+[2] one-off experiment jobs on the same MiniCluster (not kept in the repo), bounded 200-400k
+events, CPU minus the ~16 CPU-s a job costs to start; ``bench/features.py --sql-events N``
+keeps a reproducible JVM-only comparison (SQL parse + counts).
 
-[1] including the job's start-up. The SQL job is ~5x cheaper per event, but it only counts.
-History, point-in-time samples, dedupe and decayed scores are per-event state machines that
-are defined once in Python and shared with replay and serving; decayed scores over epoch-ms
-event time cannot be SQL aggregates (``2 ** (ts / half_life)`` overflows). Every event must
-pass the Python user stage anyway, which alone costs ~0.27 ms of CPU (the ``--stages users``
-row), so moving counts and item scores into SQL would at best reach that row (< 2x) while
-splitting each definition in two. We keep one Python definition; the job scales with
-parallelism given cores (~2.2k events/s per core; 10k events/s needs ~5 free cores, or the
-user stage ported to a JVM operator). Python operators run in ``thread`` mode (5x less CPU
-than ``process``). On a standalone cluster thread mode needs ``opt/flink-python-*.jar`` on
-the cluster's own classpath (e.g. ``FLINK_LIB_DIR`` = a folder with ``lib/*`` plus that jar)
-and ``classloader.parent-first-patterns.additional: "pemja."``; loaded from the job's jar,
-pemja fails with ``NoSuchFieldException: loadedLibraryNames``. A thread-mode TaskManager
-keeps the imported Python modules between jobs: restart it after changing the code.
-``streamrec features`` therefore defaults to ``--python-mode process`` on a cluster.
+Freshness (ingest API 2xx -> ``GET /users/{id}/features``) at a steady 2,000 events/s, p=1,
+five runs each, alternating (load average 4-13): this job p50/p95/p99 = 0.13/0.54/0.95 s
+(medians; p99 per run 0.33-1.66 s, and 5.2 s in the one run at load average 12-13), the
+previous job 0.50/1.47/1.76 s (p99 per run 0.91-4.05 s). Target: p99 <= 2 s.
+
+Why this shape, and why not more SQL:
+
+* Parsing stays in Python (``stream/flink_parse.py``, one definition with exact DLQ reasons),
+  but everything before it is JVM: the key (``JSON_VALUE(user_id)``) and the watermarks come
+  from SQL in the source, and ``keyed_by_first_field`` keys in the JVM. PyFlink's
+  ``key_by(lambda)`` adds a Python operator per record: the same one-stage job costs ~40% more
+  CPU with it (table). The record then crosses into Python once, as one flat string.
+* One ``ValueState`` per key in a compact encoding (``pack_user``; marshal, ~3x cheaper than
+  pickling the dataclass); metrics counted locally and the watermark read once per flush
+  (each is a Python->Java call); Redis writes as one Lua call per 500 records.
+* Thread mode runs every Python operator of a JVM under ONE interpreter lock (Flink docs,
+  "Python execution mode"): the Python stages of all slots share one core. That is why p=2
+  does not scale (it did not before either) and why the bound is the Python time per event:
+  ~160 us in the user stage's thread (roughly, from profiles: parse ~15, update + sample ~25,
+  feature record + JSON ~30, state ~20; the rest is PyFlink's per-record overhead) plus ~45 us
+  per positive in the item stage's. Process mode escapes the lock but costs ~7x more CPU per
+  event (table).
+* Moving item scores and counts into SQL would remove at most the item stage (measured at an
+  earlier revision: ``--stages users`` 4.06k events/CPU-s against 3.13k for the whole job,
+  1.3x), and the item writes to Redis would still need a Python stage (no JVM Redis sink in
+  our jars). It would also split the item definition in two: the decayed score over
+  epoch-ms event time needs a moving reference time (``2 ** (ts / half_life)`` overflows a
+  double after ~1,000 half-lives), and the windows end at the item's newest event, which SQL
+  aggregates cannot express. Not worth it.
+* 10,000 events/s is therefore out of reach for per-event Python on one interpreter: it needs
+  ~100 us of Python per event in total, we spend ~200. Not measured here: several TaskManager
+  JVMs (one interpreter lock each; 1 slot per TaskManager, parallelism = TaskManagers) give
+  at most one interpreter per core, ~2x on 2 cores; beyond that the user stage would have to
+  become a JVM operator, duplicating the feature definitions that replay evaluation and
+  serving use.
+
+Thread mode on a standalone cluster needs ``opt/flink-python-*.jar`` on the cluster's own
+classpath (e.g. ``FLINK_LIB_DIR`` = a folder with ``lib/*`` plus that jar) and
+``classloader.parent-first-patterns.additional: "pemja."``; loaded from the job's jar, pemja
+fails with ``NoSuchFieldException: loadedLibraryNames``. A thread-mode TaskManager keeps the
+imported Python modules between jobs: restart it after changing the code. Checkpoints need a
+filesystem checkpoint directory (``--checkpoint-dir`` or the cluster's): the default
+JobManager storage refuses state over 5 MB, and a failed checkpoint restarts the job.
 """
 
 from __future__ import annotations
@@ -165,25 +200,38 @@ def build_env(args: argparse.Namespace, settings: Any) -> Any:
     return env
 
 
-def kafka_source(env: Any, args: argparse.Namespace, settings: Any) -> Any:
-    """``events`` as a stream of ``Row(value, partition, offset)``.
+def _seconds(ms: int) -> str:
+    return f"{ms / 1000:.3f}"
+
+
+def kafka_source(t_env: Any, args: argparse.Namespace, settings: Any) -> Any:
+    """``events`` as a stream of ``Row(user_id, user_input(...))`` (``stream/flink_functions``).
 
     The Kafka connector's table source (``raw`` format, metadata columns) is used instead of
     the DataStream ``KafkaSource`` because PyFlink's KafkaSource only hands Python the value,
-    and a DLQ record must name the partition and offset. Offsets are checkpointed with the job
-    state; without a checkpoint the job starts from the group's committed offsets, else from
-    the earliest.
+    and a DLQ record must name the partition and offset. The JVM extracts the key (``user_id``,
+    ``''`` if absent: the user stage sends such records to the DLQ) and the event time with SQL
+    JSON functions, and generates the watermarks (bounded out-of-orderness) in the source, so
+    no Python runs before the shuffle. Offsets are checkpointed with the job state; without a
+    checkpoint the job starts from the group's committed offsets, else from the earliest.
     """
-    from pyflink.table import StreamTableEnvironment
+    from pyflink.common import Types
+
+    from stream.flink_functions import USER_INPUT_SQL
 
     kafka = settings.kafka
-    t_env = StreamTableEnvironment.create(env)
     bounded = "'scan.bounded.mode' = 'latest-offset'," if args.bounded else ""
+    out_of_order = _seconds(settings.features.max_out_of_orderness_ms)
+    ts = "TRY_CAST(JSON_VALUE(`value`, '$.ts') AS BIGINT)"
     t_env.execute_sql(f"""
         CREATE TEMPORARY TABLE kafka_events (
             `value` STRING,
             `partition` INT METADATA VIRTUAL,
-            `offset` BIGINT METADATA VIRTUAL
+            `offset` BIGINT METADATA VIRTUAL,
+            `user_key` AS COALESCE(JSON_VALUE(`value`, '$.user_id'), ''),
+            `event_time` AS TO_TIMESTAMP_LTZ(
+                CASE WHEN {ts} BETWEEN 0 AND {MAX_TS_MS} THEN {ts} ELSE 0 END, 3),
+            WATERMARK FOR `event_time` AS `event_time` - INTERVAL '{out_of_order}' SECOND
         ) WITH (
             'connector' = 'kafka',
             'topic' = '{kafka.events_topic}',
@@ -195,78 +243,95 @@ def kafka_source(env: Any, args: argparse.Namespace, settings: Any) -> Any:
             {bounded}
             'format' = 'raw'
         )""")
-    return t_env.to_data_stream(t_env.from_path("kafka_events"))
+    table = t_env.sql_query(f"SELECT `user_key`, {USER_INPUT_SQL} FROM kafka_events")
+    return t_env.to_append_stream(table, Types.ROW([Types.STRING(), Types.STRING()]))
+
+
+def kafka_sink_table(t_env: Any, name: str, topic: str, bootstrap: str) -> None:
+    """A one-column (``v STRING``) table writing each row as one Kafka record value."""
+    t_env.execute_sql(f"""
+        CREATE TEMPORARY TABLE {name} (`v` STRING) WITH (
+            'connector' = 'kafka',
+            'topic' = '{topic}',
+            'properties.bootstrap.servers' = '{bootstrap}',
+            'sink.delivery-guarantee' = 'at-least-once',
+            'format' = 'raw'
+        )""")
+
+
+#: Largest event time the source turns into a watermark (9999-12-31); others count as 0.
+MAX_TS_MS = 253_402_300_799_999
+
+
+def keyed_by_first_field(stream: Any, value_type: Any) -> Any:
+    """``stream`` of ``Row(key: STRING, value)`` keyed by ``key`` in the JVM.
+
+    ``DataStream.key_by`` runs a Python key selector in an extra operator (one more Python
+    call per record); this builds the same ``KeyedStream`` with the Java ``KeyByKeySelector``
+    that PyFlink's ``key_by`` itself uses on its ``Row(key, value)`` output, so the keyed
+    Python function receives ``value`` exactly as after ``key_by``.
+    """
+    from pyflink.common import Types
+    from pyflink.datastream.data_stream import KeyedStream
+    from pyflink.java_gateway import get_gateway
+
+    selector = get_gateway().jvm.KeyByKeySelector()
+    key_type = Types.ROW([Types.STRING()]).get_java_type_info()
+    return KeyedStream(stream._j_data_stream.keyBy(selector, key_type), value_type, stream)
 
 
 def build_job(env: Any, args: argparse.Namespace, settings: Any) -> None:
-    """Add the feature pipeline to ``env``."""
-    from pyflink.common import Duration, Types, WatermarkStrategy
-    from pyflink.common.serialization import SimpleStringSchema
-    from pyflink.datastream.connectors.base import DeliveryGuarantee
-    from pyflink.datastream.connectors.kafka import (
-        KafkaRecordSerializationSchema,
-        KafkaSink,
-    )
+    """Add the feature pipeline to ``env`` (graph in the module docstring)."""
+    from pyflink.common import Types
+    from pyflink.table import StreamTableEnvironment
 
     from stream.flink_functions import (
-        DLQ_TAG,
-        SAMPLES_TAG,
-        EventTimestamps,
-        ItemFeaturesFn,
-        ParseEvents,
-        TrendingFn,
-        UserFeaturesFn,
+        DLQ,
+        ITEM,
+        ITEM_INPUT,
+        SAMPLE,
+        USER_INPUT,
+        USER_OUTPUT,
+        ItemStage,
+        TrendingStage,
+        UserStage,
     )
 
     kafka = settings.kafka
-    raw = kafka_source(env, args, settings)
-    watermarks = WatermarkStrategy.for_bounded_out_of_orderness(
-        Duration.of_millis(settings.features.max_out_of_orderness_ms)
-    ).with_idleness(Duration.of_seconds(10))
-
-    def kafka_sink(topic: str) -> Any:
-        return (
-            KafkaSink.builder()
-            .set_bootstrap_servers(kafka.bootstrap)
-            .set_record_serializer(
-                KafkaRecordSerializationSchema.builder()
-                .set_topic(topic)
-                .set_value_serialization_schema(SimpleStringSchema())
-                .build()
-            )
-            .set_delivery_guarantee(DeliveryGuarantee.AT_LEAST_ONCE)
-            .build()
-        )
-
-    pickled = Types.PICKLED_BYTE_ARRAY()
-    event_types = sorted(settings.features.event_weights)
-    parsed = raw.process(ParseEvents(event_types, kafka.events_topic), output_type=pickled).name(
-        "parse"
-    )
-    events = parsed.assign_timestamps_and_watermarks(
-        watermarks.with_timestamp_assigner(EventTimestamps())
-    )
+    t_env = StreamTableEnvironment.create(env)
+    t_env.get_config().set("table.exec.source.idle-timeout", "10 s")
     settings_json = args.settings_json
     knobs = (args.flush_ms, args.batch_size, args.bucket_ms)
     users = (
-        events.key_by(lambda e: e.user_id, key_type=Types.STRING())
-        .process(UserFeaturesFn(settings_json, *knobs), output_type=pickled)
+        keyed_by_first_field(kafka_source(t_env, args, settings), USER_INPUT)
+        .process(UserStage(settings_json, *knobs, kafka.events_topic), output_type=USER_OUTPUT)
         .name("user-features")
         .uid("user-features")
     )
-    users.get_side_output(SAMPLES_TAG).sink_to(kafka_sink(kafka.samples_topic)).name("samples")
-    parsed.get_side_output(DLQ_TAG).sink_to(kafka_sink(kafka.dlq_topic)).name("dlq")
+    # The user stage's one output, split in the JVM: samples and DLQ records to Kafka (at least
+    # once: consumers dedupe samples by sample_id), item updates on to the item stage.
+    t_env.create_temporary_view("user_out", t_env.from_data_stream(users))
+    kafka_sink_table(t_env, "samples_sink", kafka.samples_topic, kafka.bootstrap)
+    kafka_sink_table(t_env, "dlq_sink", kafka.dlq_topic, kafka.bootstrap)
+    sinks = t_env.create_statement_set()
+    sinks.add_insert_sql(f"INSERT INTO samples_sink SELECT v FROM user_out WHERE kind = '{SAMPLE}'")
+    sinks.add_insert_sql(f"INSERT INTO dlq_sink SELECT v FROM user_out WHERE kind = '{DLQ}'")
+    sinks.attach_as_datastream()
     if args.stages == "users":
         return
+    item_rows = t_env.to_append_stream(
+        t_env.sql_query(f"SELECT k, v FROM user_out WHERE kind = '{ITEM}'"),
+        Types.ROW([Types.STRING(), Types.STRING()]),
+    )
     items = (
-        users.key_by(lambda e: e.item_id, key_type=Types.STRING())
-        .process(ItemFeaturesFn(settings_json, *knobs), output_type=pickled)
+        keyed_by_first_field(item_rows, ITEM_INPUT)
+        .process(ItemStage(settings_json, *knobs), output_type=Types.PICKLED_BYTE_ARRAY())
         .name("item-features")
         .uid("item-features")
     )
     (
         items.key_by(lambda _: 0, key_type=Types.INT())
-        .process(TrendingFn(settings_json, *knobs), output_type=pickled)
+        .process(TrendingStage(settings_json, *knobs), output_type=Types.PICKLED_BYTE_ARRAY())
         .name("trending")
         .uid("trending")
         .set_parallelism(1)
