@@ -2,7 +2,7 @@
 
 Reading an artifact needs numpy only (this module must never import TensorFlow).
 
-Layout of one version directory ``<registry_dir>/<model_name>/<version>/`` (format 1)::
+Layout of one version directory ``<registry_dir>/<model_name>/<version>/`` (formats 1, 2)::
 
     manifest.json            see below; the only file not listed in manifest["files"]
     item_ids.npy             <U*  [N]        external item ids, row i of item_vectors is item_ids[i]
@@ -18,19 +18,29 @@ Layout of one version directory ``<registry_dir>/<model_name>/<version>/`` (form
 
 User tower (exactly what :meth:`ServingArtifact.user_vectors` computes)::
 
+    h = history[:manifest["history_len"]]  (most recent first; format 2, absent = all of it)
     x = concat(user_row(user_key) or default_user_row,
-               mean(item_hist_rows of the history items the model knows) or zeros(e_h))
+               mean(item_hist_rows of the items of h the model knows) or zeros(e_h))
     for each layer i:  x = act_i(x @ W_i + b_i)         act_i in {"relu", "linear"}
     if manifest["normalize"]:  x = x / max(||x||_2, 1e-12)
+    if manifest["score_bias"]: x = concat(x, [1])                    (format 2 only)
 
-so ``in_0 == e_u + e_h`` and the last ``out`` equals ``d`` (with no layers, ``e_u + e_h == d``).
-Scores are ``item_vectors @ x``.
+so ``in_0 == e_u + e_h`` and the last ``out`` equals ``d`` (with no layers, ``e_u + e_h == d``),
+or ``d - 1`` with ``score_bias``. Scores are ``item_vectors @ x``: with ``score_bias`` the last
+column of ``item_vectors`` is an additive per-item score (e.g. the popularity prior of
+``model.prior``), which the constant 1 appended *after* the normalisation adds unscaled.
+
+Format versions: 2 adds ``score_bias`` and ``history_len``; the writer writes 2 only when
+one of them is set (an artifact without them stays format 1, readable by format-1 readers);
+the reader reads both.
 
 ``manifest.json``::
 
-    {"format": "streamrec-artifact", "format_version": 1,
+    {"format": "streamrec-artifact", "format_version": 1 | 2,
      "version": str, "created_at": RFC 3339 UTC str | null,
      "normalize": bool,
+     "score_bias": bool,                  (format 2; absent = false)
+     "history_len": int,                  (format 2; absent = the whole history)
      "dims": {"items": N, "d": d, "hist_items": H, "hist_dim": e_h, "users": U, "user_dim": e_u},
      "layers": [{"w": "layer_0_w.npy", "b": "layer_0_b.npy", "activation": "relu"}, ...],
      "files": {"<name>.npy": {"sha256": hex, "bytes": int, "shape": [...], "dtype": str}, ...},
@@ -64,11 +74,16 @@ from feature_store.ids import item_keys, user_key
 log = logging.getLogger(__name__)
 
 FORMAT = "streamrec-artifact"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+#: Versions the reader accepts (see the module doc).
+READABLE_VERSIONS = (1, 2)
 MANIFEST = "manifest.json"
 ACTIVATIONS = ("relu", "linear")
 _RESERVED = frozenset(
-    {"format", "format_version", "version", "created_at", "normalize", "dims", "layers", "files"}
+    {
+        "format", "format_version", "version", "created_at", "normalize", "score_bias",
+        "history_len", "dims", "layers", "files",
+    }
 )
 _CHUNK = 1 << 20
 
@@ -113,6 +128,8 @@ def write_artifact(
     default_user_row: np.ndarray,
     layers: Sequence[Layer] = (),
     normalize: bool = False,
+    score_bias: bool = False,
+    history_len: int | None = None,
     manifest_extra: Mapping[str, Any] | None = None,
     created_at: datetime | None = None,
 ) -> dict[str, Any]:
@@ -168,7 +185,7 @@ def write_artifact(
         }
     manifest: dict[str, Any] = {
         "format": FORMAT,
-        "format_version": FORMAT_VERSION,
+        "format_version": FORMAT_VERSION if score_bias or history_len is not None else 1,
         "version": version,
         "created_at": created_at.isoformat() if created_at else None,
         "normalize": bool(normalize),
@@ -184,6 +201,12 @@ def write_artifact(
         "files": files,
         **extra,
     }
+    if score_bias:
+        manifest["score_bias"] = True
+    if history_len is not None:
+        if history_len < 1:
+            raise ArtifactError(f"history_len must be >= 1, got {history_len}")
+        manifest["history_len"] = int(history_len)
     _check_dims(manifest, arrays)
     (out / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
     log.info("wrote artifact %s (%d items) to %s", version, ids.shape[0], out)
@@ -198,6 +221,8 @@ def _check_dims(manifest: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -
         if w.ndim != 2 or w.shape[0] != width or b.shape != (w.shape[1],):
             raise ArtifactError(f"layer {i}: W {w.shape} b {b.shape} after width {width}")
         width = w.shape[1]
+    if manifest.get("score_bias", False):
+        width += 1
     if width != dims["d"]:
         raise ArtifactError(f"user tower outputs {width} dims, item vectors have {dims['d']}")
 
@@ -211,8 +236,17 @@ def read_manifest(directory: str | Path) -> dict[str, Any]:
         raise ArtifactError(f"cannot read {path}: {exc}") from exc
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise ArtifactError(f"{path}: not a {FORMAT} manifest")
-    if manifest.get("format_version") != FORMAT_VERSION:
-        raise ArtifactError(f"{path}: unsupported format_version {manifest.get('format_version')}")
+    version = manifest.get("format_version")
+    if version not in READABLE_VERSIONS:
+        raise ArtifactError(f"{path}: unsupported format_version {version}")
+    bias = manifest.get("score_bias", False)
+    if not isinstance(bias, bool) or (bias and version < 2):
+        raise ArtifactError(f"{path}: score_bias {bias!r} is not valid in format {version}")
+    hist_len = manifest.get("history_len")
+    if hist_len is not None and (
+        version < 2 or isinstance(hist_len, bool) or not isinstance(hist_len, int) or hist_len < 1
+    ):
+        raise ArtifactError(f"{path}: history_len {hist_len!r} is not valid in format {version}")
     for key in ("version", "dims", "layers", "files"):
         if key not in manifest:
             raise ArtifactError(f"{path}: missing {key!r}")
@@ -235,6 +269,17 @@ class ServingArtifact:
     layers: tuple[Layer, ...]
     normalize: bool
     item_index: Mapping[str, int] = field(repr=False)
+
+    @property
+    def history_len(self) -> int | None:
+        """Most recent history items the user tower pools (None: all)."""
+        value = self.manifest.get("history_len")
+        return None if value is None else int(value)
+
+    @property
+    def score_bias(self) -> bool:
+        """Whether the last item-vector column is an additive score (see the module doc)."""
+        return bool(self.manifest.get("score_bias", False))
 
     @property
     def version(self) -> str:
@@ -260,8 +305,10 @@ class ServingArtifact:
     def user_vectors(
         self, user_ids: Sequence[str], histories: Sequence[Sequence[str]]
     ) -> np.ndarray:
-        """User tower output, float32 ``[B, d]``; unknown users get the default row and
-        history items the model does not know are skipped."""
+        """User tower output, float32 ``[B, d]``; unknown users get the default row, the
+        history (most recent first) is cut to ``history_len`` and the items of it the model
+        does not know are skipped. With ``score_bias`` the last
+        column is the constant 1 that adds each item's bias to its score."""
         if len(user_ids) != len(histories):
             raise ValueError("user_ids and histories differ in length")
         b = len(user_ids)
@@ -272,7 +319,9 @@ class ServingArtifact:
         if found.any():
             urows[found] = self.user_rows[pos[found]]
         hrows = np.zeros((b, self.item_hist_rows.shape[1]), np.float32)
+        window = self.history_len
         for i, hist in enumerate(histories):
+            hist = hist[:window] if window is not None else hist
             if not hist:
                 continue
             hpos, hfound = self._lookup(item_keys(hist), self.item_hist_keys)
@@ -285,6 +334,8 @@ class ServingArtifact:
                 np.maximum(x, 0.0, out=x)
         if self.normalize:
             x = x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+        if self.score_bias:
+            x = np.concatenate([x, np.ones((b, 1), x.dtype)], axis=1)
         return np.ascontiguousarray(x, dtype=np.float32)
 
 

@@ -17,12 +17,6 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 FORMATS = ("movielens", "ml-1m", "ml-100k", "ndjson", "csv")
-#: Default popularity-prior weight of the evaluated model (``model.prior``): the best of
-#: 0/1/2/3/5 on ml-latest-small (Recall@10 / popularity 0.79x/0.96x/1.01x/1.04x/1.04x).
-#: With the (default) L2-normalised user vector this setting is not exportable in artifact
-#: format 1 yet (``model.prior.check_exportable``), so ``ModelConfig``'s default stays 0.
-PRIOR_WEIGHT = 3.0
-
 PROTOCOL = """\
 Protocol (test-then-train):
   * The log is read, validated and ordered exactly as `streamrec replay` sends it
@@ -68,15 +62,16 @@ def register(sub: Any) -> None:
     g.add_argument("--temperature", type=float, default=0.05)
     g.add_argument("--embedding-dim", type=int, default=None, help="default: trainer setting")
     g.add_argument("--user-layers", default=None, help="e.g. 64,32 (last = embedding dim)")
-    g.add_argument("--history-len", type=int, default=None, help="default: features setting")
+    g.add_argument("--history-len", type=int, default=None, help="history items the model pools (default: ModelConfig)")
     g.add_argument("--admit-after", type=int, default=1)
     g.add_argument("--no-normalize", action="store_true", help="no L2 normalisation")
     g.add_argument("--seed", type=int, default=None, help="default: trainer setting")
     g.add_argument(
         "--prior-weight",
         type=float,
-        default=PRIOR_WEIGHT,
-        help="popularity prior in the score: <u,v>/T + W * log q (model.prior); 0 = none",
+        default=None,
+        help="popularity prior in the score: <u,v>/T + W * log q (model.prior); 0 = none; "
+        "default: ModelConfig's",
     )
     g.add_argument(
         "--user-admit-after", type=int, default=None, help="user-table admission (default: --admit-after)"
@@ -84,6 +79,15 @@ def register(sub: Any) -> None:
     g.add_argument(
         "--no-normalize-user", action="store_true", help="L2-normalise item vectors only"
     )
+    g.add_argument(
+        "--negatives", type=int, default=None, help="sampled uniform negatives per step"
+    )
+    g.add_argument(
+        "--mask-same-user", type=int, choices=(0, 1), default=None,
+        help="1: in-batch positives of the row's own user are no negatives",
+    )
+    g.add_argument("--logq", choices=("gap", "count"), default=None, help="frequency estimate")
+    g.add_argument("--logq-half-life", type=float, default=None, help="count estimate, samples")
     p.add_argument("--json", type=Path, default=None, help="write the figures as JSON")
     p.add_argument("--plot", type=Path, default=None, help="draw the figures over time (PNG)")
     p.add_argument("--progress", action="store_true", help="show a progress bar")
@@ -143,15 +147,33 @@ def _config(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
         "temperature": args.temperature,
         "embedding_dim": dim,
         "user_layers": [int(x) for x in layers.split(",")],
-        "history_len": args.history_len or settings.features.history_len,
+        "history_len": _default(args.history_len, "history_len"),
         "admit_after": args.admit_after,
         "normalize": not args.no_normalize,
         "normalize_user": not args.no_normalize_user,
-        "prior_weight": args.prior_weight,
+        "prior_weight": _default(args.prior_weight, "prior_weight"),
         "user_admit_after": args.user_admit_after,
         "seed": settings.trainer.seed if args.seed is None else args.seed,
         "recent_half_life_days": args.recent_half_life_days,
+        "sampled_negatives": _default(args.negatives, "sampled_negatives"),
+        "mask_same_user": bool(_default(args.mask_same_user, "mask_same_user")),
+        "logq_estimator": _default(args.logq, "logq_estimator"),
+        "logq_half_life": _default(args.logq_half_life, "logq_half_life"),
     }
+
+
+def _default(value: Any, name: str) -> Any:
+    """``value`` if given, else the ``ModelConfig``/``TrainOptions`` default (the live
+    trainer's)."""
+    if value is not None:
+        return value
+    from dataclasses import fields
+
+    from model.train_options import TrainOptions
+    from model.two_tower import ModelConfig
+
+    defaults = {f.name: f.default for cls in (ModelConfig, TrainOptions) for f in fields(cls)}
+    return defaults[name]
 
 
 def _run(args: argparse.Namespace, settings: Any, stream: Any) -> Any:
@@ -185,6 +207,10 @@ def _run(args: argparse.Namespace, settings: Any, stream: Any) -> Any:
             learning_rate=cfg["learning_rate"],
             dense_lr=cfg["dense_lr"],
             eval_rows=0,
+            sampled_negatives=cfg["sampled_negatives"],
+            mask_same_user=cfg["mask_same_user"],
+            logq_estimator=cfg["logq_estimator"],
+            logq_half_life=cfg["logq_half_life"],
         ),
         tag="eval",
     )

@@ -86,7 +86,8 @@ def run_train(args: argparse.Namespace) -> int:
         config = ModelConfig(
             embedding_dim=tcfg.embedding_dim,
             user_layers=(2 * tcfg.embedding_dim, tcfg.embedding_dim),
-            history_len=settings.features.history_len,
+            # the model's own window of the (longer) point-in-time history it is sent
+            history_len=min(ModelConfig.history_len, settings.features.history_len),
             seed=tcfg.seed,
             admit_after=args.admit_after,
             compute_dtype="bfloat16" if args.mixed_precision else "float32",

@@ -13,9 +13,10 @@ What is exported (see ``model/artifact.py`` for the format):
 * ``item_hist_keys``/``item_hist_rows``: every item with an own row (the history pool);
 * ``item_ids``/``item_vectors``: the item tower output of each known item whose external id
   the trainer saw (ids come from the samples; the trainer keeps ``key -> item_id``);
-* the user tower's dense layers and the L2-normalisation flag of the user vector;
+* the user tower's dense layers, the L2-normalisation flag of the user vector and the
+  model's history window (``ModelConfig.history_len``);
 * with ``ModelConfig.prior_weight``, the popularity prior as one more dimension of both
-  sides (``model.prior``).
+  sides (``model.prior``: the artifact's ``score_bias``).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from model.artifact import write_artifact
-from model.prior import check_exportable, exported_layers
+from model.prior import export_fields
 from model.registry import Registry
 from model.trainer import Trainer
 
@@ -44,13 +45,14 @@ def artifact_arrays(trainer: Trainer, item_ids: Mapping[int, str]) -> dict[str, 
     vkeys, vecs = trainer.item_vectors()
     named = np.fromiter((int(k) in item_ids for k in vkeys), bool, vkeys.size)
     config = model.config
-    check_exportable(config.prior_weight, config.normalize and config.normalize_user)
-    layers = exported_layers(
+    tower = export_fields(
         [
             (w.numpy(), b.numpy(), act)
             for w, b, act in zip(model.kernels, model.biases, model.activations, strict=True)
         ],
         config.prior_weight,
+        config.normalize and config.normalize_user,
+        config.history_len,
     )
     return {
         "item_ids": [item_ids[int(k)] for k in vkeys[named]],
@@ -60,8 +62,7 @@ def artifact_arrays(trainer: Trainer, item_ids: Mapping[int, str]) -> dict[str, 
         "user_keys": ukeys,
         "user_rows": urows,
         "default_user_row": model.default_row(model.users),
-        "layers": layers,
-        "normalize": config.normalize and config.normalize_user,
+        **tower,
     }
 
 

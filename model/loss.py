@@ -104,12 +104,24 @@ def in_batch_softmax_loss(
     temperature: float = 1.0,
     num_groups: int = 1,
     reduce: str = "mean",
+    *,
+    user_keys: tf.Tensor | None = None,
+    neg_vecs: tf.Tensor | None = None,
+    neg_keys: tf.Tensor | None = None,
+    neg_log_q: tf.Tensor | None = None,
+    neg_valid: tf.Tensor | None = None,
 ) -> tf.Tensor:
     """Weighted in-batch softmax loss with logQ correction (see the module doc).
 
     ``reduce="mean"`` returns ``sum(w*ce)/sum(w)``; ``"sum"`` returns ``sum(w*ce)`` (for
     accumulation, where the caller divides by the total weight of all micro-batches).
     Logits are computed in the dtype of the vectors and the softmax in float32.
+
+    ``user_keys`` (``[B]``): also mask the columns of the row's own user (the user's other
+    positives of the batch are not negatives). ``neg_vecs``/``neg_keys``/``neg_log_q``
+    (``[S, d]``/``[S]``/``[S]``): sampled negatives shared by every row (mixed negative
+    sampling), corrected by their own log sampling probability; a sampled key equal to the
+    row's positive, or with ``neg_valid`` False, is masked.
     """
     logits = tf.matmul(user_vecs, item_vecs, transpose_b=True)
     logits = tf.cast(logits, tf.float32) / temperature - log_q[None, :]
@@ -117,10 +129,21 @@ def in_batch_softmax_loss(
     # Masked entries get MASKED_LOGIT added: a constant bias (no select in the forward or
     # the backward pass); their softmax weight, hence their gradient, is exactly 0.
     masked = tf.equal(item_keys[:, None], item_keys[None, :])
+    if user_keys is not None:
+        masked = tf.logical_or(masked, tf.equal(user_keys[:, None], user_keys[None, :]))
     if num_groups > 1:
         masked = tf.logical_or(masked, tf.logical_not(block_mask(batch, num_groups)))
     masked = tf.linalg.set_diag(masked, tf.zeros([batch], tf.bool))
     logits = logits + tf.where(masked, MASKED_LOGIT, 0.0)
+    if neg_vecs is not None:
+        if neg_keys is None or neg_log_q is None:
+            raise ValueError("neg_vecs needs neg_keys and neg_log_q")
+        extra = tf.matmul(user_vecs, neg_vecs, transpose_b=True)
+        extra = tf.cast(extra, tf.float32) / temperature - neg_log_q[None, :]
+        hit = tf.equal(item_keys[:, None], neg_keys[None, :])
+        if neg_valid is not None:
+            hit = tf.logical_or(hit, tf.logical_not(neg_valid)[None, :])
+        logits = tf.concat([logits, extra + tf.where(hit, MASKED_LOGIT, 0.0)], axis=1)
     ce = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=tf.range(batch), logits=logits)
     weights = tf.cast(weights, tf.float32)
     total = tf.reduce_sum(weights * ce)
@@ -137,6 +160,12 @@ def in_batch_softmax_loss_np(
     weights: np.ndarray,
     temperature: float = 1.0,
     num_groups: int = 1,
+    *,
+    user_keys: np.ndarray | None = None,
+    neg_vecs: np.ndarray | None = None,
+    neg_keys: np.ndarray | None = None,
+    neg_log_q: np.ndarray | None = None,
+    neg_valid: np.ndarray | None = None,
 ) -> float:
     """Numpy reference of :func:`in_batch_softmax_loss` (mean reduction), float64."""
     u = np.asarray(user_vecs, np.float64)
@@ -144,11 +173,22 @@ def in_batch_softmax_loss_np(
     b = u.shape[0]
     logits = u @ v.T / temperature - np.asarray(log_q, np.float64)[None, :]
     keys = np.asarray(item_keys)
-    keep = (keys[:, None] != keys[None, :]) | np.eye(b, dtype=bool)
+    keep = keys[:, None] != keys[None, :]
+    if user_keys is not None:
+        users = np.asarray(user_keys)
+        keep &= users[:, None] != users[None, :]
+    keep |= np.eye(b, dtype=bool)
     if num_groups > 1:
         group = (np.arange(b) * num_groups) // b
         keep &= group[:, None] == group[None, :]
     logits = np.where(keep, logits, MASKED_LOGIT)
+    if neg_vecs is not None:
+        nv = np.asarray(neg_vecs, np.float64)
+        extra = u @ nv.T / temperature - np.asarray(neg_log_q, np.float64)[None, :]
+        nkeep = keys[:, None] != np.asarray(neg_keys)[None, :]
+        if neg_valid is not None:
+            nkeep &= np.asarray(neg_valid, bool)[None, :]
+        logits = np.concatenate([logits, np.where(nkeep, extra, MASKED_LOGIT)], axis=1)
     m = logits.max(axis=1, keepdims=True)
     log_softmax = logits - m - np.log(np.exp(logits - m).sum(axis=1, keepdims=True))
     ce = -log_softmax[np.arange(b), np.arange(b)]

@@ -14,9 +14,15 @@ samples as the towers; nothing from the future enters it).
 
 Serving keeps computing ``item_vectors @ x`` in numpy: the prior rides on one extra
 dimension, item ``[v_i / T, prior_weight * log q_i]`` and user ``[u, 1]``. The user side's
-constant 1 is the extra output column of the last (linear) dense layer (weights 0, bias 1),
-which the artifact format expresses exactly when the user vector is not L2-normalised
-(``ModelConfig.normalize_user=False``; item vectors may still be normalised).
+constant 1 follows the user tower's L2 normalisation: the artifact's ``score_bias`` flag
+(format 2, ``model.artifact``) appends it; :func:`export_fields` gives the arguments.
+
+``log q_i`` comes from the trainer's estimator (``TrainOptions.logq_estimator``): by default
+the decayed counts of ``model.frequency`` (a recent popularity, in occurrences per batch).
+
+Format-1 path (kept for artifacts without the flag): :func:`exported_layers` carries the
+constant as an extra output of the last linear layer, which is exact only when the user
+vector is not normalised (:func:`check_exportable`).
 """
 
 from __future__ import annotations
@@ -48,6 +54,25 @@ def item_scoring_vectors(
     return np.concatenate([vectors / np.float32(temperature), bias], axis=1).astype(np.float32)
 
 
+def export_fields(
+    layers: Sequence[Layer],
+    prior_weight: float,
+    normalize_user_vector: bool,
+    history_len: int | None = None,
+) -> dict[str, object]:
+    """``layers``/``normalize``/``score_bias``/``history_len`` arguments of
+    ``model.artifact.write_artifact`` for the user tower (its dense ``layers``): with the
+    prior, the constant 1 is appended after the (optional) normalisation by the artifact's
+    ``score_bias``; ``history_len`` is the model's history window."""
+    out = [(np.asarray(w, np.float32), np.asarray(b, np.float32), act) for w, b, act in layers]
+    return {
+        "layers": out,
+        "normalize": bool(normalize_user_vector),
+        "score_bias": bool(prior_weight),
+        "history_len": history_len,
+    }
+
+
 def check_exportable(prior_weight: float, normalized_user: bool) -> None:
     """Raise ``ValueError`` if the artifact format cannot express the scoring vectors: the
     user side's constant 1 would have to follow the L2 normalisation, which format 1
@@ -55,7 +80,7 @@ def check_exportable(prior_weight: float, normalized_user: bool) -> None:
     if prior_weight and normalized_user:
         raise ValueError(
             "prior_weight with an L2-normalised user vector is not exportable in artifact "
-            "format 1; use ModelConfig(normalize_user=False) or prior_weight=0"
+            "format 1; export through model.prior.export_fields (format 2 score_bias)"
         )
 
 

@@ -323,7 +323,8 @@ class TwoTowerLearner:
     Scores: user tower of (user, point-in-time history) against the item tower of every
     candidate the model has a row for; candidates without one score ``-inf``.
     Learning: the batch's samples go through the ``samples`` wire format into a training
-    :class:`model.trainer.Batch`, then ``epochs`` calls of ``Trainer.train_step``.
+    :class:`model.trainer.Batch`, then ``epochs`` calls of ``Trainer.train_step`` (the
+    item-frequency estimate counts the batch once).
     """
 
     name = "model"
@@ -365,8 +366,8 @@ class TwoTowerLearner:
 
     def learn(self, batch: Sequence[Positive]) -> None:
         train_batch = self._batch(batch)
-        for _ in range(self.epochs):
-            self.trainer.train_step(train_batch)
+        for epoch in range(self.epochs):
+            self.trainer.train_step(train_batch, count=epoch == 0)
 
 
 def load_stream(

@@ -3,72 +3,30 @@
 Kafka, checkpoints and exports live in ``model.trainer_loop``; this module trains on
 in-memory :class:`Batch` objects, so tests and benchmarks drive it directly.
 
-Options (each changes the computation as stated; ``tests/unit/test_trainer_options.py``):
-
-* ``grad_accum_steps=N``: the batch is split into N near-equal consecutive micro-batches;
-  each micro-batch's loss (in-batch negatives from its own micro-batch) is differentiated
-  separately, gradients are summed (sparse ones per key) and applied once. This equals one
-  step on the whole batch with ``loss_groups=N`` (the same loss in one pass).
-* ``mixed_precision=True``: tower math and logits in bfloat16, tables, dense weights and
-  optimizer state stay float32 (master weights); softmax/loss in float32.
-* ``user_lr`` / ``item_lr`` / ``dense_lr``: one Adagrad optimizer per table and one for the
-  dense layers, each with its own learning rate.
-* ``evict_every_steps=E``: every E steps each table keeps its ``max_*_rows`` most recently
-  trained rows (0 = never evict).
-* ``dedup_lookups`` (default True): the single step reads each table once for the batch's
-  distinct keys and pools the history with a sparse matmul over its known entries
-  (``TwoTower.plan``); the gradient reaches each table already summed per key, so the
-  optimizer updates every row once. False runs the reference step (per-position lookups
-  through the Keras layer, dense ``[B, L, d]`` history pooling); both compute the same
-  update (``tests/unit/test_trainer_options.py``), the first faster (``bench/train.py``).
+Options: :class:`model.train_options.TrainOptions` (each documented there).
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from model.evaluation import Evaluator
+from model.frequency import CountFrequencyEstimator
 from model.loss import FrequencyEstimator, group_ids, in_batch_softmax_loss
+from model.negatives import NegativeSampler
 from model.prior import item_scoring_vectors, user_scoring_vectors
 from model.samples import Batch
 from model.tf_env import de, tf, tf_keras
-from model.two_tower import ModelConfig, TwoTower
+from model.train_options import TrainOptions
+from model.two_tower import DEFAULT_KEY, ModelConfig, TwoTower
 
 log = logging.getLogger(__name__)
 
-
-@dataclass(frozen=True)
-class TrainOptions:
-    batch_size: int = 512
-    learning_rate: float = 0.05
-    user_lr: float | None = None
-    item_lr: float | None = None
-    dense_lr: float | None = None
-    grad_accum_steps: int = 1
-    #: Negatives drawn per block of the batch (reference for accumulation); 1 = whole batch.
-    loss_groups: int = 1
-    mixed_precision: bool = False
-    evict_every_steps: int = 0
-    max_user_rows: int = 2_000_000
-    max_item_rows: int = 1_000_000
-    logq_buckets: int = 1 << 20
-    logq_alpha: float = 0.01
-    eval_k: int = 10
-    #: Rows of each batch scored before training (0 = no test-then-train evaluation).
-    eval_rows: int = 128
-    eval_refresh_steps: int = 20
-    eval_window: int = 10_000
-    dedup_lookups: bool = True
-
-    def __post_init__(self) -> None:
-        if self.grad_accum_steps < 1 or self.loss_groups < 1:
-            raise ValueError("grad_accum_steps and loss_groups must be >= 1")
-        if self.evict_every_steps < 0:
-            raise ValueError("evict_every_steps must be >= 0")
+__all__ = ["Batch", "Trainer", "TrainOptions"]
 
 
 _SIG = [
@@ -76,6 +34,8 @@ _SIG = [
     tf.TensorSpec([None], tf.int64),
     tf.TensorSpec([None, None], tf.int64),
     tf.TensorSpec([None], tf.float32),
+    tf.TensorSpec([None], tf.int64),  # sampled negative item keys
+    tf.TensorSpec([], tf.float32),  # log of their per-step sampling probability
 ]
 
 
@@ -100,7 +60,11 @@ class Trainer:
             config = replace(config, compute_dtype="bfloat16")
         self.config = config
         self.model = TwoTower(config, tag=tag)
-        self.freq = FrequencyEstimator(opts.logq_buckets, opts.logq_alpha)
+        self.freq: FrequencyEstimator | CountFrequencyEstimator
+        if opts.logq_estimator == "count":
+            self.freq = CountFrequencyEstimator(opts.logq_buckets, opts.logq_half_life)
+        else:
+            self.freq = FrequencyEstimator(opts.logq_buckets, opts.logq_alpha)
         lr = opts.learning_rate
         self.opt_user = de.DynamicEmbeddingOptimizer(_adagrad(_pick(opts.user_lr, lr)))
         self.opt_item = de.DynamicEmbeddingOptimizer(_adagrad(_pick(opts.item_lr, lr)))
@@ -110,9 +74,13 @@ class Trainer:
         self.evaluator = Evaluator(opts.eval_k, opts.eval_window)
         self._since_refresh = opts.eval_refresh_steps
         self._head_vectors: np.ndarray | None = None
+        self.negatives = NegativeSampler(opts.sampled_negatives, config.seed)
         single = self._dedup_step if opts.dedup_lookups else self._single_step
         self._step_fn = tf.function(single, input_signature=_SIG)
         self._accum_fn = tf.function(self._accum_step, input_signature=_SIG)
+        self._observe_fn = tf.function(
+            self.freq.update, input_signature=[tf.TensorSpec([None], tf.int64)]
+        )
         self._user_vec_fn = tf.function(
             self.model.user_vectors,
             input_signature=[tf.TensorSpec([None], tf.int64), tf.TensorSpec([None, None], tf.int64)],
@@ -139,20 +107,51 @@ class Trainer:
     def _begin(self, uk: tf.Tensor, ik: tf.Tensor, hist: tf.Tensor) -> tuple[tf.Tensor, ...]:
         step = self.step.assign_add(1)
         u_eff, i_eff, h_eff, known = self.model.prepare(uk, ik, hist, step)
-        self.freq.update(ik)
         return u_eff, i_eff, h_eff, known, self.freq.log_q(ik)
 
+    def _negatives(self, neg: tf.Tensor, neg_lq: tf.Tensor) -> dict[str, tf.Tensor]:
+        """Loss arguments of the sampled negatives except their vectors (``neg_vecs``):
+        ids without an own row read the default row and are masked."""
+        valid = self.model.items.sightings(neg) >= self.config.admit_after
+        keys = tf.where(valid, neg, tf.constant(DEFAULT_KEY, tf.int64))
+        return {
+            "neg_keys": keys,
+            "neg_valid": valid,
+            "neg_log_q": tf.fill(tf.shape(neg), neg_lq),
+        }
+
+    def _loss_extra(self, uk: tf.Tensor) -> dict[str, tf.Tensor]:
+        return {"user_keys": uk} if self.options.mask_same_user else {}
+
     def _single_step(
-        self, uk: tf.Tensor, ik: tf.Tensor, hist: tf.Tensor, w: tf.Tensor
+        self,
+        uk: tf.Tensor,
+        ik: tf.Tensor,
+        hist: tf.Tensor,
+        w: tf.Tensor,
+        neg: tf.Tensor,
+        neg_lq: tf.Tensor,
     ) -> tuple[tf.Tensor, tf.Tensor]:
         """Returns the loss and the user vectors of the first ``eval_rows`` rows as computed
         before the update (the test-then-train vectors, at no extra lookup cost)."""
         u_eff, i_eff, h_eff, known, log_q = self._begin(uk, ik, hist)
+        negs = self._negatives(neg, neg_lq)
         with tf.GradientTape() as tape:
-            u_rows, i_rows, h_rows = self.model.lookup(u_eff, i_eff, h_eff)
+            u_rows, i_rows, h_rows, n_rows = self.model.lookup(
+                u_eff, i_eff, h_eff, negs["neg_keys"]
+            )
             uv, iv = self.model.towers(u_rows, i_rows, h_rows, known)
             loss = in_batch_softmax_loss(
-                uv, iv, ik, log_q, w, self.config.temperature, self.options.loss_groups
+                uv,
+                iv,
+                ik,
+                log_q,
+                w,
+                self.config.temperature,
+                self.options.loss_groups,
+                neg_vecs=self.model.item_tower(n_rows),
+                **negs,
+                **self._loss_extra(uk),
             )
         dense = self.model.dense_variables
         grads = tape.gradient(loss, [self.model.users.shadow, self.model.items.shadow, *dense])
@@ -160,21 +159,41 @@ class Trainer:
         return loss, tf.cast(uv[: max(self.options.eval_rows, 0)], tf.float32)
 
     def _dedup_step(
-        self, uk: tf.Tensor, ik: tf.Tensor, hist: tf.Tensor, w: tf.Tensor
+        self,
+        uk: tf.Tensor,
+        ik: tf.Tensor,
+        hist: tf.Tensor,
+        w: tf.Tensor,
+        neg: tf.Tensor,
+        neg_lq: tf.Tensor,
     ) -> tuple[tf.Tensor, tf.Tensor]:
         """:meth:`_single_step` with one read per distinct key (see ``dedup_lookups``)."""
         u_eff, i_eff, _, known, log_q = self._begin(uk, ik, hist)
+        negs = self._negatives(neg, neg_lq)
         model = self.model
         plan = model.plan(u_eff, i_eff, hist, known)
+        # The plan's distinct item keys stay first (tf.unique keeps first occurrences).
+        n_plan = tf.size(plan.item_keys)
+        all_keys, all_idx = tf.unique(tf.concat([plan.item_keys, negs["neg_keys"]], 0))
+        neg_idx = all_idx[n_plan:]
         dense = model.dense_variables
         with tf.GradientTape() as tape:
             u_uniq = model.shadow_rows(model.users, plan.user_keys)
-            i_uniq = model.shadow_rows(model.items, plan.item_keys)
-            uv, iv = model.planned_towers(plan, u_uniq, i_uniq)
+            i_all = model.shadow_rows(model.items, all_keys)
+            uv, iv = model.planned_towers(plan, u_uniq, i_all[:n_plan])
             loss = in_batch_softmax_loss(
-                uv, iv, ik, log_q, w, self.config.temperature, self.options.loss_groups
+                uv,
+                iv,
+                ik,
+                log_q,
+                w,
+                self.config.temperature,
+                self.options.loss_groups,
+                neg_vecs=model.item_tower(tf.gather(i_all, neg_idx)),
+                **negs,
+                **self._loss_extra(uk),
             )
-        g_user, g_item, *g_dense = tape.gradient(loss, [u_uniq, i_uniq, *dense])
+        g_user, g_item, *g_dense = tape.gradient(loss, [u_uniq, i_all, *dense])
         # Gradients w.r.t. the distinct rows, summed per key: dense [U, d] / [I, d] updates
         # of the shadow buffers, which hold exactly those keys in that order.
         self._apply(tf.convert_to_tensor(g_user), tf.convert_to_tensor(g_item), g_dense)
@@ -188,37 +207,59 @@ class Trainer:
         params.upsert(tf.boolean_mask(uniq, missing), tf.boolean_mask(vals, missing))  # type: ignore[attr-defined]
 
     def _accum_step(
-        self, uk: tf.Tensor, ik: tf.Tensor, hist: tf.Tensor, w: tf.Tensor
+        self,
+        uk: tf.Tensor,
+        ik: tf.Tensor,
+        hist: tf.Tensor,
+        w: tf.Tensor,
+        neg: tf.Tensor,
+        neg_lq: tf.Tensor,
     ) -> tf.Tensor:
         n = self.options.grad_accum_steps
         e = self.config.embedding_dim
         u_eff, i_eff, h_eff, known, log_q = self._begin(uk, ik, hist)
+        negs = self._negatives(neg, neg_lq)
+        neg_keys = negs["neg_keys"]
         users, items = self.model.users, self.model.items
         self._materialize(users.params, u_eff)
-        self._materialize(items.params, tf.concat([i_eff, tf.reshape(h_eff, [-1])], 0))
+        self._materialize(
+            items.params, tf.concat([i_eff, tf.reshape(h_eff, [-1]), neg_keys], 0)
+        )
         total_w = tf.maximum(tf.reduce_sum(w), 1e-12)
         group = group_ids(tf.shape(ik)[0], n)
-        parts = [tf.dynamic_partition(x, group, n) for x in (u_eff, i_eff, h_eff, known, ik, log_q, w)]
+        parts = [
+            tf.dynamic_partition(x, group, n) for x in (u_eff, i_eff, h_eff, known, ik, log_q, w, uk)
+        ]
         dense = self.model.dense_variables
         u_keys, u_grads, i_keys, i_grads = [], [], [], []
         d_grads = [tf.zeros_like(v) for v in dense]
         loss_total = tf.constant(0.0)
         for g in range(n):
-            ue, ie, he, kn, ikg, lq, wg = (p[g] for p in parts)
+            ue, ie, he, kn, ikg, lq, wg, ukg = (p[g] for p in parts)
             uu, uidx = tf.unique(ue)
-            iu, iidx = tf.unique(tf.concat([ie, tf.reshape(he, [-1])], 0))
+            iu, iidx = tf.unique(tf.concat([ie, tf.reshape(he, [-1]), neg_keys], 0))
             with tf.GradientTape() as tape:
                 u_uniq = users.params.lookup(uu)
                 i_uniq = items.params.lookup(iu)
                 tape.watch([u_uniq, i_uniq])
                 bg = tf.shape(ie)[0]
                 rows = tf.gather(i_uniq, iidx)
-                h_rows = tf.reshape(rows[bg:], [bg, -1, e])
+                n_hist = tf.size(he)
+                h_rows = tf.reshape(rows[bg : bg + n_hist], [bg, -1, e])
                 if not self.config.train_history:
                     h_rows = tf.stop_gradient(h_rows)
                 uv, iv = self.model.towers(tf.gather(u_uniq, uidx), rows[:bg], h_rows, kn)
                 loss = in_batch_softmax_loss(
-                    uv, iv, ikg, lq, wg, self.config.temperature, reduce="sum"
+                    uv,
+                    iv,
+                    ikg,
+                    lq,
+                    wg,
+                    self.config.temperature,
+                    reduce="sum",
+                    neg_vecs=self.model.item_tower(rows[bg + n_hist :]),
+                    **negs,
+                    **(self._loss_extra(ukg)),
                 ) / total_w
             gu, gi, *gd = tape.gradient(loss, [u_uniq, i_uniq, *dense])
             u_keys.append(uu)
@@ -238,13 +279,26 @@ class Trainer:
         return loss_total
 
     # -- public API ---------------------------------------------------------------------------
-    def train_step(self, batch: Batch) -> float:
-        """One optimizer update on ``batch`` (accumulated if ``grad_accum_steps`` > 1)."""
+    def train_step(self, batch: Batch, *, count: bool = True) -> float:
+        """One optimizer update on ``batch`` (accumulated if ``grad_accum_steps`` > 1).
+
+        ``count``: record the batch's items in the frequency estimate (logQ correction and
+        prior) first; False for further passes over the same batch (the evaluation's epochs),
+        so that an item counts once per sample however often it is trained on.
+        """
+        if count:
+            self._observe_fn(tf.constant(batch.item_keys, tf.int64))
+        if self.negatives.count and not self.negatives.ready:
+            self.negatives.reset(self.model.known_rows(self.model.items)[0])
+        self.negatives.add(batch.item_keys)
+        neg, neg_lq = self.negatives.draw()
         args = (
             tf.constant(batch.user_keys, tf.int64),
             tf.constant(batch.item_keys, tf.int64),
-            tf.constant(batch.history, tf.int64),
+            tf.constant(self._history(batch.history), tf.int64),
             tf.constant(batch.weights, tf.float32),
+            tf.constant(neg, tf.int64),
+            tf.constant(neg_lq, tf.float32),
         )
         self._head_vectors = None
         if self._accumulates(batch):
@@ -256,6 +310,10 @@ class Trainer:
         self.maybe_evict()
         return loss
 
+    def _history(self, history: np.ndarray) -> np.ndarray:
+        """The model's window of a (most recent first) history: ``ModelConfig.history_len``."""
+        return history[:, : self.config.history_len]
+
     def _accumulates(self, batch: Batch) -> bool:
         n = self.options.grad_accum_steps
         return n > 1 and len(batch) >= n
@@ -263,7 +321,7 @@ class Trainer:
     def user_vectors(self, user_keys: np.ndarray, history: np.ndarray) -> np.ndarray:
         """Scoring vectors of users (the user tower, plus the prior's 1: ``model.prior``)."""
         vectors = self._user_vec_fn(
-            tf.constant(user_keys, tf.int64), tf.constant(history, tf.int64)
+            tf.constant(user_keys, tf.int64), tf.constant(self._history(history), tf.int64)
         ).numpy()
         return user_scoring_vectors(vectors, self.config.prior_weight)
 
@@ -317,6 +375,8 @@ class Trainer:
             (self.model.items, self.opt_item, self.options.max_item_rows),
         ):
             removed += self.model.evict(table, cap, self._slot_tables(opt, table))
+        if removed and self.negatives.count:
+            self.negatives.reset(self.model.known_rows(self.model.items)[0])
         return removed
 
     @staticmethod

@@ -411,7 +411,8 @@ def build_service(
     config = model_config or ModelConfig(
         embedding_dim=tcfg.embedding_dim,
         user_layers=(2 * tcfg.embedding_dim, tcfg.embedding_dim),
-        history_len=settings.features.history_len,
+        # the model's own window of the (longer) point-in-time history it is sent
+        history_len=min(ModelConfig.history_len, settings.features.history_len),
         seed=tcfg.seed,
     )
     opts = options or TrainOptions(batch_size=tcfg.batch_size, learning_rate=tcfg.learning_rate)

@@ -43,7 +43,7 @@ def register(sub: Any) -> None:
         "--python-mode",
         choices=("thread", "process"),
         default="thread",
-        help="Python operators in the TaskManager's JVM (thread; default: ~5x less CPU per "
+        help="Python operators in the TaskManager's JVM (thread; default: ~7x less CPU per "
         "event; the cluster `streamrec up` starts has flink-python on its classpath for it) or "
         "in separate worker processes (process)",
     )

@@ -102,6 +102,49 @@ def test_writer_rejects_inconsistent_input(tmp_path: Path) -> None:
         make(tmp_path / "c", manifest_extra={"version": "x"})
 
 
+def test_score_bias_appends_one_after_normalisation_format_2(tmp_path: Path) -> None:
+    rng = np.random.default_rng(1)
+    args = make(tmp_path / "a", item_vectors=rng.normal(size=(50, 9)), score_bias=True)
+    art = load_artifact(tmp_path / "a")
+    assert art.manifest["format_version"] == 2 and art.score_bias and art.dim == 9
+    got = art.user_vectors(["u1", "stranger"], [["i3"], []])
+    for row, (user, hist) in zip(got, [("u1", ["i3"]), ("stranger", [])], strict=True):
+        want = np.append(reference_tower(args, user, hist), 1.0)
+        np.testing.assert_allclose(row, want, rtol=1e-4, atol=1e-5)
+    scores = art.item_vectors @ got[0]
+    np.testing.assert_allclose(
+        scores, art.item_vectors[:, :8] @ got[0, :8] + art.item_vectors[:, 8], rtol=1e-5, atol=1e-5
+    )
+    with pytest.raises(ArtifactError, match="tower outputs"):
+        make(tmp_path / "b", score_bias=True)  # 8 tower dims + 1 != 8 item dims
+
+
+def test_history_window_pools_only_the_most_recent_items(tmp_path: Path) -> None:
+    args = make(tmp_path / "a", history_len=2)
+    art = load_artifact(tmp_path / "a")
+    assert art.manifest["format_version"] == 2 and art.history_len == 2
+    hist = ["i3", "unknown", "i7", "i9"]  # most recent first: the window is i3, unknown
+    got = art.user_vectors(["u1"], [hist])[0]
+    np.testing.assert_allclose(got, reference_tower(args, "u1", hist[:2]), rtol=1e-4, atol=1e-5)
+    assert not np.allclose(got, reference_tower(args, "u1", hist), atol=1e-3)
+    with pytest.raises(ArtifactError, match="history_len"):
+        make(tmp_path / "b", history_len=0)
+
+
+def test_format_versions(tmp_path: Path) -> None:
+    make(tmp_path / "a")
+    manifest = json.loads((tmp_path / "a" / "manifest.json").read_text())
+    assert manifest["format_version"] == 1 and "score_bias" not in manifest
+    assert not load_artifact(tmp_path / "a").score_bias
+    bad_cases = [(1, {"score_bias": True}), (3, {}), (2, {"score_bias": "yes"}),
+                 (1, {"history_len": 5}), (2, {"history_len": 0}), (2, {"history_len": 2.5})]
+    for version, fields in bad_cases:
+        bad = dict(manifest, format_version=version, **fields)
+        (tmp_path / "a" / "manifest.json").write_text(json.dumps(bad))
+        with pytest.raises(ArtifactError):
+            load_artifact(tmp_path / "a")
+
+
 def test_natural_order() -> None:
     assert sorted(["v10", "v2", "v1"], key=natural_key) == ["v1", "v2", "v10"]
 

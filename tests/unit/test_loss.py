@@ -93,3 +93,45 @@ def test_frequency_estimator_hashes_negative_keys_into_range() -> None:
     est.update(keys)
     assert np.isfinite(est.log_q(keys).numpy()).all()
     assert int((est.last_step.numpy() > 0).sum()) == 3
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.1])
+def test_mixed_negatives_and_own_user_mask_match_numpy_reference(temperature: float) -> None:
+    rng = np.random.default_rng(7)
+    u, v, keys, log_q, w = _batch(rng)
+    users = rng.integers(0, 3, size=keys.size).astype(np.int64)
+    neg_v = rng.normal(size=(9, u.shape[1])).astype(np.float32)
+    neg_keys = np.concatenate([keys[:2], rng.integers(10, 20, size=7)]).astype(np.int64)
+    neg_lq = np.full(9, np.log(9 / 40), np.float32)
+    valid = np.array([True] * 8 + [False])
+    extra = dict(user_keys=users, neg_vecs=neg_v, neg_keys=neg_keys, neg_log_q=neg_lq, neg_valid=valid)
+    got = float(in_batch_softmax_loss(u, v, keys, log_q, w, temperature, **extra))
+    want = in_batch_softmax_loss_np(u, v, keys, log_q, w, temperature, **extra)
+    assert got == pytest.approx(want, rel=1e-4)
+    # Each part changes the loss: the negatives add terms, the mask removes some.
+    plain = in_batch_softmax_loss_np(u, v, keys, log_q, w, temperature)
+    assert want != pytest.approx(plain, rel=1e-3)
+    masked_only = in_batch_softmax_loss_np(u, v, keys, log_q, w, temperature, user_keys=users)
+    assert masked_only < plain
+
+
+def test_sampled_negative_equal_to_the_positive_or_invalid_is_ignored() -> None:
+    u, v, keys, log_q, w = _batch(np.random.default_rng(2))
+    base = float(in_batch_softmax_loss(u, v, keys, log_q, w))
+    big = np.full((2, u.shape[1]), 50.0, np.float32)  # would dominate every row if counted
+    lq = np.zeros(2, np.float32)
+    all_hits = float(
+        in_batch_softmax_loss(
+            u, v, keys, log_q, w, neg_vecs=big, neg_keys=np.array([99, 98]),
+            neg_log_q=lq, neg_valid=np.array([False, False]),
+        )
+    )
+    assert all_hits == pytest.approx(base, rel=1e-5)
+    same = np.full(keys.size, keys[0])
+    one_row = float(
+        in_batch_softmax_loss(
+            u[:1], v[:1], keys[:1], log_q[:1], w[:1], neg_vecs=big[:1], neg_keys=same[:1],
+            neg_log_q=lq[:1],
+        )
+    )
+    assert one_row == pytest.approx(0.0, abs=1e-6)

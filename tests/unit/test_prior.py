@@ -7,6 +7,7 @@ import pytest
 
 from model.prior import (
     check_exportable,
+    export_fields,
     exported_layers,
     item_scoring_vectors,
     user_scoring_vectors,
@@ -57,3 +58,46 @@ def test_export_of_the_prior_needs_an_unnormalised_user_vector() -> None:
         check_exportable(1.0, normalized_user=True)
     check_exportable(1.0, normalized_user=False)
     check_exportable(0.0, normalized_user=True)
+
+
+def test_export_fields_append_the_constant_after_normalisation(tmp_path) -> None:
+    """Served score of the exported artifact == tower/T . item + W * log q (normalised user)."""
+    from feature_store.ids import item_keys
+    from model.artifact import load_artifact, write_artifact
+
+    rng = np.random.default_rng(5)
+    layers = [
+        (rng.normal(size=(6, 5)).astype(np.float32), rng.normal(size=5).astype(np.float32), "relu"),
+        (rng.normal(size=(5, 3)).astype(np.float32), rng.normal(size=3).astype(np.float32), "linear"),
+    ]
+    items = [f"i{i}" for i in range(7)]
+    tower_items = rng.normal(size=(7, 3)).astype(np.float32)
+    log_q = np.log(rng.uniform(1e-4, 0.5, size=7)).astype(np.float32)
+    default = rng.normal(size=3).astype(np.float32)
+    write_artifact(
+        tmp_path,
+        version="v1",
+        item_ids=items,
+        item_vectors=item_scoring_vectors(tower_items, log_q, 0.05, 5.0),
+        item_hist_keys=item_keys(items),
+        item_hist_rows=rng.normal(size=(7, 3)),
+        user_keys=np.zeros(0, np.int64),
+        user_rows=np.zeros((0, 3)),
+        default_user_row=default,
+        **export_fields(layers, 5.0, normalize_user_vector=True),
+    )
+    art = load_artifact(tmp_path)
+    assert art.manifest["format_version"] == 2 and art.score_bias
+    served = art.item_vectors @ art.user_vectors(["u"], [["i1", "i2"]])[0]
+    x = np.concatenate([default, art.item_hist_rows[np.searchsorted(art.item_hist_keys, item_keys(["i1", "i2"]))].mean(0)])
+    for w, b, act in layers:
+        x = x @ w + b
+        x = np.maximum(x, 0.0) if act == "relu" else x
+    x = x / np.linalg.norm(x)
+    np.testing.assert_allclose(served, tower_items @ x / 0.05 + 5.0 * log_q, rtol=1e-4, atol=1e-3)
+
+
+def test_export_fields_without_prior_write_format_1() -> None:
+    fields = export_fields([], 0.0, normalize_user_vector=True)
+    assert fields["score_bias"] is False and fields["normalize"] is True
+    assert fields["history_len"] is None

@@ -157,9 +157,9 @@ def test_frozen_history_rows_learn_only_as_targets() -> None:
         history=rng.integers(201, 241, size=(b, HIST)).astype(np.int64),  # never a target
         weights=np.ones(b, np.float32),
     )
-    trainer = Trainer(
-        replace(CFG, train_history=False), TrainOptions(eval_rows=0, learning_rate=0.2), tag="frozen"
-    )
+    # No sampled negatives: those would move history rows too (as negatives, by design).
+    opts = TrainOptions(eval_rows=0, learning_rate=0.2, sampled_negatives=0)
+    trainer = Trainer(replace(CFG, train_history=False), opts, tag="frozen")
     _seed_state(trainer, batch)
     before = _table(trainer, "item")
     trainer.train_step(batch)
@@ -270,3 +270,31 @@ def test_deduplicated_step_equals_the_reference_step(train_history: bool) -> Non
     after = _table(trainers[1], "item")
     assert max(np.abs(after[k] - before[k]).max() for k in before) > 1e-3  # it trained
     assert unknown not in after
+
+
+def test_sampled_negatives_are_trained_and_repeats_count_once() -> None:
+    batches = _batches(2, 24, seed=5)
+    opts = TrainOptions(eval_rows=0, learning_rate=0.3, sampled_negatives=8)
+    trainer = Trainer(CFG, opts, tag="negs")
+    trainer.train_step(batches[0])
+    corpus = set(trainer.negatives.keys.tolist())
+    assert corpus == set(np.unique(batches[0].item_keys).tolist())
+    # Only items outside the second batch: rows that move were sampled negatives.
+    outside = corpus - set(batches[1].item_keys.tolist()) - set(batches[1].history.ravel().tolist())
+    assert outside
+    before = {k: v for k, v in _table(trainer, "item").items() if k in outside}
+    probe = tf.constant(sorted(corpus), tf.int64)
+    q_before = trainer.freq.log_q(probe).numpy()
+    trainer.train_step(batches[1])
+    q_counted = trainer.freq.log_q(probe).numpy()
+    trainer.train_step(batches[1], count=False)
+    np.testing.assert_array_equal(trainer.freq.log_q(probe).numpy(), q_counted)
+    assert not np.array_equal(q_before, q_counted)
+    after = _table(trainer, "item")
+    assert max(np.abs(after[k] - before[k]).max() for k in before) > 1e-4
+    without = Trainer(CFG, replace(opts, sampled_negatives=0), tag="nonegs")
+    without.train_step(batches[0])
+    rows0 = {k: v for k, v in _table(without, "item").items() if k in outside}
+    without.train_step(batches[1])
+    rows1 = _table(without, "item")
+    assert max(np.abs(rows1[k] - rows0[k]).max() for k in rows0) == 0.0
