@@ -44,6 +44,16 @@ class Component:
     oneshot: bool = False
 
 
+
+def kafka_cluster_id(random_bytes: Callable[[], bytes] = lambda: uuid.uuid4().bytes) -> str:
+    """A KRaft cluster id: 16 random bytes, URL-safe base64 without padding. Like Kafka's own
+    ``Uuid.randomUuid``, never one starting with ``-``: the storage tool's argument parser
+    would read it as an option ("argument --cluster-id/-t: expected one argument")."""
+    while True:
+        cluster_id = base64.urlsafe_b64encode(random_bytes()).decode().rstrip("=")
+        if not cluster_id.startswith("-"):
+            return cluster_id
+
 def http_ok(url: str, timeout_s: float = 2.0) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=timeout_s) as resp:  # noqa: S310 - loopback
@@ -138,7 +148,7 @@ def kafka_component(s: Settings, run_dir: Path) -> Component:
             "logger.state.level = WARN\n"
         )
         if not (data / "meta.properties").exists():
-            cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+            cluster_id = kafka_cluster_id()
             result = subprocess.run(
                 [java, *_kafka_jvm_args(), "kafka.tools.StorageTool", "format",
                  "-t", cluster_id, "-c", str(props)],

@@ -99,22 +99,32 @@ def dlq_record(
 
 
 def broker_ready(kafka: KafkaSettings, timeout_s: float = 3.0) -> bool:
-    """True if the broker answers a metadata request within ``timeout_s``."""
+    """True if the broker answers a metadata request within ``timeout_s``.
+
+    A probe: "connection refused" is an expected answer here, so kafka-python's own error
+    logging is silenced while it runs (``streamrec status`` with Kafka down prints a table,
+    not a page of connection errors)."""
     from kafka import KafkaConsumer
     from kafka.errors import KafkaError
 
+    kafka_log = logging.getLogger("kafka")
+    level = kafka_log.level
+    kafka_log.setLevel(logging.CRITICAL)
     try:
-        consumer = KafkaConsumer(
-            bootstrap_servers=kafka.bootstrap,
-            request_timeout_ms=int(timeout_s * 1000) + 1000,
-            connections_max_idle_ms=int(timeout_s * 1000) + 5000,
-            enable_auto_commit=False,
-        )
-    except KafkaError:
-        return False
-    try:
-        return consumer.topics() is not None
-    except KafkaError:
-        return False
+        try:
+            consumer = KafkaConsumer(
+                bootstrap_servers=kafka.bootstrap,
+                request_timeout_ms=int(timeout_s * 1000) + 1000,
+                connections_max_idle_ms=int(timeout_s * 1000) + 5000,
+                enable_auto_commit=False,
+            )
+        except KafkaError:
+            return False
+        try:
+            return consumer.topics() is not None
+        except KafkaError:
+            return False
+        finally:
+            consumer.close()
     finally:
-        consumer.close()
+        kafka_log.setLevel(level)

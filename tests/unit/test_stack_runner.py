@@ -94,3 +94,13 @@ def test_readiness_deadline_names_the_log(tmp_path: Path) -> None:
                    interval_s=0.05)
     assert time.monotonic() - t0 < 10
     assert "line two" in str(info.value) and str(log) in str(info.value)
+
+
+def test_kafka_cluster_id_never_starts_with_a_dash() -> None:
+    from deploy.components import kafka_cluster_id
+
+    # 0xf8.. encodes to "-" first in URL-safe base64; the id must skip such draws
+    draws = iter([b"\xf8" + bytes(15), b"\xf8" + bytes(15), b"\x10" * 16])
+    cluster_id = kafka_cluster_id(lambda: next(draws))
+    assert cluster_id == "EBAQEBAQEBAQEBAQEBAQEA"
+    assert len(kafka_cluster_id()) == 22
