@@ -12,8 +12,9 @@ published every ``--swap-every`` seconds (errors counted).
                           [--json FILE]
 
 JSON: a list with one object per run: concurrency, items, p50_ms, p99_ms, rps, errors,
-swapping (plus requests, non_model answers, versions swapped in during the run and the
-machine's 1-minute load average at its end: the figures are only comparable at equal load).
+swapping, workers (plus requests, non_model answers, versions swapped in during the run —
+with several workers, as counted by the one answering /metrics — and the machine's 1-minute
+load average at its end: the figures are only comparable at equal load).
 """
 
 from __future__ import annotations
@@ -231,7 +232,7 @@ def _run_items(n_items: int, concurrencies: list[int], duration: float, swap_eve
                 if swapping:
                     swapper.join()
                 row = json.loads(out.stdout)
-                row.update(items=n_items, swapping=swapping,
+                row.update(items=n_items, swapping=swapping, workers=workers,
                            swaps=_swaps(httpx, url) - swaps_before,
                            loadavg_1m=round(os.getloadavg()[0], 2))
                 print(f"items={n_items:>6} c={c:>2} swapping={swapping!s:5} "
@@ -289,7 +290,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--concurrency", default="1,16,64")
     p.add_argument("--duration", type=float, default=10.0, help="measured seconds per run")
     p.add_argument("--swap-every", type=float, default=5.0)
-    p.add_argument("--workers", type=int, default=1, help="streamrec serve --workers")
+    p.add_argument("--workers", type=int, default=1,
+                   help="streamrec serve --workers (2 = one per core on the 2-core machine)")
     p.add_argument("--json", type=Path, help="write the results here")
     a = p.parse_args(argv)
     logging.getLogger("httpx").setLevel(logging.WARNING)

@@ -132,6 +132,12 @@ class ServingSettings(BaseModel):
     poll_interval_s: float = Field(5.0, description="Backup check of the CURRENT pointer.")
     admin_token: SecretStr | None = Field(None, description="Token for pin/rollback.")
     max_body_bytes: int = Field(64 * 1024, description="Largest request body (413 beyond).")
+    workers: int = Field(
+        1,
+        ge=1,
+        description="Worker processes of `streamrec serve` (one per core for the lowest tail "
+        "latency; each loads and swaps versions itself, and /metrics is per worker).",
+    )
 
 
 class Settings(BaseSettings):

@@ -20,8 +20,9 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--host", help="bind address (default: serving.host)")
     p.add_argument("--port", type=int, help="port (default: serving.port)")
-    p.add_argument("--workers", type=int, default=1,
-                   help="worker processes (each loads and swaps versions on its own)")
+    p.add_argument("--workers", type=int, default=None,
+                   help="worker processes, e.g. one per core (default: serving.workers = 1); "
+                   "each loads and swaps versions on its own and answers /metrics for itself")
     p.add_argument("--log-level", default="warning", help="uvicorn access/error log level")
     p.set_defaults(func=_serve)
 
@@ -33,11 +34,12 @@ def _serve(args: argparse.Namespace) -> int:
     from serving.app import create_app
 
     settings = load_settings()
-    target: Any = create_app(settings) if args.workers == 1 else "serving.cli:app_factory"
+    workers = args.workers or settings.serving.workers
+    target: Any = create_app(settings) if workers == 1 else "serving.cli:app_factory"
     uvicorn.run(
         target,
-        factory=args.workers > 1,
-        workers=args.workers,
+        factory=workers > 1,
+        workers=workers,
         host=args.host or settings.serving.host,
         port=args.port or settings.serving.port,
         loop="uvloop",
