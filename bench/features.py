@@ -45,6 +45,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from deploy.process import cpu_seconds  # noqa: E402
 from feature_store.settings import Settings, load_settings  # noqa: E402
 
 T0 = 1_750_000_000_000
@@ -131,22 +132,6 @@ def _kill_job(proc: subprocess.Popen[bytes]) -> None:
             continue
 
 
-def _group_cpu_s(pgid: int) -> float:
-    """CPU seconds (user + system) used so far by the processes of process group ``pgid``."""
-    tick = os.sysconf("SC_CLK_TCK")
-    total = 0
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid:  # fields after "(comm)": state ppid pgrp ...
-            total += int(fields[11]) + int(fields[12])
-    return total / tick
-
-
 def _wait(predicate: Any, timeout_s: float, what: str, interval_s: float = 0.05,
           job: subprocess.Popen[bytes] | None = None) -> float:
     from feature_store.store import OnlineStoreError
@@ -195,10 +180,10 @@ def throughput(base: Settings, n: int, parallelism: int, mode: str, log: Path) -
     try:
         first = _wait(lambda: any(store.client.scan_iter(match=f"{s.redis.key_prefix}u:*", count=100)),
                       180, "the first feature", job=proc)
-        cpu_first = _group_cpu_s(proc.pid)
+        cpu_first = cpu_seconds(proc.pid, group=True)
         done = _wait(lambda: all(store.read_users(sentinels)), 1800, "every sentinel", 0.2,
                      job=proc)
-        cpu = _group_cpu_s(proc.pid) - cpu_first
+        cpu = cpu_seconds(proc.pid, group=True) - cpu_first
     finally:
         _stop_job(proc)
         store.close()
@@ -258,7 +243,7 @@ def sql_counts(base: Settings, n: int, parallelism: int, log: Path) -> dict[str,
                             stderr=subprocess.STDOUT, start_new_session=True)
     cpu = 0.0
     while proc.poll() is None:
-        cpu = max(cpu, _group_cpu_s(proc.pid))
+        cpu = max(cpu, cpu_seconds(proc.pid, group=True))
         time.sleep(0.2)
     seconds = time.monotonic() - started
     if proc.returncode != 0:

@@ -25,6 +25,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from deploy.process import cpu_seconds
+
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_RATINGS = REPO.parent / "shared" / "data" / "ml-latest-small" / "ratings.csv"
 
@@ -125,30 +127,13 @@ def _start_server(port: int, env: dict[str, str], workers: int) -> subprocess.Po
     raise RuntimeError("ingest-api did not become healthy within 60 s")
 
 
-def _cpu_seconds(root: int) -> float:
-    """CPU time (user + system) of ``root`` and its child processes (uvicorn workers)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    total = 0.0
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        pid, ppid = int(entry.name), int(fields[1])
-        if pid == root or ppid == root:
-            total += (int(fields[11]) + int(fields[12])) / tick
-    return total
-
-
 def _measure(
     url: str, bodies: list[bytes], concurrency: int, server_pid: int
 ) -> tuple[float, int, dict[int, int], float]:
     """Run one load phase; returns (seconds, events, statuses, server CPU µs per event)."""
-    cpu0 = _cpu_seconds(server_pid)
+    cpu0 = cpu_seconds(server_pid)
     secs, ok, statuses = asyncio.run(_post_all(url, bodies, concurrency))
-    cpu = _cpu_seconds(server_pid) - cpu0
+    cpu = cpu_seconds(server_pid) - cpu0
     return secs, ok, statuses, (cpu / ok * 1e6 if ok else 0.0)
 
 

@@ -72,6 +72,26 @@ def is_ours(record: PidRecord | None) -> bool:
     return state != "Z"
 
 
+def cpu_seconds(pid: int, *, group: bool = False) -> float:
+    """CPU seconds (user + system) used so far by ``pid`` and its direct children (e.g. a
+    server's worker processes), or with ``group`` by every process of process group ``pid``.
+    Linux ``/proc`` only; processes that exit meanwhile are skipped."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        # fields after "(comm)": state ppid pgrp ... utime (11) stime (12)
+        ppid, pgrp = int(fields[1]), int(fields[2])
+        if (pgrp == pid) if group else (int(entry.name) == pid or ppid == pid):
+            total += int(fields[11]) + int(fields[12])
+    return total / tick
+
+
 def port_in_use(host: str, port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.settimeout(0.5)

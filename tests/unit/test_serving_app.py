@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -310,23 +310,25 @@ def test_watcher_swaps_on_message_and_on_periodic_check(tmp_path: Path) -> None:
     publish(reg, "v1")
     pubsub = FakePubSub([])
 
-    async def scenario(poll_s: float, announce: bool, polls: int = 300) -> str | None:
+    async def until(predicate: Callable[[], bool], timeout_s: float) -> None:
+        """Poll ``predicate`` until it holds or ``timeout_s`` has passed (no error: the
+        caller asserts on the state it finds)."""
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while not predicate() and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.01)
+
+    async def scenario(poll_s: float, announce: bool, wait_s: float = 30.0) -> str | None:
         loader = ModelLoader(reg, ServingMetrics(), lambda: NOW, poll_interval_s=poll_s)
         tasks = [asyncio.create_task(loader.watch()),
                  asyncio.create_task(loader.listen(lambda: FakeAsyncRedis(pubsub)))]
         try:
-            for _ in range(200):
-                if loader.current is not None:
-                    break
-                await asyncio.sleep(0.01)
+            await until(lambda: loader.current is not None, 30.0)
             version = f"v{len(reg.versions()) + 1}"
             publish(reg, version)
             if announce:
                 pubsub.messages.append({"type": "message", "data": version.encode()})
-            for _ in range(polls):
-                if loader.current is not None and loader.current.version == version:
-                    break
-                await asyncio.sleep(0.01)
+            await until(lambda: loader.current is not None and loader.current.version == version,
+                        wait_s)
             return loader.current.version if loader.current else None
         finally:
             for t in tasks:
@@ -337,7 +339,7 @@ def test_watcher_swaps_on_message_and_on_periodic_check(tmp_path: Path) -> None:
     assert pubsub.channels == ["p:model:tt:published"]
     assert asyncio.run(scenario(poll_s=0.05, announce=False)) == "v3"
     # without a message, v4 waits for the next periodic check (60 s away)
-    assert asyncio.run(scenario(poll_s=60.0, announce=False, polls=30)) == "v3"
+    assert asyncio.run(scenario(poll_s=60.0, announce=False, wait_s=0.5)) == "v3"
 
 
 def test_internal_failure_still_answers(env) -> None:

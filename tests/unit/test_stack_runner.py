@@ -104,3 +104,19 @@ def test_kafka_cluster_id_never_starts_with_a_dash() -> None:
     cluster_id = kafka_cluster_id(lambda: next(draws))
     assert cluster_id == "EBAQEBAQEBAQEBAQEBAQEA"
     assert len(kafka_cluster_id()) == 22
+
+
+def test_cpu_seconds_counts_a_process_and_its_group() -> None:
+    import subprocess
+    import sys
+
+    from deploy.process import cpu_seconds
+    from tests.support import stop_process, wait_until
+
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
+    try:
+        wait_until(lambda: cpu_seconds(busy.pid) >= 0.3, 30, "the busy process to use CPU")
+        assert cpu_seconds(busy.pid, group=True) >= 0.3  # its own session: pgid == pid
+        assert cpu_seconds(busy.pid + 10_000_000) == 0.0  # no such process
+    finally:
+        stop_process(busy)
