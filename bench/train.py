@@ -13,7 +13,8 @@ size, and model freshness.
 * e2e: ``--e2e-samples`` samples pre-produced to a fresh topic of the Kafka in the settings
   (``STREAMREC_KAFKA__PORT``), then the trainer service (decode, evaluate 128 rows/batch,
   train, checkpoint + export at the default cadence) drains them; rate = samples / wall time
-  of ``run()`` (the step is traced before the clock starts).
+  of ``run()`` (the step is traced before the clock starts). ``--e2e-consumer
+  confluent,kafka-python --e2e-rounds 3`` times both samples consumers in alternating order.
 * export: tables filled with N users and N items (random rows), time to write the artifact
   (``model.export.write_version``), its size on disk, and the time to load and verify it
   (``model.artifact.load_artifact``, what serving does).
@@ -26,7 +27,8 @@ JSON keys: ``step_examples_per_s`` (batch 512), ``step_examples_per_s_by_batch``
 ``step_examples_per_s_frozen_history``, ``step_compare_512`` (with ``--compare-rounds``: the
 deduplicated and the reference step, median and rounds) (and ``*_per_cpu_s*``: examples per CPU second of the
 process, steadier than wall time on a shared machine), ``e2e_examples_per_s`` (and
-``e2e_examples_per_cpu_s``), ``export`` (list),
+``e2e_examples_per_cpu_s``; ``e2e_by_consumer`` with several consumers or rounds),
+``export`` (list),
 ``model_freshness_s`` {p50, p95, n}, ``load_avg`` (the machine is shared: read figures with it).
 """
 
@@ -124,14 +126,14 @@ def _settings(root: Path) -> Any:
             "samples_topic": f"{uid}.samples", "dlq_topic": f"{uid}.events.dlq",
         }),
         "trainer": base.trainer.model_copy(update={
-            "registry_dir": root / "models", "checkpoint_dir": root / "ckpt",
+            "registry_dir": root / uid / "models", "checkpoint_dir": root / uid / "ckpt",
         }),
     })
     ensure_topics(s.kafka, [s.kafka.samples_topic, s.kafka.dlq_topic])
     return s
 
 
-def _service(settings: Any) -> Any:
+def _service(settings: Any, consumer: str = "auto") -> Any:
     from model.trainer import TrainOptions
     from model.trainer_loop import LoopOptions, build_service
     from model.two_tower import ModelConfig
@@ -141,7 +143,8 @@ def _service(settings: Any) -> Any:
         ModelConfig(history_len=HIST),
         TrainOptions(batch_size=settings.trainer.batch_size),
         LoopOptions(export_every_s=settings.trainer.export_every_s,
-                    export_every_samples=settings.trainer.export_every_samples),
+                    export_every_samples=settings.trainer.export_every_samples,
+                    consumer=consumer),
         clock=lambda: datetime.now(UTC),
     )
     warm = _batches(2, settings.trainer.batch_size, seed=99)
@@ -150,8 +153,9 @@ def _service(settings: Any) -> Any:
     return service
 
 
-def bench_e2e(n: int, root: Path) -> tuple[float, float]:
-    """(examples per wall second, examples per CPU second of this process) of ``run()``."""
+def bench_e2e(n: int, root: Path, consumer: str = "auto") -> tuple[float, float]:
+    """(examples per wall second, examples per CPU second of this process) of ``run()``,
+    with the samples consumer ``consumer`` (``LoopOptions.consumer``)."""
     from model.samples import encode_sample
     from model.synthetic import SyntheticConfig, SyntheticStream
     from stream.kafka_io import make_producer
@@ -164,7 +168,7 @@ def bench_e2e(n: int, root: Path) -> tuple[float, float]:
         producer.send(settings.kafka.samples_topic, key=s.user_id.encode(), value=encode_sample(s))
     producer.flush(timeout=300)
     producer.close()
-    service = _service(settings)
+    service = _service(settings, consumer)
     service.loop = replace(service.loop, max_samples=n)
     started, cpu = time.perf_counter(), time.process_time()
     state = service.run()
@@ -280,6 +284,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--step-seconds", type=float, default=4.0)
     parser.add_argument("--e2e-samples", type=int, default=100_000)
     parser.add_argument("--export-ids", default="100000,1000000")
+    parser.add_argument("--e2e-consumer", default="auto",
+                        help="comma list of samples consumers (LoopOptions.consumer: auto, "
+                             "confluent, kafka-python) timed in alternating order; the JSON "
+                             "e2e figures are the first one's")
+    parser.add_argument("--e2e-rounds", type=int, default=1,
+                        help="rounds of the e2e run per consumer (medians reported)")
     parser.add_argument("--freshness-s", type=float, default=75.0)
     parser.add_argument("--freshness-rate", type=float, default=2000.0)
     parser.add_argument("--skip", default="", help="comma list of step,e2e,export,freshness")
@@ -311,10 +321,23 @@ def main(argv: list[str] | None = None) -> int:
             for name, fig in cmp.items():
                 print(f"step batch 512 {name}: median {fig['median']:,} examples/s, rounds {fig['runs']}")
         if "e2e" not in skip:
-            wall, cpu = bench_e2e(args.e2e_samples, root)
-            result["e2e_examples_per_s"] = round(wall)
-            result["e2e_examples_per_cpu_s"] = round(cpu)
-            print(f"end to end from Kafka: {wall:,.0f} examples/s ({cpu:,.0f} per CPU second)")
+            consumers = args.e2e_consumer.split(",")
+            runs: dict[str, list[tuple[float, float]]] = {c: [] for c in consumers}
+            for r in range(args.e2e_rounds):
+                for c in consumers if r % 2 == 0 else consumers[::-1]:
+                    wall, cpu = bench_e2e(args.e2e_samples, root, c)
+                    runs[c].append((wall, cpu))
+                    print(f"end to end from Kafka ({c}): {wall:,.0f} examples/s "
+                          f"({cpu:,.0f} per CPU second), load {os.getloadavg()[0]:.2f}")
+            by = {c: {"median": round(float(np.median([w for w, _ in v]))),
+                      "median_per_cpu_s": round(float(np.median([x for _, x in v]))),
+                      "runs": [round(w) for w, _ in v], "runs_per_cpu_s": [round(x) for _, x in v]}
+                  for c, v in runs.items()}
+            first = by[consumers[0]]
+            result["e2e_examples_per_s"] = first["median"]
+            result["e2e_examples_per_cpu_s"] = first["median_per_cpu_s"]
+            if len(consumers) > 1 or args.e2e_rounds > 1:
+                result["e2e_by_consumer"] = by
         if "export" not in skip:
             result["export"] = []
             for n in (int(x) for x in args.export_ids.split(",")):
