@@ -19,28 +19,34 @@ Layout of one version directory ``<registry_dir>/<model_name>/<version>/`` (form
 User tower (exactly what :meth:`ServingArtifact.user_vectors` computes)::
 
     h = history[:manifest["history_len"]]  (most recent first; format 2, absent = all of it)
+    K = the entries of h the model knows (in item_hist_keys), at positions p_k of h
     x = concat(user_row(user_key) or default_user_row,
-               mean(item_hist_rows of the items of h the model knows) or zeros(e_h))
+               sum_k w_k * item_hist_rows[K_k] or zeros(e_h),
+               item_hist_rows[K_0] or zeros(e_h))                  (only with last_item)
+    w_k = d ** p_k / sum_j d ** p_j,  d = manifest["history_decay"]  (1 = the plain mean)
     for each layer i:  x = act_i(x @ W_i + b_i)         act_i in {"relu", "linear"}
     if manifest["normalize"]:  x = x / max(||x||_2, 1e-12)
     if manifest["score_bias"]: x = concat(x, [1])                    (format 2 only)
 
-so ``in_0 == e_u + e_h`` and the last ``out`` equals ``d`` (with no layers, ``e_u + e_h == d``),
+(``model.pooling``) so ``in_0 == e_u + e_h`` (``e_u + 2 e_h`` with ``last_item``) and the last ``out`` equals ``d`` (with no layers, ``e_u + e_h == d``),
 or ``d - 1`` with ``score_bias``. Scores are ``item_vectors @ x``: with ``score_bias`` the last
 column of ``item_vectors`` is an additive per-item score (e.g. the popularity prior of
 ``model.prior``), which the constant 1 appended *after* the normalisation adds unscaled.
 
-Format versions: 2 adds ``score_bias`` and ``history_len``; the writer writes 2 only when
-one of them is set (an artifact without them stays format 1, readable by format-1 readers);
-the reader reads both.
+Format versions: 2 adds ``score_bias`` and ``history_len``; 3 adds ``history_decay`` and
+``last_item``. The writer writes the lowest version that expresses the artifact (without
+the format-2 keys it stays format 1, without the format-3 keys format 2, each readable by
+older readers); the reader reads all three.
 
 ``manifest.json``::
 
-    {"format": "streamrec-artifact", "format_version": 1 | 2,
+    {"format": "streamrec-artifact", "format_version": 1 | 2 | 3,
      "version": str, "created_at": RFC 3339 UTC str | null,
      "normalize": bool,
      "score_bias": bool,                  (format 2; absent = false)
      "history_len": int,                  (format 2; absent = the whole history)
+     "history_decay": float in (0, 1],    (format 3; absent = 1, the plain mean)
+     "last_item": bool,                   (format 3; absent = false)
      "dims": {"items": N, "d": d, "hist_items": H, "hist_dim": e_h, "users": U, "user_dim": e_u},
      "layers": [{"w": "layer_0_w.npy", "b": "layer_0_b.npy", "activation": "relu"}, ...],
      "files": {"<name>.npy": {"sha256": hex, "bytes": int, "shape": [...], "dtype": str}, ...},
@@ -70,26 +76,27 @@ from typing import Any
 import numpy as np
 
 from feature_store.ids import item_keys, user_key
+from model.artifact_manifest import (
+    ACTIVATIONS,
+    FORMAT,
+    FORMAT_VERSION,
+    MANIFEST,
+    READABLE_VERSIONS,
+    RESERVED,
+    ArtifactError,
+    check_dims,
+    format_version,
+    read_manifest,
+)
+from model.pooling import pool_history
 
 log = logging.getLogger(__name__)
 
-FORMAT = "streamrec-artifact"
-FORMAT_VERSION = 2
-#: Versions the reader accepts (see the module doc).
-READABLE_VERSIONS = (1, 2)
-MANIFEST = "manifest.json"
-ACTIVATIONS = ("relu", "linear")
-_RESERVED = frozenset(
-    {
-        "format", "format_version", "version", "created_at", "normalize", "score_bias",
-        "history_len", "dims", "layers", "files",
-    }
-)
+__all__ = [
+    "ACTIVATIONS", "FORMAT", "FORMAT_VERSION", "MANIFEST", "READABLE_VERSIONS", "ArtifactError",
+    "ServingArtifact", "load_artifact", "read_manifest", "write_artifact",
+]
 _CHUNK = 1 << 20
-
-
-class ArtifactError(Exception):
-    """An artifact is missing, malformed, or fails its checksums."""
 
 
 Layer = tuple[np.ndarray, np.ndarray, str]
@@ -130,6 +137,8 @@ def write_artifact(
     normalize: bool = False,
     score_bias: bool = False,
     history_len: int | None = None,
+    history_decay: float = 1.0,
+    last_item: bool = False,
     manifest_extra: Mapping[str, Any] | None = None,
     created_at: datetime | None = None,
 ) -> dict[str, Any]:
@@ -137,7 +146,7 @@ def write_artifact(
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     extra = dict(manifest_extra or {})
-    clash = _RESERVED & extra.keys()
+    clash = RESERVED & extra.keys()
     if clash:
         raise ArtifactError(f"manifest_extra may not set {sorted(clash)}")
     if created_at is not None and created_at.tzinfo is None:
@@ -185,7 +194,7 @@ def write_artifact(
         }
     manifest: dict[str, Any] = {
         "format": FORMAT,
-        "format_version": FORMAT_VERSION if score_bias or history_len is not None else 1,
+        "format_version": format_version(score_bias, history_len, history_decay, last_item),
         "version": version,
         "created_at": created_at.isoformat() if created_at else None,
         "normalize": bool(normalize),
@@ -207,49 +216,15 @@ def write_artifact(
         if history_len < 1:
             raise ArtifactError(f"history_len must be >= 1, got {history_len}")
         manifest["history_len"] = int(history_len)
-    _check_dims(manifest, arrays)
+    if not 0.0 < history_decay <= 1.0:
+        raise ArtifactError(f"history_decay must be in (0, 1], got {history_decay}")
+    if history_decay != 1.0:
+        manifest["history_decay"] = float(history_decay)
+    if last_item:
+        manifest["last_item"] = True
+    check_dims(manifest, arrays)
     (out / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
     log.info("wrote artifact %s (%d items) to %s", version, ids.shape[0], out)
-    return manifest
-
-
-def _check_dims(manifest: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> None:
-    dims = manifest["dims"]
-    width = dims["user_dim"] + dims["hist_dim"]
-    for i, spec in enumerate(manifest["layers"]):
-        w, b = arrays[spec["w"]], arrays[spec["b"]]
-        if w.ndim != 2 or w.shape[0] != width or b.shape != (w.shape[1],):
-            raise ArtifactError(f"layer {i}: W {w.shape} b {b.shape} after width {width}")
-        width = w.shape[1]
-    if manifest.get("score_bias", False):
-        width += 1
-    if width != dims["d"]:
-        raise ArtifactError(f"user tower outputs {width} dims, item vectors have {dims['d']}")
-
-
-def read_manifest(directory: str | Path) -> dict[str, Any]:
-    """Parse and sanity-check ``manifest.json`` (no checksum verification)."""
-    path = Path(directory) / MANIFEST
-    try:
-        manifest = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise ArtifactError(f"cannot read {path}: {exc}") from exc
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise ArtifactError(f"{path}: not a {FORMAT} manifest")
-    version = manifest.get("format_version")
-    if version not in READABLE_VERSIONS:
-        raise ArtifactError(f"{path}: unsupported format_version {version}")
-    bias = manifest.get("score_bias", False)
-    if not isinstance(bias, bool) or (bias and version < 2):
-        raise ArtifactError(f"{path}: score_bias {bias!r} is not valid in format {version}")
-    hist_len = manifest.get("history_len")
-    if hist_len is not None and (
-        version < 2 or isinstance(hist_len, bool) or not isinstance(hist_len, int) or hist_len < 1
-    ):
-        raise ArtifactError(f"{path}: history_len {hist_len!r} is not valid in format {version}")
-    for key in ("version", "dims", "layers", "files"):
-        if key not in manifest:
-            raise ArtifactError(f"{path}: missing {key!r}")
     return manifest
 
 
@@ -275,6 +250,16 @@ class ServingArtifact:
         """Most recent history items the user tower pools (None: all)."""
         value = self.manifest.get("history_len")
         return None if value is None else int(value)
+
+    @property
+    def history_decay(self) -> float:
+        """Recency decay of the history pool (1.0: plain mean; see the module doc)."""
+        return float(self.manifest.get("history_decay", 1.0))
+
+    @property
+    def last_item(self) -> bool:
+        """Whether the most recent known history row is a separate tower input."""
+        return bool(self.manifest.get("last_item", False))
 
     @property
     def score_bias(self) -> bool:
@@ -306,8 +291,9 @@ class ServingArtifact:
         self, user_ids: Sequence[str], histories: Sequence[Sequence[str]]
     ) -> np.ndarray:
         """User tower output, float32 ``[B, d]``; unknown users get the default row, the
-        history (most recent first) is cut to ``history_len`` and the items of it the model
-        does not know are skipped. With ``score_bias`` the last
+        history (most recent first) is cut to ``history_len``, the items of it the model
+        does not know are skipped and the known ones pooled (``model.pooling``: recency
+        weights, optionally the most recent one on its own). With ``score_bias`` the last
         column is the constant 1 that adds each item's bias to its score."""
         if len(user_ids) != len(histories):
             raise ValueError("user_ids and histories differ in length")
@@ -318,15 +304,17 @@ class ServingArtifact:
         urows[:] = self.default_user_row
         if found.any():
             urows[found] = self.user_rows[pos[found]]
-        hrows = np.zeros((b, self.item_hist_rows.shape[1]), np.float32)
-        window = self.history_len
+        inputs = 2 if self.last_item else 1
+        hrows = np.zeros((b, inputs * self.item_hist_rows.shape[1]), np.float32)
+        window, decay = self.history_len, self.history_decay
         for i, hist in enumerate(histories):
             hist = hist[:window] if window is not None else hist
             if not hist:
                 continue
             hpos, hfound = self._lookup(item_keys(hist), self.item_hist_keys)
             if hfound.any():
-                hrows[i] = self.item_hist_rows[hpos[hfound]].mean(axis=0)
+                parts = pool_history(hpos, hfound, self.item_hist_rows, decay, self.last_item)
+                hrows[i] = np.concatenate(parts)
         x = np.concatenate([urows, hrows], axis=1)
         for w, bias, act in self.layers:
             x = x @ w + bias
@@ -381,7 +369,7 @@ def load_artifact(directory: str | Path, *, verify: bool = True) -> ServingArtif
     if missing:
         raise ArtifactError(f"{path}: manifest lacks {sorted(str(m) for m in missing)}")
     try:
-        _check_dims(manifest, arrays)
+        check_dims(manifest, arrays)
     except KeyError as exc:
         raise ArtifactError(f"{path}: dims lack {exc}") from exc
     ids = arrays["item_ids.npy"]

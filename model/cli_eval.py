@@ -63,6 +63,18 @@ def register(sub: Any) -> None:
     g.add_argument("--embedding-dim", type=int, default=None, help="default: trainer setting")
     g.add_argument("--user-layers", default=None, help="e.g. 64,32 (last = embedding dim)")
     g.add_argument("--history-len", type=int, default=None, help="history items the model pools (default: ModelConfig)")
+    g.add_argument(
+        "--history-decay", type=float, default=None,
+        help="recency weight decay of the history pool per position (1 = mean; default: ModelConfig)",
+    )
+    g.add_argument(
+        "--last-item", type=int, choices=(0, 1), default=None,
+        help="1: most recent history item as a separate user-tower input (default: ModelConfig)",
+    )
+    g.add_argument(
+        "--history-grad", type=int, choices=(0, 1), default=None,
+        help="0: history rows learn only as targets/negatives (default: ModelConfig.train_history)",
+    )
     g.add_argument("--admit-after", type=int, default=1)
     g.add_argument("--no-normalize", action="store_true", help="no L2 normalisation")
     g.add_argument("--seed", type=int, default=None, help="default: trainer setting")
@@ -148,6 +160,9 @@ def _config(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
         "embedding_dim": dim,
         "user_layers": [int(x) for x in layers.split(",")],
         "history_len": _default(args.history_len, "history_len"),
+        "history_decay": _default(args.history_decay, "history_decay"),
+        "last_item": bool(_default(args.last_item, "last_item")),
+        "train_history": bool(_default(args.history_grad, "train_history")),
         "admit_after": args.admit_after,
         "normalize": not args.no_normalize,
         "normalize_user": not args.no_normalize_user,
@@ -194,6 +209,9 @@ def _run(args: argparse.Namespace, settings: Any, stream: Any) -> Any:
             embedding_dim=cfg["embedding_dim"],
             user_layers=tuple(cfg["user_layers"]),
             history_len=cfg["history_len"],
+            history_decay=cfg["history_decay"],
+            last_item=cfg["last_item"],
+            train_history=cfg["train_history"],
             temperature=cfg["temperature"],
             normalize=cfg["normalize"],
             admit_after=cfg["admit_after"],

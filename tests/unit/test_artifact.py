@@ -44,10 +44,16 @@ def reference_tower(args: dict, user: str, history: list[str]) -> np.ndarray:
     key = user_key(user)
     urow = args["user_rows"][keys.index(key)] if key in keys else args["default_user_row"]
     hist_keys = [int(k) for k in args["item_hist_keys"]]
-    rows = [args["item_hist_rows"][hist_keys.index(int(item_keys([h])[0]))]
-            for h in history if int(item_keys([h])[0]) in hist_keys]
-    hrow = np.mean(rows, axis=0) if rows else np.zeros(args["item_hist_rows"].shape[1])
-    x = np.concatenate([urow, hrow])
+    decay = args.get("history_decay", 1.0)
+    known = [(pos, args["item_hist_rows"][hist_keys.index(int(item_keys([h])[0]))])
+             for pos, h in enumerate(history) if int(item_keys([h])[0]) in hist_keys]
+    zeros = np.zeros(args["item_hist_rows"].shape[1])
+    total = sum(decay**pos for pos, _ in known)
+    hrow = sum((decay**pos / total) * row for pos, row in known) if known else zeros
+    parts = [urow, hrow]
+    if args.get("last_item", False):
+        parts.append(known[0][1] if known else zeros)
+    x = np.concatenate(parts)
     for w, b, act in args["layers"]:
         x = x @ w + b
         if act == "relu":
@@ -136,8 +142,11 @@ def test_format_versions(tmp_path: Path) -> None:
     manifest = json.loads((tmp_path / "a" / "manifest.json").read_text())
     assert manifest["format_version"] == 1 and "score_bias" not in manifest
     assert not load_artifact(tmp_path / "a").score_bias
-    bad_cases = [(1, {"score_bias": True}), (3, {}), (2, {"score_bias": "yes"}),
-                 (1, {"history_len": 5}), (2, {"history_len": 0}), (2, {"history_len": 2.5})]
+    bad_cases = [(1, {"score_bias": True}), (4, {}), (2, {"score_bias": "yes"}),
+                 (1, {"history_len": 5}), (2, {"history_len": 0}), (2, {"history_len": 2.5}),
+                 (2, {"history_decay": 0.5}), (2, {"last_item": True}), (3, {"history_decay": 0}),
+                 (3, {"history_decay": 1.5}), (3, {"history_decay": True}),
+                 (3, {"last_item": 1})]
     for version, fields in bad_cases:
         bad = dict(manifest, format_version=version, **fields)
         (tmp_path / "a" / "manifest.json").write_text(json.dumps(bad))
@@ -224,3 +233,36 @@ def test_models_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> 
     assert main(["models", "pin", "v9"]) == 1
     assert main(["models", "unpin"]) == 0 and reg.current() == "v2"
     assert main(["models", "pin", "v2"]) == 0 and reg.pinned() == "v2"
+
+
+def test_recency_pooling_and_last_item_format_3(tmp_path: Path) -> None:
+    rng = np.random.default_rng(2)
+    layers = [(rng.normal(size=(14, 16)), rng.normal(size=16), "relu"),
+              (rng.normal(size=(16, 8)), rng.normal(size=8), "linear")]
+    args = make(tmp_path / "a", history_len=4, history_decay=0.5, last_item=True, layers=layers)
+    art = load_artifact(tmp_path / "a")
+    assert art.manifest["format_version"] == 3
+    assert art.history_decay == 0.5 and art.last_item
+    cases = [("u1", ["unknown", "i3", "i7", "i9", "i11"]), ("stranger", ["i2"]),
+             ("u2", []), ("u0", ["unknown"]), ("u0", ["i5", "i5", "i1"])]
+    got = art.user_vectors([u for u, _ in cases], [h for _, h in cases])
+    for row, (user, hist) in zip(got, cases, strict=True):
+        want = reference_tower(args, user, hist[:4])
+        np.testing.assert_allclose(row, want, rtol=1e-4, atol=1e-5)
+    # The most recent item moves the vector more than an older one (decay < 1).
+    base = ["i3", "i7", "i9"]
+    new_first = art.user_vectors(["u1"], [["i20", *base]])[0]
+    new_last = art.user_vectors(["u1"], [[*base, "i20"]])[0]
+    now = art.user_vectors(["u1"], [base])[0]
+    assert np.linalg.norm(new_first - now) > np.linalg.norm(new_last - now)
+    with pytest.raises(ArtifactError, match="history_decay"):
+        make(tmp_path / "b", history_decay=0.0, layers=layers, last_item=True)
+    with pytest.raises(ArtifactError, match="after width 14"):
+        make(tmp_path / "c", last_item=True)  # layer 0 takes 6 + 4 inputs, not 6 + 2 * 4
+
+
+def test_default_pooling_keeps_the_older_formats(tmp_path: Path) -> None:
+    make(tmp_path / "a", history_len=3, history_decay=1.0, last_item=False)
+    manifest = json.loads((tmp_path / "a" / "manifest.json").read_text())
+    assert manifest["format_version"] == 2
+    assert "history_decay" not in manifest and "last_item" not in manifest

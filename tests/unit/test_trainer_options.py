@@ -239,15 +239,21 @@ def _slot(trainer: Trainer, which: str) -> dict[int, np.ndarray]:
     return {int(k): r for k, r in zip(keys.numpy(), rows.numpy(), strict=True) if k != DEFAULT_KEY}
 
 
-@pytest.mark.parametrize("train_history", [True, False])
-def test_deduplicated_step_equals_the_reference_step(train_history: bool) -> None:
+@pytest.mark.parametrize(
+    ("train_history", "decay", "last_item"),
+    [(True, 1.0, False), (False, 1.0, False), (True, 0.5, True), (False, 0.7, True)],
+)
+def test_deduplicated_step_equals_the_reference_step(
+    train_history: bool, decay: float, last_item: bool
+) -> None:
     batches = _batches(3, 24, seed=11)
     assert any(len(np.unique(b.user_keys)) < len(b) for b in batches)  # repeated users
     assert any(np.isin(b.item_keys, b.history).any() for b in batches)  # targets in histories
-    cfg = replace(CFG, train_history=train_history)
+    cfg = replace(CFG, train_history=train_history, history_decay=decay, last_item=last_item)
+    tag = f"{int(train_history)}{int(decay * 10)}{int(last_item)}"
     trainers = [
         Trainer(cfg, TrainOptions(eval_rows=4, learning_rate=0.3, dedup_lookups=d),
-                tag=f"dedup{int(d)}{int(train_history)}")
+                tag=f"dedup{int(d)}{tag}")
         for d in (False, True)
     ]
     for t in trainers:
@@ -255,6 +261,7 @@ def test_deduplicated_step_equals_the_reference_step(train_history: bool) -> Non
     unknown = np.int64(987_654_321)  # never observed: skipped in every history
     for b in batches:
         b.history[::3, -1] = unknown
+        b.history[1::4, 0] = unknown  # the most recent entry unknown: "last" is the next one
     before = _table(trainers[0], "item")
     losses = [[t.train_step(b) for b in batches] for t in trainers]
     np.testing.assert_allclose(losses[0], losses[1], rtol=1e-5)

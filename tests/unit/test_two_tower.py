@@ -13,8 +13,9 @@ from model.evaluation import rank_metrics, recall_ndcg, top_k
 from model.export import write_version
 from model.samples import KeyCache, to_batch
 from model.tf_env import tf
+from model.trainer import Trainer, TrainOptions
 from model.two_tower import DEFAULT_KEY, ModelConfig, TwoTower
-from tests.unit.conftest_model import HISTORY_LEN, Trained, shared_trainer
+from tests.unit.conftest_model import BATCH, HISTORY_LEN, Trained, shared_trainer
 
 
 @pytest.fixture(scope="module")
@@ -157,3 +158,41 @@ def test_service_export_checkpoints_then_publishes(trained: Trained, tmp_path: P
     assert restored.state["offsets"] == manifest["kafka_offsets"]
     assert restored.state["last_version"] == version
     assert len(restored.arrays["item_ids"]) == len(trained.item_ids)
+
+
+def _top20_moves(trained: Trained, trainer: Trainer, n: int = 200) -> float:
+    """Mean number of a user's top-20 items replaced when one click is added to the front
+    of their history (a random item they have not clicked), over ``n`` recent samples."""
+    rng = np.random.default_rng(5)
+    keys, vectors = trainer.item_vectors()
+    items = sorted(set(trained.item_ids.values()))
+    cache = KeyCache()
+    moved = []
+    for sample in trained.samples[-n:]:
+        hist = list(sample.history)[:HISTORY_LEN]
+        click = str(rng.choice([i for i in items if i not in hist]))
+        tops = []
+        for h in (hist, [click, *hist][:HISTORY_LEN]):
+            row = np.zeros((1, HISTORY_LEN), np.int64)
+            row[0, : len(h)] = [cache.item(x) for x in h]
+            user = trainer.user_vectors(np.array([user_key(sample.user_id)], np.int64), row)[0]
+            scores = vectors @ user
+            scores[np.isin(keys, row[0])] = -np.inf  # seen items are never recommended
+            tops.append(set(np.argsort(-scores)[:20].tolist()))
+        moved.append(len(tops[0] - tops[1]))
+    return float(np.mean(moved))
+
+
+def test_one_click_moves_the_top_20_more_than_under_mean_pooling(trained: Trained) -> None:
+    """The recency-weighted pool (``ModelConfig`` defaults) gives the newest click a weight
+    of ``1 / sum(decay ** p)`` instead of ``1 / n``: a trained model's top 20 reacts more."""
+    assert ModelConfig().history_decay < 1.0
+    mean_pool = Trainer(
+        ModelConfig(history_len=HISTORY_LEN, history_decay=1.0, last_item=False),
+        TrainOptions(batch_size=BATCH, eval_rows=0),
+        tag="meanpool",
+    )
+    for batch in trained.batches:
+        mean_pool.train_step(batch)
+    recency, mean = _top20_moves(trained, trained.trainer), _top20_moves(trained, mean_pool)
+    assert recency > 1.3 * mean, (recency, mean)

@@ -1,0 +1,87 @@
+"""The artifact manifest: format constants, validation and dimension checks (numpy only).
+
+The format itself is documented in ``model.artifact`` (which re-exports these names).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+FORMAT = "streamrec-artifact"
+FORMAT_VERSION = 3
+#: Versions the reader accepts (see the module doc).
+READABLE_VERSIONS = (1, 2, 3)
+MANIFEST = "manifest.json"
+ACTIVATIONS = ("relu", "linear")
+RESERVED = frozenset(
+    {
+        "format", "format_version", "version", "created_at", "normalize", "score_bias",
+        "history_len", "history_decay", "last_item", "dims", "layers", "files",
+    }
+)
+
+
+class ArtifactError(Exception):
+    """An artifact is missing, malformed, or fails its checksums."""
+
+
+def format_version(
+    score_bias: bool, history_len: int | None, history_decay: float, last_item: bool
+) -> int:
+    if history_decay != 1.0 or last_item:
+        return 3
+    return 2 if score_bias or history_len is not None else 1
+
+
+def check_dims(manifest: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> None:
+    dims = manifest["dims"]
+    inputs = 2 if manifest.get("last_item", False) else 1
+    width = dims["user_dim"] + inputs * dims["hist_dim"]
+    for i, spec in enumerate(manifest["layers"]):
+        w, b = arrays[spec["w"]], arrays[spec["b"]]
+        if w.ndim != 2 or w.shape[0] != width or b.shape != (w.shape[1],):
+            raise ArtifactError(f"layer {i}: W {w.shape} b {b.shape} after width {width}")
+        width = w.shape[1]
+    if manifest.get("score_bias", False):
+        width += 1
+    if width != dims["d"]:
+        raise ArtifactError(f"user tower outputs {width} dims, item vectors have {dims['d']}")
+
+
+def read_manifest(directory: str | Path) -> dict[str, Any]:
+    """Parse and sanity-check ``manifest.json`` (no checksum verification)."""
+    path = Path(directory) / MANIFEST
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ArtifactError(f"cannot read {path}: {exc}") from exc
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise ArtifactError(f"{path}: not a {FORMAT} manifest")
+    version = manifest.get("format_version")
+    if version not in READABLE_VERSIONS:
+        raise ArtifactError(f"{path}: unsupported format_version {version}")
+    bias = manifest.get("score_bias", False)
+    if not isinstance(bias, bool) or (bias and version < 2):
+        raise ArtifactError(f"{path}: score_bias {bias!r} is not valid in format {version}")
+    hist_len = manifest.get("history_len")
+    if hist_len is not None and (
+        version < 2 or isinstance(hist_len, bool) or not isinstance(hist_len, int) or hist_len < 1
+    ):
+        raise ArtifactError(f"{path}: history_len {hist_len!r} is not valid in format {version}")
+    decay = manifest.get("history_decay", 1.0)
+    if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0.0 < decay <= 1.0:
+        raise ArtifactError(f"{path}: history_decay {decay!r} is not in (0, 1]")
+    last = manifest.get("last_item", False)
+    if not isinstance(last, bool):
+        raise ArtifactError(f"{path}: last_item {last!r} is not a bool")
+    if version < 3 and ("history_decay" in manifest or "last_item" in manifest):
+        raise ArtifactError(f"{path}: history_decay/last_item are not valid in format {version}")
+    for key in ("version", "dims", "layers", "files"):
+        if key not in manifest:
+            raise ArtifactError(f"{path}: missing {key!r}")
+    return manifest
