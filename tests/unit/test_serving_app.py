@@ -319,10 +319,33 @@ def test_watcher_swaps_on_message_and_on_periodic_check(tmp_path: Path) -> None:
 
     async def scenario(poll_s: float, announce: bool, wait_s: float = 30.0) -> str | None:
         loader = ModelLoader(reg, ServingMetrics(), lambda: NOW, poll_interval_s=poll_s)
+        # The listener checks CURRENT once after subscribing (to catch what was published
+        # while it was away): publish only once a check begun after the subscription is
+        # done, so the new version can only arrive by the message or the periodic check.
+        checks = {"started": 0, "done": 0, "subscribed_at": None}
+        check = loader.check
+
+        def counted() -> object:
+            checks["started"] += 1
+            try:
+                return check()
+            finally:
+                checks["done"] += 1
+
+        loader.check = counted  # type: ignore[method-assign]
+        subscribe = pubsub.subscribe
+
+        async def marked(channel: str) -> None:
+            await subscribe(channel)
+            checks["subscribed_at"] = checks["started"]
+
+        pubsub.subscribe = marked  # type: ignore[method-assign]
         tasks = [asyncio.create_task(loader.watch()),
                  asyncio.create_task(loader.listen(lambda: FakeAsyncRedis(pubsub)))]
         try:
-            await until(lambda: loader.current is not None, 30.0)
+            await until(lambda: loader.current is not None and checks["subscribed_at"] is not None
+                        and checks["done"] > checks["subscribed_at"], 30.0)
+            pubsub.subscribe = subscribe  # type: ignore[method-assign]
             version = f"v{len(reg.versions()) + 1}"
             publish(reg, version)
             if announce:
