@@ -16,11 +16,15 @@ in-process uvicorn) until the user shows; the latency counts from the ingest API
 
 The job writes filesystem checkpoints (as on the cluster) to a temporary folder, removed after. The CPU figure is
 the job process group's CPU time over the measured interval (JIT compilation included), the
-comparable figure on a shared machine. Which API does what, and the measured table behind the
+comparable figure on a shared machine. ``--cluster`` submits the throughput job to the running
+standalone cluster instead (e.g. two TaskManager JVMs of one slot each: one Python
+interpreter lock per subtask); CPU is then the JobManager's and TaskManagers' process groups. Which API does what, and the measured table behind the
 choice: ``stream/flink_features.py``; this bench is its evidence.
 
     streamrec bench features --json bench/results/features.json
     python bench/features.py --events 100000 --parallelism 1 2 --json out.json
+    STREAMREC_FLINK__TASKMANAGERS=2 STREAMREC_FLINK__TASKMANAGER_SLOTS=1 streamrec up --infra
+    python bench/features.py --cluster --parallelism 2 --skip-freshness
 """
 
 from __future__ import annotations
@@ -51,6 +55,8 @@ from feature_store.settings import Settings, load_settings  # noqa: E402
 T0 = 1_750_000_000_000
 #: Extra job arguments for experiments (``--job-arg=--bundle-size=10000``).
 EXTRA_JOB_ARGS: list[str] = []
+#: ``--cluster``: submit the job to the running standalone cluster, not a MiniCluster.
+CLUSTER = False
 
 
 def _free_port() -> int:
@@ -91,26 +97,77 @@ def _event(i: int, ts: int, user: str | None = None) -> dict[str, Any]:
     }
 
 
-def _start_job(settings: Settings, parallelism: int, log: Path, mode: str) -> subprocess.Popen[bytes]:
+def _job_args(settings: Settings, parallelism: int, mode: str) -> list[str]:
     from stream.cli_features import settings_json
 
-    cmd = [
-        sys.executable, "-m", "stream.flink_features", "--local",
+    return [
         "--settings-json", settings_json(settings),
         "--parallelism", str(parallelism),
         "--group-id", f"{settings.redis.key_prefix}job",
+        "--job-name", f"{settings.redis.key_prefix}job",
         "--python-mode", mode,
         # Filesystem checkpoints, as on the cluster: the default (JobManager memory) storage
         # refuses state over 5 MB, and a failed checkpoint restarts the job.
         "--checkpoint-dir", tempfile.mkdtemp(prefix=f"{settings.redis.key_prefix.rstrip(':')}-"),
         *EXTRA_JOB_ARGS,
     ]  # fmt: skip
+
+
+def _start_job(settings: Settings, parallelism: int, log: Path, mode: str) -> Any:
+    if CLUSTER:
+        return ClusterJob(settings, _job_args(settings, parallelism, mode))
+    cmd = [sys.executable, "-m", "stream.flink_features", "--local",
+           *_job_args(settings, parallelism, mode)]
     return subprocess.Popen(
         cmd, cwd=REPO, stdout=log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True
     )
 
 
-def _stop_job(proc: subprocess.Popen[bytes]) -> None:
+class ClusterJob:
+    """The job submitted to the running standalone cluster (``--cluster``), with the
+    ``Popen`` calls the bench uses: ``poll``, ``pid``/CPU of the cluster's processes, stop."""
+
+    def __init__(self, settings: Settings, args: list[str]) -> None:
+        from stream.flink_submit import submit_python_job
+
+        self.settings, self.args = settings, args
+        self.job_id = submit_python_job(settings, REPO / "stream" / "flink_features.py", args)
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        from stream.flink_submit import job_state
+
+        state = job_state(self.settings, self.job_id)
+        if state in ("FAILED", "CANCELED", "FINISHED"):
+            self.returncode = 1
+        return self.returncode
+
+    def cpu_seconds(self) -> float:
+        """CPU of the JobManager's and the TaskManagers' process groups (pid files of the
+        stack's run folder)."""
+        from deploy.process import read_pid
+
+        pids = self.settings.stack.run_dir.resolve() / "pids"
+        records = [read_pid(pids / f"{n}.pid") for n in ("flink-jobmanager", "flink-taskmanager")]
+        return sum(cpu_seconds(r.pid, group=True) for r in records if r is not None)
+
+    def stop(self) -> None:
+        from stream.flink_submit import cancel_job
+
+        try:
+            cancel_job(self.settings, self.job_id)
+        finally:
+            shutil.rmtree(self.args[self.args.index("--checkpoint-dir") + 1], ignore_errors=True)
+
+
+def _job_cpu(proc: Any) -> float:
+    return proc.cpu_seconds() if isinstance(proc, ClusterJob) else cpu_seconds(proc.pid, group=True)
+
+
+def _stop_job(proc: Any) -> None:
+    if isinstance(proc, ClusterJob):
+        proc.stop()
+        return
     try:
         _kill_job(proc)
     finally:
@@ -133,7 +190,7 @@ def _kill_job(proc: subprocess.Popen[bytes]) -> None:
 
 
 def _wait(predicate: Any, timeout_s: float, what: str, interval_s: float = 0.05,
-          job: subprocess.Popen[bytes] | None = None) -> float:
+          job: Any = None) -> float:
     from feature_store.store import OnlineStoreError
 
     deadline = time.monotonic() + timeout_s
@@ -180,15 +237,16 @@ def throughput(base: Settings, n: int, parallelism: int, mode: str, log: Path) -
     try:
         first = _wait(lambda: any(store.client.scan_iter(match=f"{s.redis.key_prefix}u:*", count=100)),
                       180, "the first feature", job=proc)
-        cpu_first = cpu_seconds(proc.pid, group=True)
+        cpu_first = _job_cpu(proc)
         done = _wait(lambda: all(store.read_users(sentinels)), 1800, "every sentinel", 0.2,
                      job=proc)
-        cpu = cpu_seconds(proc.pid, group=True) - cpu_first
+        cpu = _job_cpu(proc) - cpu_first
     finally:
         _stop_job(proc)
         store.close()
     seconds = done - first
     return {"parallelism": parallelism, "python_mode": mode, "events": n,
+            "cluster": CLUSTER, "taskmanagers": base.flink.taskmanagers if CLUSTER else None,
             "seconds": round(seconds, 2), "events_per_s": round(n / seconds, 1),
             "cpu_s": round(cpu, 2), "events_per_cpu_s": round(n / cpu, 1) if cpu else None,
             "load_avg_1m": round(os.getloadavg()[0], 2)}
@@ -356,6 +414,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--log", type=Path, default=Path("/tmp/bench-features-job.log"))
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--job-arg", action="append", default=[], help="extra job argument")
+    p.add_argument("--cluster", action="store_true",
+                   help="run the throughput job on the running standalone cluster (`streamrec up "
+                   "--only flink-jobmanager,flink-taskmanager`; STREAMREC_FLINK__TASKMANAGERS=2 "
+                   "and STREAMREC_FLINK__TASKMANAGER_SLOTS=1 for one TaskManager JVM per "
+                   "subtask); CPU is that of the cluster's processes. A thread-mode TaskManager "
+                   "keeps the modules of its first job: restart it after changing the code")
     p.add_argument("--sql-events", type=int, default=0,
                    help="also run the Flink SQL comparison (counts only) on this many events")
     p.add_argument("--sql-worker", default=None, help=argparse.SUPPRESS)
@@ -364,6 +428,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         sql_worker(json.loads(args.sql_worker))
         return 0
     EXTRA_JOB_ARGS[:] = args.job_arg
+    global CLUSTER
+    CLUSTER = args.cluster
 
     base = load_settings()
     runs = []

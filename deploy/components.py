@@ -311,10 +311,35 @@ def write_flink_conf(s: Settings, run_dir: Path) -> None:
         "python.executable": sys.executable,
         "python.client.executable": sys.executable,
     }
+    if f.taskmanagers > 1:
+        # Spread a job's slots over the TaskManagers, so that parallel Python subtasks land in
+        # different JVMs (one interpreter lock each).
+        settings["taskmanager.load-balance.mode"] = "SLOTS"
     lines = ["# Written by `streamrec up` from the project's settings; edits are overwritten."]
     lines += [f"{key}: {json.dumps(value) if isinstance(value, str) else value}"
               for key, value in settings.items()]
     (conf / "config.yaml").write_text("\n".join(lines) + "\n")
+
+
+def taskmanagers_argv(n: int) -> list[str]:
+    """The ``flink-taskmanager`` component's command: ``n`` TaskManager JVMs in the foreground.
+
+    Thread-mode Python operators of one JVM share ONE interpreter lock, so a TaskManager per
+    slot is what lets parallel Python subtasks use several cores (``flink.taskmanagers``).
+    With ``n`` > 1 one shell runs them all in its process group (the stack's one pid file stops
+    or kills them together), and exits, stopping the others, as soon as one ends, so a dead
+    TaskManager shows as a stopped component. Each JVM logs to its own file
+    (``flink-console.sh`` numbers them).
+    """
+    script = str(flink_home() / "bin" / "taskmanager.sh")
+    if n <= 1:
+        return ["bash", script, "start-foreground"]
+    loop = (
+        'trap \'kill 0\' TERM INT; '
+        f'for i in $(seq {n}); do bash "$0" start-foreground & done; '
+        "wait -n; kill 0"
+    )
+    return ["bash", "-c", loop, script]
 
 
 def flink_components(s: Settings, run_dir: Path) -> list[Component]:
@@ -331,14 +356,14 @@ def flink_components(s: Settings, run_dir: Path) -> list[Component]:
         return ["bash", str(flink_home() / "bin" / "jobmanager.sh"), "start-foreground"]
 
     def tm_argv() -> list[str]:
-        return ["bash", str(flink_home() / "bin" / "taskmanager.sh"), "start-foreground"]
+        return taskmanagers_argv(f.taskmanagers)
 
     def jm_ready() -> bool:
         return http_ok(f"{rest}/config")
 
     def tm_ready() -> bool:
         overview = http_json(f"{rest}/overview")
-        return isinstance(overview, dict) and int(overview.get("taskmanagers", 0)) >= 1
+        return isinstance(overview, dict) and int(overview.get("taskmanagers", 0)) >= f.taskmanagers
 
     env_fn = flink_env(s, run_dir)
     return [

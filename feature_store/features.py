@@ -49,13 +49,15 @@ the event (``ts < event.ts_ms``), never the sample's own item, at most ``history
 
 from __future__ import annotations
 
-import json
 import marshal
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+# The point-in-time sample is one of the feature definitions; it lives in its own module.
+from feature_store.sample import Sample as Sample
+from feature_store.sample import make_sample as make_sample
 from feature_store.store import HistoryEntry, ItemFeatures, Trending, UserFeatures
 
 HOUR_MS = 3_600_000
@@ -65,6 +67,8 @@ DAY_MS = 24 * HOUR_MS
 USER_WINDOWS: dict[str, int] = {"1h": HOUR_MS, "24h": DAY_MS, "7d": 7 * DAY_MS}
 #: Window name -> length in ms, for item counts.
 ITEM_WINDOWS: dict[str, int] = {"1h": HOUR_MS, "24h": DAY_MS}
+_USER_WINDOW_MS = tuple(USER_WINDOWS.values())
+_USER_KEEP_MS = max(_USER_WINDOW_MS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,66 +109,6 @@ class FeatureParams:
 
     def weight(self, event_type: str) -> float:
         return float(self.event_weights.get(event_type, 0.0))
-
-
-# ---------------------------------------------------------------------------------------------
-# Point-in-time training samples
-# ---------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Sample:
-    """A training example (the ``samples`` topic wire format)."""
-
-    sample_id: str
-    user_id: str
-    item_id: str
-    event_type: str
-    weight: float
-    ts_ms: int
-    history: tuple[str, ...]
-
-    def to_wire(self) -> dict[str, Any]:
-        return {
-            "sample_id": self.sample_id,
-            "user_id": self.user_id,
-            "item_id": self.item_id,
-            "event_type": self.event_type,
-            "weight": self.weight,
-            "ts": self.ts_ms,
-            "history": list(self.history),
-        }
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_wire(), separators=(",", ":"))
-
-
-def make_sample(
-    user_state_before: UserState, event: Event, weights: Mapping[str, float], history_len: int
-) -> Sample | None:
-    """The training sample of ``event``, or ``None`` if it is not a positive (weight <= 0).
-
-    ``user_state_before`` is the user's state before ``event`` is applied; only its
-    interactions strictly before ``event.ts_ms`` are used, and never ``event.item_id`` itself.
-    """
-    weight = float(weights.get(event.event_type, 0.0))
-    if weight <= 0:
-        return None
-    history: list[str] = []
-    for item_id, _etype, ts, _eid in user_state_before.history:
-        if ts < event.ts_ms and item_id != event.item_id:
-            history.append(item_id)
-            if len(history) >= history_len:
-                break
-    return Sample(
-        sample_id=event.event_id,
-        user_id=event.user_id,
-        item_id=event.item_id,
-        event_type=event.event_type,
-        weight=weight,
-        ts_ms=event.ts_ms,
-        history=tuple(history),
-    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -267,29 +211,37 @@ class UserOutcome:
 
 def update_user(state: UserState, event: Event, params: FeatureParams) -> UserOutcome:
     """Apply ``event`` to ``state`` in place (deterministic, no I/O) and build its sample."""
-    if event.event_id in state.seen or any(h[3] == event.event_id for h in state.history):
+    if event.event_id in state.seen or event.event_id in [h[3] for h in state.history]:
         return UserOutcome(duplicate=True, sample=None)
     sample = make_sample(state, event, params.event_weights, params.history_len)
 
     state.seq += 1
+    bucket_ms = params.bucket_ms
+    moved = False  # did as_of_ms enter a newer bucket (only then can buckets fall out)?
     if event.ts_ms > state.as_of_ms:
+        moved = state.as_of_ms < 0 or event.ts_ms // bucket_ms != state.as_of_ms // bucket_ms
         state.as_of_ms = event.ts_ms
     state.last_seen_ms = state.as_of_ms
     state.seen[event.event_id] = event.ts_ms
 
-    keep_ms = max(USER_WINDOWS.values())
-    oldest_bucket = _bucket(state.as_of_ms, params.bucket_ms) - keep_ms // params.bucket_ms + 1
-    bucket = _bucket(event.ts_ms, params.bucket_ms)
+    keep_ms = _USER_KEEP_MS
+    oldest_bucket = _bucket(state.as_of_ms, bucket_ms) - keep_ms // bucket_ms + 1
+    bucket = _bucket(event.ts_ms, bucket_ms)
     if bucket >= oldest_bucket:
-        per_type = state.buckets.setdefault(event.event_type, {})
+        per_type = state.buckets.get(event.event_type)
+        if per_type is None:
+            per_type = state.buckets[event.event_type] = {}
         per_type[bucket] = per_type.get(bucket, 0) + 1
     if params.weight(event.event_type) > 0:
         _insert_history(state.history, event, params.history_len)
 
-    for etype in list(state.buckets):
-        _prune(state.buckets[etype], state.as_of_ms, keep_ms, params.bucket_ms)
-        if not state.buckets[etype]:
-            del state.buckets[etype]
+    # Every bucket is at or after oldest_bucket once an update returns, and only a newer
+    # as_of bucket moves oldest_bucket: the pruning pass is needed only then.
+    if moved:
+        for etype in list(state.buckets):
+            _prune(state.buckets[etype], state.as_of_ms, keep_ms, bucket_ms)
+            if not state.buckets[etype]:
+                del state.buckets[etype]
     if state.seq % _SEEN_PRUNE_EVERY == 0:
         horizon = state.as_of_ms - params.dedupe_horizon_ms
         state.seen = {eid: ts for eid, ts in state.seen.items() if ts > horizon}
@@ -307,25 +259,47 @@ def _insert_history(history: list[tuple[str, str, int, str]], event: Event, cap:
     del history[cap:]
 
 
-def user_features(state: UserState, user_id: str, params: FeatureParams) -> UserFeatures:
-    """The user's feature record, current to ``state.as_of_ms``."""
+def user_counts(state: UserState, params: FeatureParams) -> dict[str, dict[str, int]]:
+    """Window name -> event type -> count, of the windows ending at ``state.as_of_ms``
+    (event types sorted; zero counts omitted)."""
     counts: dict[str, dict[str, int]] = {name: {} for name in USER_WINDOWS}
+    c1h, c24h, c7d = counts.values()
+    as_of, bucket_ms = state.as_of_ms, params.bucket_ms
+    last = _bucket(as_of, bucket_ms)
+    f1h, f24h, f7d = (last - max(1, w // bucket_ms) + 1 for w in _USER_WINDOW_MS)
     for etype in sorted(state.buckets):
-        buckets = state.buckets[etype]
-        sums = window_counts(buckets, state.as_of_ms, _USER_WINDOW_MS, params.bucket_ms)
-        for name, n in zip(USER_WINDOWS, sums, strict=True):
-            if n:
-                counts[name][etype] = n
+        n1h = n24h = n7d = 0
+        for b, n in state.buckets[etype].items():  # window_counts, unrolled for 3 windows
+            if f7d <= b <= last:
+                n7d += n
+                if b >= f24h:
+                    n24h += n
+                    if b >= f1h:
+                        n1h += n
+        if n1h:
+            c1h[etype] = n1h
+        if n24h:
+            c24h[etype] = n24h
+        if n7d:
+            c7d[etype] = n7d
+    return counts
+
+
+def user_history(state: UserState) -> list[tuple[str, str, int]]:
+    """``(item_id, event_type, ts_ms)`` of the user's history, most recent first."""
+    return [(i, t, ts) for i, t, ts, _ in state.history]
+
+
+def user_features(state: UserState, user_id: str, params: FeatureParams) -> UserFeatures:
+    """The user's feature record, current to ``state.as_of_ms``: :func:`user_history`,
+    :func:`user_counts`, ``last_seen_ms``. (A writer may encode those parts directly.)"""
     return UserFeatures(
         user_id=user_id,
         history=tuple([HistoryEntry(i, t, ts) for i, t, ts, _ in state.history]),
-        counts=counts,
+        counts=user_counts(state, params),
         last_seen_ms=state.last_seen_ms,
         as_of_ms=state.as_of_ms,
     )
-
-
-_USER_WINDOW_MS = tuple(USER_WINDOWS.values())
 
 
 # ---------------------------------------------------------------------------------------------

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
+
+import orjson
 
 from feature_store.ids import item_key
 from feature_store.settings import FeatureSettings, RedisSettings
@@ -59,8 +61,19 @@ return written
 #: Records per script call (bounds how long one call holds the Redis server).
 SCRIPT_CHUNK = 500
 
+def _dumps_bytes(obj: object) -> bytes:
+    """Compact UTF-8 JSON. orjson (~5x cheaper than ``json`` on a user record) writes what
+    ``json.dumps(separators=(",", ":"), ensure_ascii=False)`` writes for our payloads (strings,
+    ints, dicts, lists; a float may spell its exponent differently, same value); what it
+    refuses (e.g. a lone surrogate, an int over 64 bits) goes through ``json``."""
+    try:
+        return orjson.dumps(obj)
+    except orjson.JSONEncodeError:
+        return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
+
+
 def _dumps(obj: object) -> str:
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+    return _dumps_bytes(obj).decode()
 
 
 # --- keys (FORMAT.md "key layout") -----------------------------------------------------------
@@ -90,13 +103,16 @@ def layout_key_name(prefix: str) -> str:
 
 
 def encode_user(f: UserFeatures) -> str:
-    return _dumps(
-        {
-            "h": [[h.item_id, h.event_type, h.ts_ms] for h in f.history],
-            "c": f.counts,
-            "ls": f.last_seen_ms,
-        },
-    )
+    history = [(h.item_id, h.event_type, h.ts_ms) for h in f.history]
+    return encode_user_values(history, f.counts, f.last_seen_ms).decode()
+
+
+def encode_user_values(
+    history: Sequence[tuple[str, str, int]], counts: dict[str, dict[str, int]], last_seen_ms: int
+) -> bytes:
+    """The user payload from its parts (``feature_store.features.user_history`` and
+    ``user_counts``), for a writer that skips building :class:`UserFeatures`."""
+    return _dumps_bytes({"h": history, "c": counts, "ls": last_seen_ms})
 
 
 def decode_user(user_id: str, as_of: bytes | str, payload: bytes | str) -> UserFeatures:
@@ -199,25 +215,50 @@ class RedisOnlineStore(OnlineStore):
         trending_seq: int = 0,
     ) -> None:
         """Write records in one pipeline; each is written only if newer (FORMAT.md)."""
-        if not users and not items and trending is None:
-            return
+        self.write_encoded(
+            users=[
+                (u.user_id, u.as_of_ms, user_seqs[n] if user_seqs else 0, encode_user(u))
+                for n, u in enumerate(users)
+            ],
+            items=[
+                (it.item_id, it.as_of_ms, item_seqs[n] if item_seqs else 0, encode_item(it))
+                for n, it in enumerate(items)
+            ],
+            trending=None
+            if trending is None
+            else (trending.as_of_ms, trending_seq, encode_trending(trending)),
+        )
+
+    def write_encoded(
+        self,
+        users: Iterable[tuple[str, int, int, str | bytes]] = (),
+        items: Sequence[tuple[str, int, int, str | bytes]] = (),
+        trending: tuple[int, int, str | bytes] | None = None,
+    ) -> None:
+        """:meth:`write_batch` of encoded records: ``(id, as_of_ms, seq, payload)`` per user
+        and item (payloads from :func:`encode_user_values` / :func:`encode_user`,
+        :func:`encode_item`), ``(as_of_ms, seq, payload)`` for trending."""
         p = self._prefix
         keys: list[str] = []
         args: list[Any] = []
-        for n, u in enumerate(users):
-            keys.append(user_key_name(p, u.user_id))
-            args += (u.as_of_ms, user_seqs[n] if user_seqs else 0, encode_user(u), self._user_ttl)
-        for n, it in enumerate(items):
-            keys.append(item_key_name(p, it.item_id))
-            args += (it.as_of_ms, item_seqs[n] if item_seqs else 0, encode_item(it), self._item_ttl)
+        ttl = self._user_ttl
+        for user_id, as_of, seq, payload in users:
+            keys.append(user_key_name(p, user_id))
+            args += (as_of, seq, payload, ttl)
+        ttl = self._item_ttl
+        for item_id, as_of, seq, payload in items:
+            keys.append(item_key_name(p, item_id))
+            args += (as_of, seq, payload, ttl)
         if trending is not None:
             keys.append(trending_key_name(p))
-            args += (trending.as_of_ms, trending_seq, encode_trending(trending), 0)
+            args += (*trending, 0)
+        if not keys:
+            return
         try:
             pipe = self._redis.pipeline(transaction=False)
             if items:
                 pipe.hset(
-                    item_ids_key_name(p), mapping={str(item_key(i.item_id)): i.item_id for i in items}
+                    item_ids_key_name(p), mapping={str(item_key(i[0])): i[0] for i in items}
                 )
             for start in range(0, len(keys), SCRIPT_CHUNK):
                 chunk = keys[start : start + SCRIPT_CHUNK]

@@ -79,6 +79,14 @@ class FlinkSettings(BaseModel):
     rest_port: int = Field(8081, description="JobManager REST/web UI port.")
     rpc_port: int = Field(6123, description="JobManager RPC port.")
     taskmanager_slots: int = 2
+    taskmanagers: int = Field(
+        1,
+        ge=1,
+        description="TaskManager JVMs the local stack starts. Python operators in thread mode "
+        "share one interpreter lock per JVM, so with cores to spare one TaskManager per slot "
+        "lets parallel Python subtasks run at once; on 2 cores two JVMs measured slower than one "
+        "(bench/features.py --cluster).",
+    )
     parallelism: int = 1
     jobmanager_memory: str = "1024m"
     taskmanager_memory: str = "1728m"

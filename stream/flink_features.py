@@ -35,8 +35,8 @@ pipeline                                                       events/s    event
 =============================================================  ==========  ================
 previous job: 4 Python stages, pickled objects, p=1            1.96k       2.10k
 previous job, p=2                                              1.87k       1.86k
-this job, p=1                                                  3.35k       3.69k
-this job, p=2                                                  3.61k       3.16k
+previous round's job, p=1 [3]                                  3.35k       3.69k
+previous round's job, p=2 [3]                                  3.61k       3.16k
 process mode, p=2 (one run, 60k events, earlier revision) [1]  0.52k       0.47k
 JVM only: Kafka + SQL key/JSON extraction, no Python [2]       --          ~90k
 ONE Python keyed stage (json.loads, 1 state get+put) [2]       --          25-33k
@@ -48,6 +48,26 @@ same, keyed with PyFlink's ``key_by(lambda)`` [2]              --          ~15k
 [2] one-off experiment jobs on the same MiniCluster (not kept in the repo), bounded 200-400k
 events, CPU minus the ~16 CPU-s a job costs to start; ``bench/features.py --sql-events N``
 keeps a reproducible JVM-only comparison (SQL parse + counts).
+[3] this job's previous revision. Against it, this revision (user records encoded from the
+state's parts with orjson, no ``HistoryEntry`` objects; one output row per positive; pruning
+only when ``as_of`` enters a newer bucket; cheaper GC; the same features), side by side
+(alternating, medians of 3, load average 6-18 from other work on the 2 cores):
+
+===========================================================  ===============  ================
+pipeline (100k events)                                       events/s         events per CPU-s
+===========================================================  ===============  ================
+previous revision, MiniCluster p=1                           2.33k            3.51k
+this revision, MiniCluster p=1                               3.94k            3.97k
+previous revision, MiniCluster p=2                           3.40k            3.24k
+this revision, MiniCluster p=2                               4.05k            4.02k
+previous revision, cluster of 2 TaskManagers x 1 slot, p=2   2.23k            2.23k
+this revision, cluster of 2 TaskManagers x 1 slot, p=2       3.36k            3.09k
+===========================================================  ===============  ================
+
+The stages' own Python, timed in-process with the bench's events (fakes of the runtime, real
+Redis; two runs each): 76-88 -> 45-47 us per event (user stage 62-73 -> 34-36, item stage
+14-15 -> 11). One more pair at load average 3-8: MiniCluster p=2 3.41k -> 5.15k events/s,
+2 TaskManagers p=2 3.69k -> 3.23k (the 2-TaskManager figures vary most).
 
 Freshness (ingest API 2xx -> ``GET /users/{id}/features``) at a steady 2,000 events/s, p=1,
 five runs each, alternating (load average 4-13): this job p50/p95/p99 = 0.13/0.54/0.95 s
@@ -63,14 +83,17 @@ Why this shape, and why not more SQL:
   CPU with it (table). The record then crosses into Python once, as one flat string.
 * One ``ValueState`` per key in a compact encoding (``pack_user``; marshal, ~3x cheaper than
   pickling the dataclass); metrics counted locally and the watermark read once per flush
-  (each is a Python->Java call); Redis writes as one Lua call per 500 records.
+  (each is a Python->Java call); Redis writes as one Lua call per 500 records. The user
+  record (one per user per flush: with many users that is one per event) is encoded straight
+  from the state (``user_history``/``user_counts`` -> ``encode_user_values``): building 50
+  frozen ``HistoryEntry`` objects and ``json.dumps`` cost ~45 us of the ~75 us per event.
 * Thread mode runs every Python operator of a JVM under ONE interpreter lock (Flink docs,
-  "Python execution mode"): the Python stages of all slots share one core. That is why p=2
-  does not scale (it did not before either) and why the bound is the Python time per event:
-  ~160 us in the user stage's thread (roughly, from profiles: parse ~15, update + sample ~25,
-  feature record + JSON ~30, state ~20; the rest is PyFlink's per-record overhead) plus ~45 us
-  per positive in the item stage's. Process mode escapes the lock but costs ~7x more CPU per
-  event (table).
+  "Python execution mode"): the Python stages of all slots share one core. Process mode
+  escapes the lock but costs ~7x more CPU per event (table). Several TaskManager JVMs
+  (``flink.taskmanagers``, one slot each) give one interpreter per subtask, but on this
+  machine they cost more CPU per event than one JVM (table: 3.09k against 4.02k events per
+  CPU-s: two JVMs, half of each shuffle over TCP, the JobManager counted) and were slower in
+  wall time; they can only pay off with idle cores to spare.
 * Moving item scores and counts into SQL would remove at most the item stage (measured at an
   earlier revision: ``--stages users`` 4.06k events/CPU-s against 3.13k for the whole job,
   1.3x), and the item writes to Redis would still need a Python stage (no JVM Redis sink in
@@ -78,10 +101,18 @@ Why this shape, and why not more SQL:
   epoch-ms event time needs a moving reference time (``2 ** (ts / half_life)`` overflows a
   double after ~1,000 half-lives), and the windows end at the item's newest event, which SQL
   aggregates cannot express. Not worth it.
-* 10,000 events/s is therefore out of reach for per-event Python on one interpreter: it needs
-  ~100 us of Python per event in total, we spend ~200. Not measured here: several TaskManager
-  JVMs (one interpreter lock each; 1 slot per TaskManager, parallelism = TaskManagers) give
-  at most one interpreter per core, ~2x on 2 cores; beyond that the user stage would have to
+* 10,000 events/s is out of reach on 2 cores: the whole job costs ~250 us of CPU per event
+  (4.0k events per CPU-s), so 10k/s needs ~2.5 cores for the job alone, before Kafka and
+  Redis. Per-thread CPU of the MiniCluster JVM (``/proc/<pid>/task``, 20 s in the middle of a
+  300k-event run at p=1, load average 3, 4.2k events/s): the user stage's task thread 41%,
+  the item stage's 16%, the JIT compilers 25% (still compiling 40 s in), the Kafka producer
+  6%, the source 5%, trending 2%; 1.04 cores used in all, and ``py-spy --gil`` saw the
+  interpreter lock held ~2/3 of the time. So past the Python cuts neither the lock nor the
+  CPU is saturated at p=1: the task thread also waits, presumably on a flush's Redis round
+  trip, which runs in it synchronously so that a checkpoint never precedes a write it covers
+  (not measured apart). Left: the
+  per-record framework work (Python<->Java crossings, state calls, ``Row`` conversions, ~1/3
+  of the lock time per ``py-spy``) and that wait; beyond them the user stage would have to
   become a JVM operator, duplicating the feature definitions that replay evaluation and
   serving use.
 
@@ -287,7 +318,6 @@ def build_job(env: Any, args: argparse.Namespace, settings: Any) -> None:
 
     from stream.flink_functions import (
         DLQ,
-        ITEM,
         ITEM_INPUT,
         SAMPLE,
         USER_INPUT,
@@ -320,7 +350,7 @@ def build_job(env: Any, args: argparse.Namespace, settings: Any) -> None:
     if args.stages == "users":
         return
     item_rows = t_env.to_append_stream(
-        t_env.sql_query(f"SELECT k, v FROM user_out WHERE kind = '{ITEM}'"),
+        t_env.sql_query(f"SELECT k, u FROM user_out WHERE kind = '{SAMPLE}'"),
         Types.ROW([Types.STRING(), Types.STRING()]),
     )
     items = (

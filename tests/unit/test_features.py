@@ -301,3 +301,65 @@ def test_parse_event_rejects_non_objects() -> None:
 
     assert try_parse(b"\xff", DEFAULT_EVENT_WEIGHTS).reason is not None
     assert try_parse("[1, 2]", DEFAULT_EVENT_WEIGHTS).reason == "not a JSON object"
+
+
+def test_parse_event_reads_what_json_reads_beyond_strict_json() -> None:
+    """The parser reads exactly what ``json`` reads: NaN, integers over 64 bits (a faster
+    parser such as orjson reads those as floats, and would send such a ``ts`` to the DLQ),
+    lone surrogates; and the DLQ reason of broken JSON is ``json``'s message."""
+    import json
+
+    from stream.flink_parse import parse_event, try_parse
+
+    e = parse_event(json.dumps({**GOOD, "value": float("nan")}), DEFAULT_EVENT_WEIGHTS)
+    assert e.value is not None and math.isnan(e.value)
+    assert parse_event(json.dumps({**GOOD, "ts": 2**70}), DEFAULT_EVENT_WEIGHTS).ts_ms == 2**70
+    raw = json.dumps({**GOOD, "item_id": "\ud800"})
+    assert parse_event(raw, DEFAULT_EVENT_WEIGHTS).item_id == "\ud800"
+    reason = try_parse('{"event_id": ', DEFAULT_EVENT_WEIGHTS).reason
+    try:
+        json.loads('{"event_id": ')
+    except ValueError as exc:
+        assert reason == f"not JSON: {exc}"
+
+
+@pytest.mark.parametrize(
+    ("item", "weight"),
+    [("i1", 1.0), ("caf\u00e9", 2.0), ('q"\\\n\u2028', 5.0), ("i1", 1e-7), ("i1", 0.25),
+     ("i1", 1.5e16), ("i1", 1e300), ("i1", float("inf"))],
+)
+def test_sample_json_is_the_compact_ascii_json_of_the_wire_dict(item: str, weight: float) -> None:
+    import json
+
+    sample = make_sample(UserState(), ev("e1", item, "click", T0), {"click": weight}, 3)
+    assert sample is not None
+    assert sample.to_json() == json.dumps(sample.to_wire(), separators=(",", ":"))
+
+
+@pytest.mark.parametrize("bucket_ms", [1, MIN, HOUR_MS])
+def test_user_counts_match_window_count_on_random_streams(bucket_ms: int) -> None:
+    """Out-of-order, late and duplicate events over weeks: after every update the counts are
+    ``window_count`` of each window, and no bucket older than the largest window is kept
+    (pruning runs only when as_of enters a newer bucket)."""
+    import random
+
+    from feature_store.features import USER_WINDOWS, user_counts, window_count
+
+    rng = random.Random(bucket_ms)
+    p = params(bucket_ms=bucket_ms)
+    state, ts, ids = UserState(), T0, ["e0"]
+    for n in range(400):
+        ts += rng.choice([0, 1, 30_000, MIN, HOUR_MS, DAY_MS, 3 * DAY_MS])
+        at = ts - rng.choice([0, 0, 1, MIN, HOUR_MS + 1, DAY_MS, 8 * DAY_MS])
+        eid = rng.choice(ids) if rng.random() < 0.1 else f"e{n}"
+        ids.append(eid)
+        update_user(state, ev(eid, f"i{n % 7}", rng.choice(["click", "like", "impression"]), at), p)
+        counts = user_counts(state, p)
+        for name, window_ms in USER_WINDOWS.items():
+            want = {t: window_count(b, state.as_of_ms, window_ms, bucket_ms)
+                    for t, b in sorted(state.buckets.items())}
+            assert counts[name] == {t: c for t, c in want.items() if c}
+        oldest = state.as_of_ms // bucket_ms - max(USER_WINDOWS.values()) // bucket_ms + 1
+        assert all(b >= oldest for per_type in state.buckets.values() for b in per_type)
+        assert all(state.buckets.values())
+        assert user_features(state, "u1", p).counts == counts

@@ -31,11 +31,11 @@ from feature_store.features import (  # noqa: E402
     window_count,
     window_counts,
 )
+from feature_store.redis_store import decode_user  # noqa: E402
 from feature_store.settings import DEFAULT_EVENT_WEIGHTS, load_settings  # noqa: E402
 from stream.cli_features import settings_json  # noqa: E402
 from stream.flink_functions import (  # noqa: E402
     DLQ,
-    ITEM,
     SAMPLE,
     ItemStage,
     TrendingStage,
@@ -103,6 +103,15 @@ class FakeStore:
     def write_batch(self, **kw: Any) -> None:
         self.batches.append(kw)
 
+    def write_encoded(self, users: Any = ()) -> None:
+        """Recorded as the equivalent ``write_batch``: payloads decoded with the reader's
+        ``decode_user``, so a test compares them with ``user_features`` exactly."""
+        users = list(users)
+        self.batches.append({
+            "users": [decode_user(u, str(as_of), v) for u, as_of, _, v in users],
+            "user_seqs": [seq for _, _, seq, _ in users],
+        })
+
     def close(self) -> None:
         pass
 
@@ -138,13 +147,13 @@ def user_stage(batch_size: int = 100) -> tuple[UserStage, FakeState, FeaturePara
 
 
 def feed(stage: UserStage, state: FakeState, ctx: FakeCtx, key: str, raw: str,
-         offset: int = 0) -> list[tuple[str, str, str]]:
+         offset: int = 0) -> list[tuple[str, str, str, str]]:
     state.key = key
     value = user_input(key, 0, offset, raw)
     return [tuple(r) for r in stage.process_element(value, ctx)]  # type: ignore[arg-type]
 
 
-def of_kind(outputs: list[tuple[str, str, str]], kind: str) -> list[tuple[str, str, str]]:
+def of_kind(outputs: list[tuple[str, str, str, str]], kind: str) -> list[tuple[str, str, str, str]]:
     return [o for o in outputs if o[0] == kind]
 
 
@@ -165,12 +174,16 @@ def test_user_stage_matches_the_feature_functions() -> None:
         out = update_user(ref.setdefault(e.user_id, UserState()), e, params)
         if out.sample is not None:
             want_samples.append(out.sample.to_json())
-    got_samples = [v for out in outputs for _, _, v in of_kind(out, SAMPLE)]
+    got_samples = [v for out in outputs for _, _, v, _ in of_kind(out, SAMPLE)]
     assert got_samples == want_samples
-    # the impression (weight 0) sends nothing on to the items; a positive sends one row
-    assert [len(of_kind(out, ITEM)) for out in outputs] == [1, 0, 1, 1]
-    assert of_kind(outputs[0], ITEM) == [(ITEM, "a", item_update("a", "click", T0))]
-    assert parse_item_update(outputs[0][1][2]) == ("a", "click", T0)
+    # the impression (weight 0) emits nothing; a positive ONE row: its sample (v) and the
+    # item stage's update (k = item_id, u)
+    assert [len(out) for out in outputs] == [1, 0, 1, 1]
+    assert [(k, u) for out in outputs for _, k, _, u in out] == [
+        (e.item_id, item_update(e.item_id, e.event_type, e.ts_ms)) for e in events
+        if e.event_type != "impression"
+    ]
+    assert parse_item_update(outputs[0][0][3]) == ("a", "click", T0)
     # one read and one write per event; the state is the packed form of the reference
     assert state.reads == 4 and state.writes == 4
     assert {k: unpack_user(v) for k, v in state.by_key.items()} == ref
@@ -188,13 +201,13 @@ def test_user_stage_routes_bad_records_and_drops_duplicates() -> None:
     stage, state, _ = user_stage()
     ctx = FakeCtx()
     e = Event("e1", "u1", "a", "click", T0)
-    assert len(feed(stage, state, ctx, "u1", wire(e))) == 2
+    assert len(feed(stage, state, ctx, "u1", wire(e))) == 1
     assert feed(stage, state, ctx, "u1", wire(e)) == []  # duplicate event_id
     bad = feed(stage, state, ctx, "", "not json", offset=7)
     # the JVM keyed this record by another user id than the parser reads: never applied
     other = feed(stage, state, ctx, "u9", wire(Event("e5", "u1", "b", "click", T0 + 5)), 8)
-    assert [kind for kind, _, _ in bad + other] == [DLQ, DLQ]
-    records = [json.loads(v) for _, _, v in bad + other]
+    assert [kind for kind, _, _, _ in bad + other] == [DLQ, DLQ]
+    records = [json.loads(v) for _, _, v, _ in bad + other]
     assert records[0]["reason"].startswith("not JSON") and records[0]["offset"] == 7
     assert records[1]["reason"].startswith("user_id") and records[1]["offset"] == 8
     assert state.by_key.get("u9") is None and state.by_key.get("") is None

@@ -120,3 +120,41 @@ def test_cpu_seconds_counts_a_process_and_its_group() -> None:
         assert cpu_seconds(busy.pid + 10_000_000) == 0.0  # no such process
     finally:
         stop_process(busy)
+
+
+def test_several_taskmanagers_run_as_one_component_and_stop_together(tmp_path: Path) -> None:
+    import os
+    import signal
+    import subprocess
+
+    from deploy.components import taskmanagers_argv
+    from tests.support import stop_process, wait_until
+
+    assert taskmanagers_argv(1)[-1] == "start-foreground"  # one JVM: the plain command
+    # A stand-in for taskmanager.sh: records its pid, then runs until stopped.
+    script = tmp_path / "taskmanager.sh"
+    script.write_text(f'[ "$1" = start-foreground ] || exit 3\necho $$ >> {tmp_path}/pids\n'
+                      "exec sleep 60\n")
+    argv = taskmanagers_argv(3)
+    argv[-1] = str(script)
+    group = subprocess.Popen(argv, start_new_session=True)
+    pids_file = tmp_path / "pids"
+
+    def started() -> list[int]:
+        return [int(p) for p in pids_file.read_text().split()] if pids_file.exists() else []
+
+    try:
+        wait_until(lambda: len(started()) == 3, 20, "three TaskManagers to start")
+        os.kill(started()[0], signal.SIGKILL)  # one dies: the component ends, with the others
+        wait_until(lambda: group.poll() is not None, 20, "the group to end")
+
+        def alive(pid: int) -> bool:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return False
+            return True
+
+        wait_until(lambda: not any(alive(p) for p in started()), 20, "the others to stop")
+    finally:
+        stop_process(group)
