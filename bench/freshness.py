@@ -11,6 +11,14 @@ polls, each on its own thread, until:
                         can contain the click is served)
   (c) recommendation_s  the user's recommendations differ from those just before the click
 
+Probe items (``--probe-items``): ``served`` (default) clicks an item of the served model
+version's catalog — what users can be shown — outside that user's current top 20 (so the
+change comes from the user's new history, not from hiding the clicked item); ``any`` draws
+from the simulator's whole catalog, where an item nobody clicked yet has no row in the served
+version and can only move that user's answers once a version trained on the click is served
+(i.e. after (b)). Either way each probe records whether its item was in the served version
+at click time, and (c) is also reported split by that (``recommendation_s_by_item``).
+
 Prints p50/p95/p99 of each in seconds; ``--json FILE`` writes ``feature_s``, ``model_s`` and
 ``recommendation_s`` each with ``p50``, ``p95``, ``p99`` (and the raw values); ``--png FILE``
 draws their distributions (matplotlib, if installed).
@@ -45,9 +53,45 @@ def _items(answer: dict[str, Any]) -> list[str]:
     return [it["item_id"] for it in answer.get("items", [])]
 
 
-def probe(client: httpx.Client, ingest: str, serving: str, user: str, item: str,
-          timeout_s: float, out: dict[str, list[float]], lock: threading.Lock) -> None:
+class ServedCatalog:
+    """Item ids of the version the registry serves (``CURRENT``), cached per version."""
+
+    def __init__(self, registry_dir: Path, model_name: str) -> None:
+        from model.registry import Registry
+
+        self.registry = Registry(registry_dir, model_name)
+        self.version: str | None = None
+        self.items: frozenset[str] = frozenset()
+        self.ordered: list[str] = []
+        self.lock = threading.Lock()
+
+    def current(self) -> tuple[frozenset[str], list[str]]:
+        from model.artifact import load_artifact
+
+        with self.lock:
+            version = self.registry.current()
+            if version is not None and version != self.version:
+                art = load_artifact(self.registry.path(version), verify=False)
+                self.ordered = [str(i) for i in art.item_ids]
+                self.items = frozenset(self.ordered)
+                self.version = version
+            return self.items, self.ordered
+
+
+def probe(client: httpx.Client, ingest: str, serving: str, user: str, item: str | None,
+          timeout_s: float, out: dict[str, list[float]], lock: threading.Lock,
+          catalog: ServedCatalog, rng: random.Random) -> None:
+    """One click of ``user`` (on ``item``, or on a served item outside their top 20 if None)."""
     before = _items(client.get(f"{serving}/recommend", params={"user_id": user, "k": 20}).json())
+    served, ordered = catalog.current()
+    if item is None:
+        shown = set(before)
+        with lock:
+            choices = [i for i in rng.sample(ordered, min(len(ordered), 64)) if i not in shown]
+        if not choices:
+            return
+        item = choices[0]
+    known = item in served
     ts = time.time_ns() // 1_000_000
     t0 = time.monotonic()
     resp = client.post(f"{ingest}/events", json=[
@@ -76,6 +120,7 @@ def probe(client: httpx.Client, ingest: str, serving: str, user: str, item: str,
                 pending.discard("recommendation_s")
                 with lock:
                     out["recommendation_s"].append(now)
+                    out["recommendation_s_known" if known else "recommendation_s_unknown"].append(now)
         time.sleep(0.05)  # polling cadence of the probe
     with lock:
         for name in pending:
@@ -93,6 +138,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--interval", type=float, default=2.0, help="seconds between probes")
     p.add_argument("--rate", type=float, default=300.0, help="background events/s")
     p.add_argument("--timeout", type=float, default=180.0, help="per-probe deadline (s)")
+    p.add_argument("--probe-items", choices=("served", "any"), default="served",
+                   help="served: an item of the served version outside the user's top 20; "
+                        "any: any simulator item (see above)")
     p.add_argument("--ingest", default=f"http://{s.stack.bind_host}:{s.ingest.port}")
     p.add_argument("--serving", default=f"http://{s.stack.bind_host}:{s.serving.port}")
     p.add_argument("--json", type=Path)
@@ -105,18 +153,25 @@ def main(argv: list[str] | None = None) -> int:
     load = threading.Thread(target=run, args=(sim, args.ingest, args.rate),
                             kwargs={"should_stop": stop.is_set}, daemon=True)
     load.start()
-    out: dict[str, list[float]] = {"feature_s": [], "model_s": [], "recommendation_s": []}
+    out: dict[str, list[float]] = {"feature_s": [], "model_s": [], "recommendation_s": [],
+                                   "recommendation_s_known": [], "recommendation_s_unknown": []}
     lock = threading.Lock()
     rng = random.Random(5)
+    catalog = ServedCatalog(s.trainer.registry_dir, s.trainer.model_name)
+    if not catalog.current()[1]:
+        print("no model version is served yet: start the stack (`streamrec up`) and let the "
+              "trainer publish one")
+        return 2
     threads = []
     client = httpx.Client(timeout=30.0)
     print(f"freshness: {args.probes} probes every {args.interval}s under {args.rate:.0f} "
           f"events/s of background load")
     for _ in range(args.probes):
         user = sim.user_id(rng.randrange(config.users))
-        item = sim.item_id(rng.randrange(config.items))
+        item = sim.item_id(rng.randrange(config.items)) if args.probe_items == "any" else None
         t = threading.Thread(target=probe, args=(client, args.ingest, args.serving, user, item,
-                                                 args.timeout, out, lock), daemon=True)
+                                                 args.timeout, out, lock, catalog, rng),
+                             daemon=True)
         t.start()
         threads.append(t)
         time.sleep(args.interval)  # probe cadence
@@ -125,8 +180,12 @@ def main(argv: list[str] | None = None) -> int:
     stop.set()
     result = {name: _pct(out.get(name, [])) for name in ("feature_s", "model_s",
                                                           "recommendation_s")}
+    result["recommendation_s_by_item"] = {
+        "known": _pct(out["recommendation_s_known"]),
+        "unknown": _pct(out["recommendation_s_unknown"])}
     result["timeouts"] = {k: len(v) for k, v in out.items() if k.endswith("_timeouts")}
     result["probes"] = args.probes
+    result["probe_items"] = args.probe_items
     result["background_rate"] = args.rate
     for name in ("feature_s", "model_s", "recommendation_s"):
         r = result[name]
@@ -135,6 +194,11 @@ def main(argv: list[str] | None = None) -> int:
                   f"(n={r['n']})")
         else:
             print(f"{name:<17} no probe completed")
+    for kind in ("known", "unknown"):
+        r = result["recommendation_s_by_item"][kind]
+        if r["n"]:
+            print(f"  item {kind + ' to the served version':<28} p50 {r['p50']:7.2f}  "
+                  f"p95 {r['p95']:7.2f}  (n={r['n']})")
     if result["timeouts"]:
         print(f"timeouts: {result['timeouts']}")
     if args.json:
