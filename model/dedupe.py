@@ -47,8 +47,16 @@ class RecentIds:
 
     def admit_hashes(self, hashes: np.ndarray) -> np.ndarray:
         """:meth:`admit` for ids given by their :func:`id_hashes`."""
-        keep = np.ones(len(hashes), dtype=bool)
-        for i, h in enumerate(hashes.tolist()):
+        values = hashes.tolist()
+        keep = np.ones(len(values), dtype=bool)
+        if self._set.isdisjoint(values) and len(set(values)) == len(values):
+            # the usual chunk: nothing seen before, no repeats (set operations run in C)
+            self._set.update(values)
+            self._order.extend(values)
+            while len(self._order) > self.capacity:
+                self._set.discard(self._order.popleft())
+            return keep
+        for i, h in enumerate(values):
             if h in self._set:
                 keep[i] = False
                 continue

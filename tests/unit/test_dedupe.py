@@ -27,3 +27,16 @@ def test_round_trip_through_an_array_keeps_order_and_capacity() -> None:
     again = RecentIds.from_array(seen.to_array(), capacity=3)
     assert again.to_array().dtype == np.int64
     assert again.admit(["b", "c", "d", "a"]).tolist() == [False, False, False, True]
+
+
+def test_chunks_with_and_without_repeats_agree_with_one_id_at_a_time() -> None:
+    rng = np.random.default_rng(4)
+    chunked, single = RecentIds(capacity=50), RecentIds(capacity=50)
+    for _ in range(200):
+        # mostly fresh chunks (the fast path), sometimes with old or repeated ids
+        low = 0 if rng.random() < 0.3 else 10_000
+        ids = [str(i) for i in rng.integers(low, 10**9 if low else 120, rng.integers(1, 30))]
+        got = chunked.admit(ids).tolist()
+        want = [bool(single.admit([i])[0]) for i in ids]
+        assert got == want
+        assert chunked.to_array().tolist() == single.to_array().tolist()
