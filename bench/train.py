@@ -11,7 +11,8 @@ size, and model freshness.
   (``TrainOptions.dedup_lookups``) side by side in one process: N alternating rounds on the
   same batches, taken from a longer stream (histories fill up to 50 items), medians reported.
 * e2e: ``--e2e-samples`` samples pre-produced to a fresh topic of the Kafka in the settings
-  (``STREAMREC_KAFKA__PORT``), then the trainer service (decode, evaluate 128 rows/batch,
+  (``STREAMREC_KAFKA__PORT``), then the trainer service as ``streamrec train`` builds it (the
+  live model defaults, e.g. its history window; decode, evaluate 128 rows/batch,
   train, checkpoint + export at the default cadence) drains them; rate = samples / wall time
   of ``run()`` (the step is traced before the clock starts). ``--e2e-consumer
   confluent,kafka-python --e2e-rounds 3`` times both samples consumers in alternating order.
@@ -52,13 +53,13 @@ import numpy as np
 HIST = 50
 
 
-def _batches(n_batches: int, batch: int, seed: int = 1) -> list[Any]:
+def _batches(n_batches: int, batch: int, seed: int = 1, hist: int = HIST) -> list[Any]:
     from model.samples import KeyCache, to_batch
     from model.synthetic import SyntheticConfig, SyntheticStream
 
     stream = SyntheticStream(SyntheticConfig(users=10_000, items=20_000, clusters=50, seed=seed))
     keys = KeyCache()
-    return [to_batch(stream.take(batch), HIST, keys) for _ in range(n_batches)]
+    return [to_batch(stream.take(batch), hist, keys) for _ in range(n_batches)]
 
 
 def _step_trainer(batch: int, train_history: bool = True, dedup: bool = True) -> Any:
@@ -133,27 +134,29 @@ def _settings(root: Path) -> Any:
     return s
 
 
-def _service(settings: Any, consumer: str = "auto") -> Any:
+def _service(settings: Any, consumer: str = "auto", **loop: Any) -> Any:
+    """The trainer service as ``streamrec train`` builds it: the live model defaults
+    (``ModelConfig()``), the settings' batch size and export cadence."""
     from model.trainer import TrainOptions
     from model.trainer_loop import LoopOptions, build_service
     from model.two_tower import ModelConfig
 
     service = build_service(
         settings,
-        ModelConfig(history_len=HIST),
+        ModelConfig(),
         TrainOptions(batch_size=settings.trainer.batch_size),
         LoopOptions(export_every_s=settings.trainer.export_every_s,
                     export_every_samples=settings.trainer.export_every_samples,
-                    consumer=consumer),
+                    consumer=consumer, **loop),
         clock=lambda: datetime.now(UTC),
     )
-    warm = _batches(2, settings.trainer.batch_size, seed=99)
+    warm = _batches(2, settings.trainer.batch_size, seed=99, hist=service.history_len)
     for b in warm:  # trace the step and the evaluation before timing
         service.trainer.fit_batch(b)
     return service
 
 
-def bench_e2e(n: int, root: Path, consumer: str = "auto") -> tuple[float, float]:
+def bench_e2e(n: int, root: Path, consumer: str = "auto", **loop: Any) -> tuple[float, float]:
     """(examples per wall second, examples per CPU second of this process) of ``run()``,
     with the samples consumer ``consumer`` (``LoopOptions.consumer``)."""
     from model.samples import encode_sample
@@ -168,7 +171,7 @@ def bench_e2e(n: int, root: Path, consumer: str = "auto") -> tuple[float, float]
         producer.send(settings.kafka.samples_topic, key=s.user_id.encode(), value=encode_sample(s))
     producer.flush(timeout=300)
     producer.close()
-    service = _service(settings, consumer)
+    service = _service(settings, consumer, **loop)
     service.loop = replace(service.loop, max_samples=n)
     started, cpu = time.perf_counter(), time.process_time()
     state = service.run()
