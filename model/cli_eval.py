@@ -98,6 +98,10 @@ def register(sub: Any) -> None:
         "--mask-same-user", type=int, choices=(0, 1), default=None,
         help="1: in-batch positives of the row's own user are no negatives",
     )
+    g.add_argument(
+        "--aux-weight", type=float, default=None,
+        help="weight of the history-pool item-item loss; 0 = none (default: TrainOptions')",
+    )
     g.add_argument("--logq", choices=("gap", "count"), default=None, help="frequency estimate")
     g.add_argument("--logq-half-life", type=float, default=None, help="count estimate, samples")
     p.add_argument("--json", type=Path, default=None, help="write the figures as JSON")
@@ -174,6 +178,7 @@ def _config(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
         "mask_same_user": bool(_default(args.mask_same_user, "mask_same_user")),
         "logq_estimator": _default(args.logq, "logq_estimator"),
         "logq_half_life": _default(args.logq_half_life, "logq_half_life"),
+        "aux_weight": _default(args.aux_weight, "aux_weight"),
     }
 
 
@@ -224,6 +229,7 @@ def _run(args: argparse.Namespace, settings: Any, stream: Any) -> Any:
             batch_size=args.batch_size,
             learning_rate=cfg["learning_rate"],
             dense_lr=cfg["dense_lr"],
+            aux_weight=cfg["aux_weight"],
             eval_rows=0,
             sampled_negatives=cfg["sampled_negatives"],
             mask_same_user=cfg["mask_same_user"],

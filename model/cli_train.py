@@ -56,6 +56,9 @@ def register(sub: Any) -> None:
     p.add_argument("--dense-lr", type=float, help="learning rate of the dense layers")
     p.add_argument("--no-history-grad", action="store_true",
                    help="history rows learn only as targets (faster steps)")
+    p.add_argument("--aux-weight", type=float,
+                   help="weight of the item-to-item history-pool term of the loss (0 = off, "
+                        "faster steps; default: TrainOptions.aux_weight)")
     p.add_argument("--eval-rows", type=int, default=128,
                    help="rows per batch scored test-then-train (0 = off; default 128)")
     p.set_defaults(func=run_train)
@@ -105,6 +108,7 @@ def run_train(args: argparse.Namespace) -> int:
             max_user_rows=args.max_user_rows,
             max_item_rows=args.max_item_rows,
             eval_rows=args.eval_rows,
+            **({} if args.aux_weight is None else {"aux_weight": args.aux_weight}),
         )
         loop = LoopOptions(
             batch_timeout_s=args.batch_timeout_s,

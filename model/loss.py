@@ -152,6 +152,37 @@ def in_batch_softmax_loss(
     return total / tf.maximum(tf.reduce_sum(weights), 1e-12)
 
 
+def history_pool_loss(
+    pooled: tf.Tensor,
+    known: tf.Tensor,
+    item_vecs: tf.Tensor,
+    item_keys: tf.Tensor,
+    log_q: tf.Tensor,
+    weights: tf.Tensor,
+    total_weight: tf.Tensor,
+    temperature: float = 1.0,
+    num_groups: int = 1,
+    **kwargs: tf.Tensor,
+) -> tf.Tensor:
+    """Auxiliary item-item term (``TrainOptions.aux_weight``): :func:`in_batch_softmax_loss`
+    with each row's L2-normalised history pool ``pooled`` (``[B, d]``, the user tower's
+    recency-weighted mean of the known history rows) as the query in place of the user
+    vector, over the rows with a known history (``known``: ``[B, L]``), returned as
+    ``sum(w * ce) / total_weight``. It scores the target against the history items' own
+    rows (item2vec-like), so the shared item table learns which items follow which, beyond
+    what the per-user rows memorise. ``kwargs``: the sampled negatives and the own-user mask
+    of the main loss."""
+    has = tf.cast(tf.reduce_any(known, axis=1), tf.float32)
+    query = tf.cast(pooled, tf.float32)
+    query = query / tf.maximum(tf.norm(query, axis=-1, keepdims=True), 1e-12)
+    query = tf.cast(query, item_vecs.dtype)
+    w = tf.cast(weights, tf.float32) * has
+    total = in_batch_softmax_loss(
+        query, item_vecs, item_keys, log_q, w, temperature, num_groups, "sum", **kwargs
+    )
+    return total / total_weight
+
+
 def in_batch_softmax_loss_np(
     user_vecs: np.ndarray,
     item_vecs: np.ndarray,

@@ -16,7 +16,12 @@ import numpy as np
 
 from model.evaluation import Evaluator
 from model.frequency import CountFrequencyEstimator
-from model.loss import FrequencyEstimator, group_ids, in_batch_softmax_loss
+from model.loss import (
+    FrequencyEstimator,
+    group_ids,
+    history_pool_loss,
+    in_batch_softmax_loss,
+)
 from model.negatives import NegativeSampler
 from model.prior import item_scoring_vectors, user_scoring_vectors
 from model.samples import Batch
@@ -123,6 +128,34 @@ class Trainer:
     def _loss_extra(self, uk: tf.Tensor) -> dict[str, tf.Tensor]:
         return {"user_keys": uk} if self.options.mask_same_user else {}
 
+    def _loss(
+        self,
+        uv: tf.Tensor,
+        pooled: list[tf.Tensor],
+        known: tf.Tensor,
+        targets: tuple[tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor],
+        neg_vecs: tf.Tensor,
+        negs: dict[str, tf.Tensor],
+        uk: tf.Tensor,
+        total_w: tf.Tensor | None = None,
+    ) -> tf.Tensor:
+        """The training loss: the in-batch softmax plus ``TrainOptions.aux_weight`` times
+        the history-pool term (``model.loss.history_pool_loss``). ``targets`` is
+        ``(item vectors, item keys, log q, weights)``. ``total_w`` given: a micro-batch's
+        share (``sum(w * ce) / total_w``, own block negatives), else the mean over the batch
+        with ``loss_groups`` blocks."""
+        iv, ik, log_q, w = targets
+        accum = total_w is not None
+        groups = 1 if accum else self.options.loss_groups
+        total = total_w if accum else tf.maximum(tf.reduce_sum(w), 1e-12)
+        kwargs = {"neg_vecs": neg_vecs, **negs, **self._loss_extra(uk)}
+        temp = self.config.temperature
+        loss = in_batch_softmax_loss(uv, iv, ik, log_q, w, temp, groups, "sum", **kwargs) / total
+        if self.options.aux_weight:
+            aux = history_pool_loss(pooled[0], known, iv, ik, log_q, w, total, temp, groups, **kwargs)
+            loss += self.options.aux_weight * aux
+        return loss
+
     def _single_step(
         self,
         uk: tf.Tensor,
@@ -140,19 +173,11 @@ class Trainer:
             u_rows, i_rows, h_rows, n_rows = self.model.lookup(
                 u_eff, i_eff, h_eff, negs["neg_keys"]
             )
-            uv, iv = self.model.towers(u_rows, i_rows, h_rows, known)
-            loss = in_batch_softmax_loss(
-                uv,
-                iv,
-                ik,
-                log_q,
-                w,
-                self.config.temperature,
-                self.options.loss_groups,
-                neg_vecs=self.model.item_tower(n_rows),
-                **negs,
-                **self._loss_extra(uk),
-            )
+            pooled = self.model.history_inputs(h_rows, known)
+            uv = self.model.user_mlp(u_rows, *pooled)
+            iv = self.model.item_tower(i_rows)
+            targets = (iv, ik, log_q, w)
+            loss = self._loss(uv, pooled, known, targets, self.model.item_tower(n_rows), negs, uk)
         dense = self.model.dense_variables
         grads = tape.gradient(loss, [self.model.users.shadow, self.model.items.shadow, *dense])
         self._apply(grads[0], grads[1], grads[2:])
@@ -180,19 +205,11 @@ class Trainer:
         with tf.GradientTape() as tape:
             u_uniq = model.shadow_rows(model.users, plan.user_keys)
             i_all = model.shadow_rows(model.items, all_keys)
-            uv, iv = model.planned_towers(plan, u_uniq, i_all[:n_plan])
-            loss = in_batch_softmax_loss(
-                uv,
-                iv,
-                ik,
-                log_q,
-                w,
-                self.config.temperature,
-                self.options.loss_groups,
-                neg_vecs=model.item_tower(tf.gather(i_all, neg_idx)),
-                **negs,
-                **self._loss_extra(uk),
-            )
+            u_rows, pooled = model.planned_inputs(plan, u_uniq, i_all[:n_plan])
+            uv = model.user_mlp(u_rows, *pooled)
+            iv = model.item_tower(tf.gather(i_all[:n_plan], plan.target_idx))
+            neg_vecs = model.item_tower(tf.gather(i_all, neg_idx))
+            loss = self._loss(uv, pooled, known, (iv, ik, log_q, w), neg_vecs, negs, uk)
         g_user, g_item, *g_dense = tape.gradient(loss, [u_uniq, i_all, *dense])
         # Gradients w.r.t. the distinct rows, summed per key: dense [U, d] / [I, d] updates
         # of the shadow buffers, which hold exactly those keys in that order.
@@ -248,19 +265,11 @@ class Trainer:
                 h_rows = tf.reshape(rows[bg : bg + n_hist], [bg, -1, e])
                 if not self.config.train_history:
                     h_rows = tf.stop_gradient(h_rows)
-                uv, iv = self.model.towers(tf.gather(u_uniq, uidx), rows[:bg], h_rows, kn)
-                loss = in_batch_softmax_loss(
-                    uv,
-                    iv,
-                    ikg,
-                    lq,
-                    wg,
-                    self.config.temperature,
-                    reduce="sum",
-                    neg_vecs=self.model.item_tower(rows[bg + n_hist :]),
-                    **negs,
-                    **(self._loss_extra(ukg)),
-                ) / total_w
+                pooled = self.model.history_inputs(h_rows, kn)
+                uv = self.model.user_mlp(tf.gather(u_uniq, uidx), *pooled)
+                targets = (self.model.item_tower(rows[:bg]), ikg, lq, wg)
+                neg_vecs = self.model.item_tower(rows[bg + n_hist :])
+                loss = self._loss(uv, pooled, kn, targets, neg_vecs, negs, ukg, total_w)
             gu, gi, *gd = tape.gradient(loss, [u_uniq, i_uniq, *dense])
             u_keys.append(uu)
             u_grads.append(gu)

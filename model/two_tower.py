@@ -32,11 +32,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
 
+from model.model_config import ModelConfig
 from model.tables import EmbeddingTable
 from model.tf_env import de, tf, tf_keras
 
@@ -45,70 +45,6 @@ log = logging.getLogger(__name__)
 #: Key of the shared default row in both tables (the 64-bit id hash hits it w.p. 2**-64).
 DEFAULT_KEY = int(np.iinfo(np.int64).min)
 PAD_KEY = 0
-COMPUTE_DTYPES = ("float32", "bfloat16")
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    embedding_dim: int = 32
-    #: Dense layers of the user tower; the last one must equal ``embedding_dim``.
-    user_layers: tuple[int, ...] = (64, 32)
-    #: Most recent history items the user tower pools (a prefix of the feature store's
-    #: history). 10 beats 20 and 50 on MovieLens latest-small (``streamrec evaluate``).
-    history_len: int = 10
-    temperature: float = 0.05
-    normalize: bool = True
-    #: Whether ``normalize`` also applies to the user tower (False: items only; the user
-    #: vector's norm then scales that user's logits, a learned per-user temperature).
-    normalize_user: bool = True
-    #: Weight of the popularity prior in the score (``model.prior``); 0 = none. Exported
-    #: through the artifact's ``score_bias`` (format 2). MovieLens latest-small
-    #: (``streamrec evaluate``, Recall@10 / popularity) wants it strong (2/3/4/5: 1.21x/
-    #: 1.29x/1.34x/1.37x with 1000 sampled negatives; 3/4: 1.42x/1.43x with 50); planted
-    #: preferences (synthetic, no popularity signal) want it weak (Recall@10 over popularity
-    #: in ``tests/unit``: 0/3/4/5 -> +0.22/+0.117/+0.099/+0.087; its bar is +0.1). 3 keeps
-    #: both with a margin.
-    prior_weight: float = 3.0
-    admit_after: int = 1
-    #: Admission threshold of the user table (None: ``admit_after``). Users below it share
-    #: the default row, so the user tower rests on their history alone.
-    user_admit_after: int | None = None
-    init_stddev: float = 0.05
-    seed: int = 7
-    #: "bfloat16": tower math and logits in bfloat16, variables stay float32 (master weights).
-    compute_dtype: str = "float32"
-    init_capacity: int = 16384
-    #: Recency weighting of the history pool: the known entry at position p of the window
-    #: (0 = most recent) weighs ``history_decay ** p``; the pool is the weighted mean of
-    #: the known rows (1.0 = plain mean; :func:`pool_weights`). 0.9 with 10 items: the newest
-    #: click weighs 0.15, not 0.1, so one click moves the served vector more. MovieLens
-    #: (``streamrec evaluate``, Recall@10 / popularity, seeds 7/1/2): 1.0 -> 1.40/1.37/1.40x,
-    #: 0.9 -> 1.45/1.43/1.48x; 0.8/0.6 -> 1.42x/1.29x (seed 7). Planted preferences
-    #: (``tests/unit``, bar +0.1): 0.9/0.8 -> +0.113/+0.106.
-    history_decay: float = 0.9
-    #: Whether the row of the most recent known history item is a separate input of the
-    #: user MLP: ``concat(user row, pool, last row)``. Off: it costs MovieLens Recall@10
-    #: (1.12x alone, 1.19x with decay 0.8, vs 1.40x).
-    last_item: bool = False
-    #: Whether history rows get gradients through the user tower. False: they learn only as
-    #: targets (and sampled negatives), and the item optimizer touches ~B rows per step,
-    #: not every distinct history item of the batch (bench/train.py: the speed difference).
-    train_history: bool = True
-
-    def __post_init__(self) -> None:
-        if not self.user_layers or self.user_layers[-1] != self.embedding_dim:
-            raise ValueError("user_layers must end with embedding_dim (the item vector size)")
-        if self.compute_dtype not in COMPUTE_DTYPES:
-            raise ValueError(f"compute_dtype must be one of {COMPUTE_DTYPES}")
-        if self.admit_after < 1 or (self.user_admit_after or 1) < 1:
-            raise ValueError("admit_after and user_admit_after must be >= 1")
-        if not 0.0 < self.history_decay <= 1.0:
-            raise ValueError("history_decay must be in (0, 1]")
-
-    @property
-    def tower_inputs(self) -> int:
-        """Width of the user MLP's input: user row, history pool (and last item row)."""
-        return (3 if self.last_item else 2) * self.embedding_dim
 
 
 def pool_weights(known: tf.Tensor, decay: float) -> tf.Tensor:
@@ -291,6 +227,13 @@ class TwoTower(tf.Module):
     ) -> tuple[tf.Tensor, tf.Tensor]:
         """:meth:`towers` from the distinct rows of :meth:`plan` (``u_uniq``/``i_uniq`` are the
         rows of ``plan.user_keys``/``plan.item_keys``)."""
+        u_rows, pooled = self.planned_inputs(plan, u_uniq, i_uniq)
+        return self.user_mlp(u_rows, *pooled), self.item_tower(tf.gather(i_uniq, plan.target_idx))
+
+    def planned_inputs(
+        self, plan: LookupPlan, u_uniq: tf.Tensor, i_uniq: tf.Tensor
+    ) -> tuple[tf.Tensor, list[tf.Tensor]]:
+        """The user MLP's inputs from the distinct rows of :meth:`plan`: (user rows, pools)."""
         if self.config.train_history:
             h_uniq = i_uniq
         else:
@@ -298,16 +241,19 @@ class TwoTower(tf.Module):
         pooled = [tf.sparse.sparse_dense_matmul(plan.pool, h_uniq)]
         if plan.last is not None:
             pooled.append(tf.sparse.sparse_dense_matmul(plan.last, h_uniq))
-        uv = self.user_mlp(tf.gather(u_uniq, plan.user_idx), *pooled)
-        return uv, self.item_tower(tf.gather(i_uniq, plan.target_idx))
+        return tf.gather(u_uniq, plan.user_idx), pooled
 
     # -- math -----------------------------------------------------------------------------------
     def user_tower(self, u_rows: tf.Tensor, h_rows: tf.Tensor, known: tf.Tensor) -> tf.Tensor:
+        return self.user_mlp(u_rows, *self.history_inputs(h_rows, known))
+
+    def history_inputs(self, h_rows: tf.Tensor, known: tf.Tensor) -> list[tf.Tensor]:
+        """The pools the user MLP takes after the user row, from dense ``[B, L, d]`` rows."""
         weights = pool_weights(known, self.config.history_decay)[..., None]
         pooled = [tf.reduce_sum(h_rows * weights, axis=1)]
         if self.config.last_item:
             pooled.append(tf.reduce_sum(h_rows * last_weights(known)[..., None], axis=1))
-        return self.user_mlp(u_rows, *pooled)
+        return pooled
 
     def user_mlp(self, u_rows: tf.Tensor, *pooled: tf.Tensor) -> tf.Tensor:
         """Dense layers on ``concat(user row, history pool[, last item row])`` (float32)."""

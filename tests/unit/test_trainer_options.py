@@ -57,10 +57,13 @@ def _seed_state(trainer: Trainer, batch: Batch, rng_seed: int = 0) -> None:
     trainer.model.items.observe(tf.constant(items), tf.constant(0, tf.int64))
 
 
-def test_grad_accumulation_equals_one_big_batch() -> None:
+@pytest.mark.parametrize("aux_weight", [0.0, 1.5])
+def test_grad_accumulation_equals_one_big_batch(aux_weight: float) -> None:
     batch = _batches(1, 96)[0]
-    accum = Trainer(CFG, TrainOptions(grad_accum_steps=4, eval_rows=0, learning_rate=0.1), tag="acc")
-    big = Trainer(CFG, TrainOptions(loss_groups=4, eval_rows=0, learning_rate=0.1), tag="big")
+    opts = TrainOptions(eval_rows=0, learning_rate=0.1, aux_weight=aux_weight)
+    tag = f"{int(aux_weight * 10)}"
+    accum = Trainer(CFG, replace(opts, grad_accum_steps=4), tag=f"acc{tag}")
+    big = Trainer(CFG, replace(opts, loss_groups=4), tag=f"big{tag}")
     for t in (accum, big):
         _seed_state(t, batch)
     before = _table(big, "item")
@@ -240,20 +243,28 @@ def _slot(trainer: Trainer, which: str) -> dict[int, np.ndarray]:
 
 
 @pytest.mark.parametrize(
-    ("train_history", "decay", "last_item"),
-    [(True, 1.0, False), (False, 1.0, False), (True, 0.5, True), (False, 0.7, True)],
+    ("train_history", "decay", "last_item", "aux"),
+    [
+        (True, 1.0, False, 0.0),
+        (False, 1.0, False, 0.0),
+        (True, 0.5, True, 0.0),
+        (False, 0.7, True, 0.0),
+        (True, 0.9, False, 1.5),
+        (False, 0.9, False, 1.5),
+        (True, 0.7, True, 1.5),
+    ],
 )
 def test_deduplicated_step_equals_the_reference_step(
-    train_history: bool, decay: float, last_item: bool
+    train_history: bool, decay: float, last_item: bool, aux: float
 ) -> None:
     batches = _batches(3, 24, seed=11)
     assert any(len(np.unique(b.user_keys)) < len(b) for b in batches)  # repeated users
     assert any(np.isin(b.item_keys, b.history).any() for b in batches)  # targets in histories
     cfg = replace(CFG, train_history=train_history, history_decay=decay, last_item=last_item)
-    tag = f"{int(train_history)}{int(decay * 10)}{int(last_item)}"
+    tag = f"{int(train_history)}{int(decay * 10)}{int(last_item)}{int(aux * 10)}"
+    opts = TrainOptions(eval_rows=4, learning_rate=0.3, aux_weight=aux)
     trainers = [
-        Trainer(cfg, TrainOptions(eval_rows=4, learning_rate=0.3, dedup_lookups=d),
-                tag=f"dedup{int(d)}{tag}")
+        Trainer(cfg, replace(opts, dedup_lookups=d), tag=f"dedup{int(d)}{tag}")
         for d in (False, True)
     ]
     for t in trainers:
@@ -305,3 +316,51 @@ def test_sampled_negatives_are_trained_and_repeats_count_once() -> None:
     without.train_step(batches[1])
     rows1 = _table(without, "item")
     assert max(np.abs(rows1[k] - rows0[k]).max() for k in rows0) == 0.0
+
+
+@pytest.mark.parametrize("dedup", [True, False])
+def test_auxiliary_loss_adds_the_history_pool_softmax(dedup: bool) -> None:
+    """``aux_weight`` adds ``weight * sum(w * ce) / sum(w)`` over the rows with a known
+    history, ``ce`` being the main softmax with the normalised history pool (the user
+    tower's, decay ``history_decay``) as the query; computed here in numpy from the seeded
+    state."""
+    from model.loss import in_batch_softmax_loss_np
+
+    batch = _batches(3, 24, seed=13)[2]
+    batch.history[::5] = 0  # rows without history: no auxiliary term
+    opts = TrainOptions(
+        eval_rows=0, learning_rate=0.3, sampled_negatives=0, dedup_lookups=dedup, aux_weight=0.0
+    )
+    cfg = replace(CFG, history_decay=0.5)
+    plain = Trainer(cfg, opts, tag=f"aux0{int(dedup)}")
+    aux = Trainer(cfg, replace(opts, aux_weight=2.5), tag=f"aux1{int(dedup)}")
+    for t in (plain, aux):
+        _seed_state(t, batch)
+    rows = _table(aux, "item")
+    hist = batch.history[:, :HIST]
+    known = hist != 0
+    w_pos = np.where(known, 0.5 ** np.arange(HIST)[None, :], 0.0)
+    w_pos /= np.maximum(w_pos.sum(axis=1, keepdims=True), 1e-12)
+    dim = CFG.embedding_dim
+    hrows = np.array([[rows[k] if k else np.zeros(dim) for k in r] for r in hist])
+    query = (w_pos[..., None] * hrows).sum(axis=1)
+    query /= np.maximum(np.linalg.norm(query, axis=1, keepdims=True), 1e-12)
+    targets = np.array([rows[k] for k in batch.item_keys])
+    targets /= np.linalg.norm(targets, axis=1, keepdims=True)
+    loss_plain = plain.train_step(batch)
+    loss_aux = aux.train_step(batch)
+    log_q = aux.freq.log_q(tf.constant(batch.item_keys)).numpy()
+    has = known.any(axis=1).astype(np.float64)
+    assert 0 < has.sum() < len(has)
+    w = batch.weights.astype(np.float64)
+    ce_mean = in_batch_softmax_loss_np(
+        query, targets, batch.item_keys, log_q, w * has, CFG.temperature, user_keys=batch.user_keys
+    )
+    expected = 2.5 * ce_mean * (w * has).sum() / w.sum()
+    assert expected > 0.1
+    assert loss_aux - loss_plain == pytest.approx(expected, rel=1e-4)
+
+
+def test_auxiliary_weight_must_not_be_negative() -> None:
+    with pytest.raises(ValueError, match="aux_weight"):
+        TrainOptions(aux_weight=-1.0)

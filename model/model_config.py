@@ -1,0 +1,77 @@
+"""Configuration of the two-tower model (:class:`model.two_tower.TwoTower`); no TensorFlow.
+
+Re-exported by ``model.two_tower``; every field is part of the model the live trainer and
+``streamrec evaluate`` run, and the served fields go into the artifact (``model.export``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+COMPUTE_DTYPES = ("float32", "bfloat16")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    embedding_dim: int = 32
+    #: Dense layers of the user tower; the last one must equal ``embedding_dim``.
+    user_layers: tuple[int, ...] = (64, 32)
+    #: Most recent history items the user tower pools (a prefix of the feature store's
+    #: history). 10 beats 20 and 50 on MovieLens latest-small (``streamrec evaluate``).
+    history_len: int = 10
+    temperature: float = 0.05
+    normalize: bool = True
+    #: Whether ``normalize`` also applies to the user tower (False: items only; the user
+    #: vector's norm then scales that user's logits, a learned per-user temperature).
+    normalize_user: bool = True
+    #: Weight of the popularity prior in the score (``model.prior``); 0 = none. Exported
+    #: through the artifact's ``score_bias`` (format 2). MovieLens latest-small
+    #: (``streamrec evaluate``, Recall@10 / popularity) wants it strong (2/3/4/5: 1.21x/
+    #: 1.29x/1.34x/1.37x with 1000 sampled negatives; 3/4: 1.42x/1.43x with 50); planted
+    #: preferences (synthetic, no popularity signal) want it weak (Recall@10 over popularity
+    #: in ``tests/unit``: 0/3/4/5 -> +0.22/+0.117/+0.099/+0.087; its bar is +0.1). 3 keeps
+    #: both with a margin.
+    prior_weight: float = 3.0
+    admit_after: int = 1
+    #: Admission threshold of the user table (None: ``admit_after``). Users below it share
+    #: the default row, so the user tower rests on their history alone.
+    user_admit_after: int | None = None
+    init_stddev: float = 0.05
+    seed: int = 7
+    #: "bfloat16": tower math and logits in bfloat16, variables stay float32 (master weights).
+    compute_dtype: str = "float32"
+    init_capacity: int = 16384
+    #: Recency weighting of the history pool: the known entry at position p of the window
+    #: (0 = most recent) weighs ``history_decay ** p``; the pool is the weighted mean of
+    #: the known rows (1.0 = plain mean; ``model.two_tower.pool_weights``). 0.8 with 10
+    #: items: the newest click weighs 0.22, not 0.1, so one click moves the served vector
+    #: more. MovieLens
+    #: (``streamrec evaluate``, Recall@10 / popularity, seeds 7/1/2), without the auxiliary
+    #: loss (``TrainOptions.aux_weight`` 0): 1.0 -> 1.40/1.37/1.40x, 0.9 -> 1.45/1.43/1.48x,
+    #: 0.8/0.6 -> 1.42x/1.29x (seed 7); with it (8, the default): 0.9 -> 1.61/1.62/1.62x,
+    #: 0.8 -> 1.63/1.67/1.66x. Planted preferences (``tests/unit``, bar +0.1), aux 0/8:
+    #: 0.9 -> +0.113/+0.188, 0.8 -> +0.105/+0.185.
+    history_decay: float = 0.8
+    #: Whether the row of the most recent known history item is a separate input of the
+    #: user MLP: ``concat(user row, pool, last row)``. Off: it costs MovieLens Recall@10
+    #: (1.12x alone, 1.19x with decay 0.8, vs 1.40x).
+    last_item: bool = False
+    #: Whether history rows get gradients through the user tower. False: they learn only as
+    #: targets (and sampled negatives), and the item optimizer touches ~B rows per step,
+    #: not every distinct history item of the batch (bench/train.py: the speed difference).
+    train_history: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.user_layers or self.user_layers[-1] != self.embedding_dim:
+            raise ValueError("user_layers must end with embedding_dim (the item vector size)")
+        if self.compute_dtype not in COMPUTE_DTYPES:
+            raise ValueError(f"compute_dtype must be one of {COMPUTE_DTYPES}")
+        if self.admit_after < 1 or (self.user_admit_after or 1) < 1:
+            raise ValueError("admit_after and user_admit_after must be >= 1")
+        if not 0.0 < self.history_decay <= 1.0:
+            raise ValueError("history_decay must be in (0, 1]")
+
+    @property
+    def tower_inputs(self) -> int:
+        """Width of the user MLP's input: user row, history pool (and last item row)."""
+        return (3 if self.last_item else 2) * self.embedding_dim
