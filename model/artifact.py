@@ -21,20 +21,18 @@ User tower (exactly what :meth:`ServingArtifact.user_vectors` computes)::
     h = history[:manifest["history_len"]]  (most recent first; format 2, absent = all of it)
     K = the entries of h the model knows (in item_hist_keys), at positions p_k of h
     x = concat(user_row(user_key) or default_user_row,
-               sum_k w_k * item_hist_rows[K_k] or zeros(e_h),
-               item_hist_rows[K_0] or zeros(e_h))                  (only with last_item)
+               sum_k w_k * item_hist_rows[K_k] or zeros(e_h))
     w_k = d ** p_k / sum_j d ** p_j,  d = manifest["history_decay"]  (1 = the plain mean)
     for each layer i:  x = act_i(x @ W_i + b_i)         act_i in {"relu", "linear"}
     if manifest["normalize"]:  x = x / max(||x||_2, 1e-12)
     if manifest["score_bias"]: x = concat(x, [1])                    (format 2 only)
 
-(``model.pooling``) so ``in_0 == e_u + e_h`` (``e_u + 2 e_h`` with ``last_item``) and the last ``out`` equals ``d`` (with no layers, ``e_u + e_h == d``),
+(``model.pooling``) so ``in_0 == e_u + e_h`` and the last ``out`` equals ``d`` (with no layers, ``e_u + e_h == d``),
 or ``d - 1`` with ``score_bias``. Scores are ``item_vectors @ x``: with ``score_bias`` the last
 column of ``item_vectors`` is an additive per-item score (e.g. the popularity prior of
 ``model.prior``), which the constant 1 appended *after* the normalisation adds unscaled.
 
-Format versions: 2 adds ``score_bias`` and ``history_len``; 3 adds ``history_decay`` and
-``last_item``. The writer writes the lowest version that expresses the artifact (without
+Format versions: 2 adds ``score_bias`` and ``history_len``; 3 adds ``history_decay``. The writer writes the lowest version that expresses the artifact (without
 the format-2 keys it stays format 1, without the format-3 keys format 2, each readable by
 older readers); the reader reads all three.
 
@@ -46,7 +44,6 @@ older readers); the reader reads all three.
      "score_bias": bool,                  (format 2; absent = false)
      "history_len": int,                  (format 2; absent = the whole history)
      "history_decay": float in (0, 1],    (format 3; absent = 1, the plain mean)
-     "last_item": bool,                   (format 3; absent = false)
      "dims": {"items": N, "d": d, "hist_items": H, "hist_dim": e_h, "users": U, "user_dim": e_u},
      "layers": [{"w": "layer_0_w.npy", "b": "layer_0_b.npy", "activation": "relu"}, ...],
      "files": {"<name>.npy": {"sha256": hex, "bytes": int, "shape": [...], "dtype": str}, ...},
@@ -138,7 +135,6 @@ def write_artifact(
     score_bias: bool = False,
     history_len: int | None = None,
     history_decay: float = 1.0,
-    last_item: bool = False,
     manifest_extra: Mapping[str, Any] | None = None,
     created_at: datetime | None = None,
 ) -> dict[str, Any]:
@@ -194,7 +190,7 @@ def write_artifact(
         }
     manifest: dict[str, Any] = {
         "format": FORMAT,
-        "format_version": format_version(score_bias, history_len, history_decay, last_item),
+        "format_version": format_version(score_bias, history_len, history_decay),
         "version": version,
         "created_at": created_at.isoformat() if created_at else None,
         "normalize": bool(normalize),
@@ -220,8 +216,6 @@ def write_artifact(
         raise ArtifactError(f"history_decay must be in (0, 1], got {history_decay}")
     if history_decay != 1.0:
         manifest["history_decay"] = float(history_decay)
-    if last_item:
-        manifest["last_item"] = True
     check_dims(manifest, arrays)
     (out / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
     log.info("wrote artifact %s (%d items) to %s", version, ids.shape[0], out)
@@ -257,11 +251,6 @@ class ServingArtifact:
         return float(self.manifest.get("history_decay", 1.0))
 
     @property
-    def last_item(self) -> bool:
-        """Whether the most recent known history row is a separate tower input."""
-        return bool(self.manifest.get("last_item", False))
-
-    @property
     def score_bias(self) -> bool:
         """Whether the last item-vector column is an additive score (see the module doc)."""
         return bool(self.manifest.get("score_bias", False))
@@ -293,7 +282,7 @@ class ServingArtifact:
         """User tower output, float32 ``[B, d]``; unknown users get the default row, the
         history (most recent first) is cut to ``history_len``, the items of it the model
         does not know are skipped and the known ones pooled (``model.pooling``: recency
-        weights, optionally the most recent one on its own). With ``score_bias`` the last
+        weights). With ``score_bias`` the last
         column is the constant 1 that adds each item's bias to its score."""
         if len(user_ids) != len(histories):
             raise ValueError("user_ids and histories differ in length")
@@ -304,8 +293,7 @@ class ServingArtifact:
         urows[:] = self.default_user_row
         if found.any():
             urows[found] = self.user_rows[pos[found]]
-        inputs = 2 if self.last_item else 1
-        hrows = np.zeros((b, inputs * self.item_hist_rows.shape[1]), np.float32)
+        hrows = np.zeros((b, self.item_hist_rows.shape[1]), np.float32)
         window, decay = self.history_len, self.history_decay
         for i, hist in enumerate(histories):
             hist = hist[:window] if window is not None else hist
@@ -313,8 +301,7 @@ class ServingArtifact:
                 continue
             hpos, hfound = self._lookup(item_keys(hist), self.item_hist_keys)
             if hfound.any():
-                parts = pool_history(hpos, hfound, self.item_hist_rows, decay, self.last_item)
-                hrows[i] = np.concatenate(parts)
+                hrows[i] = pool_history(hpos, hfound, self.item_hist_rows, decay)
         x = np.concatenate([urows, hrows], axis=1)
         for w, bias, act in self.layers:
             x = x @ w + bias

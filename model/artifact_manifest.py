@@ -21,7 +21,7 @@ ACTIVATIONS = ("relu", "linear")
 RESERVED = frozenset(
     {
         "format", "format_version", "version", "created_at", "normalize", "score_bias",
-        "history_len", "history_decay", "last_item", "dims", "layers", "files",
+        "history_len", "history_decay", "dims", "layers", "files",
     }
 )
 
@@ -30,18 +30,15 @@ class ArtifactError(Exception):
     """An artifact is missing, malformed, or fails its checksums."""
 
 
-def format_version(
-    score_bias: bool, history_len: int | None, history_decay: float, last_item: bool
-) -> int:
-    if history_decay != 1.0 or last_item:
+def format_version(score_bias: bool, history_len: int | None, history_decay: float) -> int:
+    if history_decay != 1.0:
         return 3
     return 2 if score_bias or history_len is not None else 1
 
 
 def check_dims(manifest: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> None:
     dims = manifest["dims"]
-    inputs = 2 if manifest.get("last_item", False) else 1
-    width = dims["user_dim"] + inputs * dims["hist_dim"]
+    width = dims["user_dim"] + dims["hist_dim"]
     for i, spec in enumerate(manifest["layers"]):
         w, b = arrays[spec["w"]], arrays[spec["b"]]
         if w.ndim != 2 or w.shape[0] != width or b.shape != (w.shape[1],):
@@ -76,11 +73,8 @@ def read_manifest(directory: str | Path) -> dict[str, Any]:
     decay = manifest.get("history_decay", 1.0)
     if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0.0 < decay <= 1.0:
         raise ArtifactError(f"{path}: history_decay {decay!r} is not in (0, 1]")
-    last = manifest.get("last_item", False)
-    if not isinstance(last, bool):
-        raise ArtifactError(f"{path}: last_item {last!r} is not a bool")
-    if version < 3 and ("history_decay" in manifest or "last_item" in manifest):
-        raise ArtifactError(f"{path}: history_decay/last_item are not valid in format {version}")
+    if version < 3 and "history_decay" in manifest:
+        raise ArtifactError(f"{path}: history_decay is not valid in format {version}")
     for key in ("version", "dims", "layers", "files"):
         if key not in manifest:
             raise ArtifactError(f"{path}: missing {key!r}")

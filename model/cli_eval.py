@@ -68,10 +68,6 @@ def register(sub: Any) -> None:
         help="recency weight decay of the history pool per position (1 = mean; default: ModelConfig)",
     )
     g.add_argument(
-        "--last-item", type=int, choices=(0, 1), default=None,
-        help="1: most recent history item as a separate user-tower input (default: ModelConfig)",
-    )
-    g.add_argument(
         "--history-grad", type=int, choices=(0, 1), default=None,
         help="0: history rows learn only as targets/negatives (default: ModelConfig.train_history)",
     )
@@ -165,7 +161,6 @@ def _config(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
         "user_layers": [int(x) for x in layers.split(",")],
         "history_len": _default(args.history_len, "history_len"),
         "history_decay": _default(args.history_decay, "history_decay"),
-        "last_item": bool(_default(args.last_item, "last_item")),
         "train_history": bool(_default(args.history_grad, "train_history")),
         "admit_after": args.admit_after,
         "normalize": not args.no_normalize,
@@ -215,7 +210,6 @@ def _run(args: argparse.Namespace, settings: Any, stream: Any) -> Any:
             user_layers=tuple(cfg["user_layers"]),
             history_len=cfg["history_len"],
             history_decay=cfg["history_decay"],
-            last_item=cfg["last_item"],
             train_history=cfg["train_history"],
             temperature=cfg["temperature"],
             normalize=cfg["normalize"],

@@ -15,7 +15,7 @@ What is exported (see ``model/artifact.py`` for the format):
   the trainer saw (ids come from the samples; the trainer keeps ``key -> item_id``);
 * the user tower's dense layers, the L2-normalisation flag of the user vector, the
   model's history window (``ModelConfig.history_len``) and its history pooling
-  (``history_decay``, ``last_item``: artifact format 3);
+  (``history_decay``: artifact format 3);
 * with ``ModelConfig.prior_weight``, the popularity prior as one more dimension of both
   sides (``model.prior``: the artifact's ``score_bias``).
 """
@@ -55,7 +55,6 @@ def artifact_arrays(trainer: Trainer, item_ids: Mapping[int, str]) -> dict[str, 
         config.normalize and config.normalize_user,
         config.history_len,
         config.history_decay,
-        config.last_item,
     )
     return {
         "item_ids": [item_ids[int(k)] for k in vkeys[named]],

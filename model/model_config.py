@@ -52,10 +52,6 @@ class ModelConfig:
     #: 0.8 -> 1.63/1.67/1.66x. Planted preferences (``tests/unit``, bar +0.1), aux 0/8:
     #: 0.9 -> +0.113/+0.188, 0.8 -> +0.105/+0.185.
     history_decay: float = 0.8
-    #: Whether the row of the most recent known history item is a separate input of the
-    #: user MLP: ``concat(user row, pool, last row)``. Off: it costs MovieLens Recall@10
-    #: (1.12x alone, 1.19x with decay 0.8, vs 1.40x).
-    last_item: bool = False
     #: Whether history rows get gradients through the user tower. False: they learn only as
     #: targets (and sampled negatives), and the item optimizer touches ~B rows per step,
     #: not every distinct history item of the batch (bench/train.py: the speed difference).
@@ -70,8 +66,3 @@ class ModelConfig:
             raise ValueError("admit_after and user_admit_after must be >= 1")
         if not 0.0 < self.history_decay <= 1.0:
             raise ValueError("history_decay must be in (0, 1]")
-
-    @property
-    def tower_inputs(self) -> int:
-        """Width of the user MLP's input: user row, history pool (and last item row)."""
-        return (3 if self.last_item else 2) * self.embedding_dim

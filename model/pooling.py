@@ -1,11 +1,10 @@
 """History pooling of the user tower in numpy (no TensorFlow): the served twin of
-``model.two_tower.pool_weights`` / ``last_weights``.
+``model.two_tower.pool_weights``.
 
 A user's history (most recent first) is cut to the model's window; the entries the model
 knows (an item row exists) are pooled with weights ``decay ** position`` (position in the
 window, 0 = most recent), normalised to sum 1: the recency-weighted mean (``decay`` 1 =
-plain mean). With ``last_item`` the row of the most recent known entry is a second input.
-Rows without known entries pool to zeros.
+plain mean). A history without known entries pools to zeros.
 """
 
 from __future__ import annotations
@@ -24,22 +23,9 @@ def pool_weights(found: np.ndarray, decay: float) -> np.ndarray:
     return w / np.float32(w.sum()) if w.size else w
 
 
-def pool_history(
-    positions: np.ndarray,
-    found: np.ndarray,
-    rows: np.ndarray,
-    decay: float,
-    last_item: bool,
-) -> list[np.ndarray]:
-    """Pooled inputs of one history: ``[pool]`` or ``[pool, last row]`` (each ``[e_h]``).
-
-    ``positions[j]`` is the row in ``rows`` of window entry j (valid where ``found[j]``).
-    """
-    dim = rows.shape[1]
+def pool_history(positions: np.ndarray, found: np.ndarray, rows: np.ndarray, decay: float) -> np.ndarray:
+    """The pooled history ``[e_h]``; ``positions[j]`` is the row in ``rows`` of window entry j
+    (valid where ``found[j]``)."""
     if not found.any():
-        return [np.zeros(dim, np.float32) for _ in range(2 if last_item else 1)]
-    known = rows[positions[found]]
-    out = [pool_weights(found, decay) @ known]
-    if last_item:
-        out.append(known[0])
-    return [np.asarray(x, np.float32) for x in out]
+        return np.zeros(rows.shape[1], np.float32)
+    return np.asarray(pool_weights(found, decay) @ rows[positions[found]], np.float32)

@@ -60,13 +60,11 @@ def export_fields(
     normalize_user_vector: bool,
     history_len: int | None = None,
     history_decay: float = 1.0,
-    last_item: bool = False,
 ) -> dict[str, object]:
-    """``layers``/``normalize``/``score_bias``/``history_len``/``history_decay``/``last_item``
-    arguments of ``model.artifact.write_artifact`` for the user tower (its dense ``layers``):
+    """``layers``/``normalize``/``score_bias``/``history_len``/``history_decay`` arguments of ``model.artifact.write_artifact`` for the user tower (its dense ``layers``):
     with the prior, the constant 1 is appended after the (optional) normalisation by the
     artifact's ``score_bias``; ``history_len`` is the model's history window,
-    ``history_decay``/``last_item`` its history pooling (``ModelConfig``)."""
+    ``history_decay`` its history pooling (``ModelConfig``)."""
     out = [(np.asarray(w, np.float32), np.asarray(b, np.float32), act) for w, b, act in layers]
     return {
         "layers": out,
@@ -74,7 +72,6 @@ def export_fields(
         "score_bias": bool(prior_weight),
         "history_len": history_len,
         "history_decay": float(history_decay),
-        "last_item": bool(last_item),
     }
 
 

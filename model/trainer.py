@@ -131,7 +131,7 @@ class Trainer:
     def _loss(
         self,
         uv: tf.Tensor,
-        pooled: list[tf.Tensor],
+        pooled: tf.Tensor,
         known: tf.Tensor,
         targets: tuple[tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor],
         neg_vecs: tf.Tensor,
@@ -152,7 +152,7 @@ class Trainer:
         temp = self.config.temperature
         loss = in_batch_softmax_loss(uv, iv, ik, log_q, w, temp, groups, "sum", **kwargs) / total
         if self.options.aux_weight:
-            aux = history_pool_loss(pooled[0], known, iv, ik, log_q, w, total, temp, groups, **kwargs)
+            aux = history_pool_loss(pooled, known, iv, ik, log_q, w, total, temp, groups, **kwargs)
             loss += self.options.aux_weight * aux
         return loss
 
@@ -173,8 +173,8 @@ class Trainer:
             u_rows, i_rows, h_rows, n_rows = self.model.lookup(
                 u_eff, i_eff, h_eff, negs["neg_keys"]
             )
-            pooled = self.model.history_inputs(h_rows, known)
-            uv = self.model.user_mlp(u_rows, *pooled)
+            pooled = self.model.history_pool(h_rows, known)
+            uv = self.model.user_mlp(u_rows, pooled)
             iv = self.model.item_tower(i_rows)
             targets = (iv, ik, log_q, w)
             loss = self._loss(uv, pooled, known, targets, self.model.item_tower(n_rows), negs, uk)
@@ -206,7 +206,7 @@ class Trainer:
             u_uniq = model.shadow_rows(model.users, plan.user_keys)
             i_all = model.shadow_rows(model.items, all_keys)
             u_rows, pooled = model.planned_inputs(plan, u_uniq, i_all[:n_plan])
-            uv = model.user_mlp(u_rows, *pooled)
+            uv = model.user_mlp(u_rows, pooled)
             iv = model.item_tower(tf.gather(i_all[:n_plan], plan.target_idx))
             neg_vecs = model.item_tower(tf.gather(i_all, neg_idx))
             loss = self._loss(uv, pooled, known, (iv, ik, log_q, w), neg_vecs, negs, uk)
@@ -265,8 +265,8 @@ class Trainer:
                 h_rows = tf.reshape(rows[bg : bg + n_hist], [bg, -1, e])
                 if not self.config.train_history:
                     h_rows = tf.stop_gradient(h_rows)
-                pooled = self.model.history_inputs(h_rows, kn)
-                uv = self.model.user_mlp(tf.gather(u_uniq, uidx), *pooled)
+                pooled = self.model.history_pool(h_rows, kn)
+                uv = self.model.user_mlp(tf.gather(u_uniq, uidx), pooled)
                 targets = (self.model.item_tower(rows[:bg]), ikg, lq, wg)
                 neg_vecs = self.model.item_tower(rows[bg + n_hist :])
                 loss = self._loss(uv, pooled, kn, targets, neg_vecs, negs, ukg, total_w)

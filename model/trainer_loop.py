@@ -111,7 +111,6 @@ def feature_schema_hash(history_len: int, config: ModelConfig) -> str:
         "user_layers": list(config.user_layers),
         "admit_after": config.admit_after,
         "history_decay": config.history_decay,
-        "last_item": config.last_item,
     }
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
 

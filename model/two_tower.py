@@ -1,8 +1,7 @@
 """Two-tower retrieval model on TFRA dynamic embeddings.
 
-* User tower: ``x = concat(user_row, pool(history item rows the model knows) or zeros
-  [, row of the most recent known history item or zeros])`` then dense layers (relu, last
-  linear), optionally L2-normalised — exactly the tower
+* User tower: ``x = concat(user_row, pool(history item rows the model knows) or zeros)``
+  then dense layers (relu, last linear), optionally L2-normalised — exactly the tower
   ``model.artifact.ServingArtifact.user_vectors`` recomputes in numpy. The pool is the
   recency-weighted mean of :func:`pool_weights` (``ModelConfig.history_decay``; 1 = mean).
 * Item tower: the item's row of the item table (the table the history shares), optionally
@@ -61,12 +60,6 @@ def pool_weights(known: tf.Tensor, decay: float) -> tf.Tensor:
     return w / tf.where(total > 0.0, total, 1.0)
 
 
-def last_weights(known: tf.Tensor) -> tf.Tensor:
-    """``[B, L]`` one-hot of each row's first (most recent) known entry; zeros if none."""
-    first = tf.math.cumsum(tf.cast(known, tf.int32), axis=1)
-    return tf.cast(tf.logical_and(known, tf.equal(first, 1)), tf.float32)
-
-
 class LookupPlan(NamedTuple):
     """Distinct keys of one training batch and where each use of a key reads its row.
 
@@ -74,8 +67,7 @@ class LookupPlan(NamedTuple):
     targets when history rows are frozen: then ``hist_keys`` holds the history's own distinct
     keys, read without gradients). ``pool`` is the ``[B, len(hist_keys)]`` sparse matrix
     whose row b holds the :func:`pool_weights` of b's known history entries (repeats add
-    up): ``pool @ rows(hist_keys)`` is the (recency-weighted) mean of the known rows;
-    ``last`` likewise picks the most recent known row (``ModelConfig.last_item``).
+    up): ``pool @ rows(hist_keys)`` is the (recency-weighted) mean of the known rows.
     """
 
     user_keys: tf.Tensor  # [U] distinct effective user keys
@@ -84,7 +76,6 @@ class LookupPlan(NamedTuple):
     target_idx: tf.Tensor  # [B] row of each target item in item_keys
     hist_keys: tf.Tensor  # [H] distinct keys the history rows are read from
     pool: tf.SparseTensor  # [B, H] history pooling weights (``pool_weights``)
-    last: tf.SparseTensor | None = None  # [B, H] most recent known entry (``last_item``)
 
 
 class TwoTower(tf.Module):
@@ -107,7 +98,7 @@ class TwoTower(tf.Module):
         init = tf_keras.initializers.GlorotUniform(seed=config.seed + 2)
         self.kernels: list[tf.Variable] = []
         self.biases: list[tf.Variable] = []
-        width = config.tower_inputs
+        width = 2 * e
         for i, out in enumerate(config.user_layers):
             self.kernels.append(tf.Variable(init([width, out]), name=f"user_w{i}"))
             self.biases.append(tf.Variable(tf.zeros([out]), name=f"user_b{i}"))
@@ -209,13 +200,12 @@ class TwoTower(tf.Module):
             h_eff = tf.where(known, history, tf.constant(DEFAULT_KEY, tf.int64))
             hist_keys, idx = tf.unique(tf.reshape(h_eff, [-1]))
             hist_idx = tf.gather_nd(tf.reshape(idx, tf.shape(history)), coords)
-        index = tf.stack([rows, tf.cast(hist_idx, tf.int64)], axis=1)
-        shape = tf.cast(tf.stack([b, tf.size(hist_keys)]), tf.int64)
-        pool = tf.SparseTensor(index, weights, shape)
-        last = None
-        if self.config.last_item:
-            last = tf.SparseTensor(index, tf.gather_nd(last_weights(known), coords), shape)
-        return LookupPlan(user_keys, user_idx, item_keys, target_idx, hist_keys, pool, last)
+        pool = tf.SparseTensor(
+            tf.stack([rows, tf.cast(hist_idx, tf.int64)], axis=1),
+            weights,
+            tf.cast(tf.stack([b, tf.size(hist_keys)]), tf.int64),
+        )
+        return LookupPlan(user_keys, user_idx, item_keys, target_idx, hist_keys, pool)
 
     def shadow_rows(self, table: EmbeddingTable, keys: tf.Tensor) -> tf.Tensor:
         """Rows of distinct ``keys`` through the table's TFRA shadow variable: the gradient
@@ -228,36 +218,31 @@ class TwoTower(tf.Module):
         """:meth:`towers` from the distinct rows of :meth:`plan` (``u_uniq``/``i_uniq`` are the
         rows of ``plan.user_keys``/``plan.item_keys``)."""
         u_rows, pooled = self.planned_inputs(plan, u_uniq, i_uniq)
-        return self.user_mlp(u_rows, *pooled), self.item_tower(tf.gather(i_uniq, plan.target_idx))
+        return self.user_mlp(u_rows, pooled), self.item_tower(tf.gather(i_uniq, plan.target_idx))
 
     def planned_inputs(
         self, plan: LookupPlan, u_uniq: tf.Tensor, i_uniq: tf.Tensor
-    ) -> tuple[tf.Tensor, list[tf.Tensor]]:
-        """The user MLP's inputs from the distinct rows of :meth:`plan`: (user rows, pools)."""
+    ) -> tuple[tf.Tensor, tf.Tensor]:
+        """The user MLP's inputs from the distinct rows of :meth:`plan`: (user rows, pool)."""
         if self.config.train_history:
             h_uniq = i_uniq
         else:
             h_uniq = tf.stop_gradient(self.items.params.lookup(plan.hist_keys))
-        pooled = [tf.sparse.sparse_dense_matmul(plan.pool, h_uniq)]
-        if plan.last is not None:
-            pooled.append(tf.sparse.sparse_dense_matmul(plan.last, h_uniq))
+        pooled = tf.sparse.sparse_dense_matmul(plan.pool, h_uniq)
         return tf.gather(u_uniq, plan.user_idx), pooled
 
     # -- math -----------------------------------------------------------------------------------
     def user_tower(self, u_rows: tf.Tensor, h_rows: tf.Tensor, known: tf.Tensor) -> tf.Tensor:
-        return self.user_mlp(u_rows, *self.history_inputs(h_rows, known))
+        return self.user_mlp(u_rows, self.history_pool(h_rows, known))
 
-    def history_inputs(self, h_rows: tf.Tensor, known: tf.Tensor) -> list[tf.Tensor]:
-        """The pools the user MLP takes after the user row, from dense ``[B, L, d]`` rows."""
+    def history_pool(self, h_rows: tf.Tensor, known: tf.Tensor) -> tf.Tensor:
+        """The (recency-weighted) pool of dense ``[B, L, d]`` history rows: ``[B, d]``."""
         weights = pool_weights(known, self.config.history_decay)[..., None]
-        pooled = [tf.reduce_sum(h_rows * weights, axis=1)]
-        if self.config.last_item:
-            pooled.append(tf.reduce_sum(h_rows * last_weights(known)[..., None], axis=1))
-        return pooled
+        return tf.reduce_sum(h_rows * weights, axis=1)
 
-    def user_mlp(self, u_rows: tf.Tensor, *pooled: tf.Tensor) -> tf.Tensor:
-        """Dense layers on ``concat(user row, history pool[, last item row])`` (float32)."""
-        x = tf.cast(tf.concat([u_rows, *pooled], axis=-1), self.compute_dtype)
+    def user_mlp(self, u_rows: tf.Tensor, pooled: tf.Tensor) -> tf.Tensor:
+        """Dense layers on ``concat(user row, history pool)`` (float32 inputs)."""
+        x = tf.cast(tf.concat([u_rows, pooled], axis=-1), self.compute_dtype)
         for w, b, act in zip(self.kernels, self.biases, self.activations, strict=True):
             x = tf.matmul(x, tf.cast(w, self.compute_dtype)) + tf.cast(b, self.compute_dtype)
             if act == "relu":

@@ -50,10 +50,7 @@ def reference_tower(args: dict, user: str, history: list[str]) -> np.ndarray:
     zeros = np.zeros(args["item_hist_rows"].shape[1])
     total = sum(decay**pos for pos, _ in known)
     hrow = sum((decay**pos / total) * row for pos, row in known) if known else zeros
-    parts = [urow, hrow]
-    if args.get("last_item", False):
-        parts.append(known[0][1] if known else zeros)
-    x = np.concatenate(parts)
+    x = np.concatenate([urow, hrow])
     for w, b, act in args["layers"]:
         x = x @ w + b
         if act == "relu":
@@ -144,9 +141,8 @@ def test_format_versions(tmp_path: Path) -> None:
     assert not load_artifact(tmp_path / "a").score_bias
     bad_cases = [(1, {"score_bias": True}), (4, {}), (2, {"score_bias": "yes"}),
                  (1, {"history_len": 5}), (2, {"history_len": 0}), (2, {"history_len": 2.5}),
-                 (2, {"history_decay": 0.5}), (2, {"last_item": True}), (3, {"history_decay": 0}),
-                 (3, {"history_decay": 1.5}), (3, {"history_decay": True}),
-                 (3, {"last_item": 1})]
+                 (2, {"history_decay": 0.5}), (3, {"history_decay": 0}),
+                 (3, {"history_decay": 1.5}), (3, {"history_decay": True})]
     for version, fields in bad_cases:
         bad = dict(manifest, format_version=version, **fields)
         (tmp_path / "a" / "manifest.json").write_text(json.dumps(bad))
@@ -235,14 +231,14 @@ def test_models_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> 
     assert main(["models", "pin", "v2"]) == 0 and reg.pinned() == "v2"
 
 
-def test_recency_pooling_and_last_item_format_3(tmp_path: Path) -> None:
+def test_recency_pooling_format_3(tmp_path: Path) -> None:
     rng = np.random.default_rng(2)
-    layers = [(rng.normal(size=(14, 16)), rng.normal(size=16), "relu"),
+    layers = [(rng.normal(size=(10, 16)), rng.normal(size=16), "relu"),
               (rng.normal(size=(16, 8)), rng.normal(size=8), "linear")]
-    args = make(tmp_path / "a", history_len=4, history_decay=0.5, last_item=True, layers=layers)
+    args = make(tmp_path / "a", history_len=4, history_decay=0.5, layers=layers)
     art = load_artifact(tmp_path / "a")
     assert art.manifest["format_version"] == 3
-    assert art.history_decay == 0.5 and art.last_item
+    assert art.history_decay == 0.5
     cases = [("u1", ["unknown", "i3", "i7", "i9", "i11"]), ("stranger", ["i2"]),
              ("u2", []), ("u0", ["unknown"]), ("u0", ["i5", "i5", "i1"])]
     got = art.user_vectors([u for u, _ in cases], [h for _, h in cases])
@@ -256,13 +252,11 @@ def test_recency_pooling_and_last_item_format_3(tmp_path: Path) -> None:
     now = art.user_vectors(["u1"], [base])[0]
     assert np.linalg.norm(new_first - now) > np.linalg.norm(new_last - now)
     with pytest.raises(ArtifactError, match="history_decay"):
-        make(tmp_path / "b", history_decay=0.0, layers=layers, last_item=True)
-    with pytest.raises(ArtifactError, match="after width 14"):
-        make(tmp_path / "c", last_item=True)  # layer 0 takes 6 + 4 inputs, not 6 + 2 * 4
+        make(tmp_path / "b", history_decay=0.0, layers=layers)
 
 
 def test_default_pooling_keeps_the_older_formats(tmp_path: Path) -> None:
-    make(tmp_path / "a", history_len=3, history_decay=1.0, last_item=False)
+    make(tmp_path / "a", history_len=3, history_decay=1.0)
     manifest = json.loads((tmp_path / "a" / "manifest.json").read_text())
     assert manifest["format_version"] == 2
-    assert "history_decay" not in manifest and "last_item" not in manifest
+    assert "history_decay" not in manifest

@@ -243,25 +243,25 @@ def _slot(trainer: Trainer, which: str) -> dict[int, np.ndarray]:
 
 
 @pytest.mark.parametrize(
-    ("train_history", "decay", "last_item", "aux"),
+    ("train_history", "decay", "aux"),
     [
-        (True, 1.0, False, 0.0),
-        (False, 1.0, False, 0.0),
-        (True, 0.5, True, 0.0),
-        (False, 0.7, True, 0.0),
-        (True, 0.9, False, 1.5),
-        (False, 0.9, False, 1.5),
-        (True, 0.7, True, 1.5),
+        (True, 1.0, 0.0),
+        (False, 1.0, 0.0),
+        (True, 0.5, 0.0),
+        (False, 0.7, 0.0),
+        (True, 0.9, 1.5),
+        (False, 0.9, 1.5),
+        (True, 0.7, 1.5),
     ],
 )
 def test_deduplicated_step_equals_the_reference_step(
-    train_history: bool, decay: float, last_item: bool, aux: float
+    train_history: bool, decay: float, aux: float
 ) -> None:
     batches = _batches(3, 24, seed=11)
     assert any(len(np.unique(b.user_keys)) < len(b) for b in batches)  # repeated users
     assert any(np.isin(b.item_keys, b.history).any() for b in batches)  # targets in histories
-    cfg = replace(CFG, train_history=train_history, history_decay=decay, last_item=last_item)
-    tag = f"{int(train_history)}{int(decay * 10)}{int(last_item)}{int(aux * 10)}"
+    cfg = replace(CFG, train_history=train_history, history_decay=decay)
+    tag = f"{int(train_history)}{int(decay * 10)}{int(aux * 10)}"
     opts = TrainOptions(eval_rows=4, learning_rate=0.3, aux_weight=aux)
     trainers = [
         Trainer(cfg, replace(opts, dedup_lookups=d), tag=f"dedup{int(d)}{tag}")
@@ -272,7 +272,7 @@ def test_deduplicated_step_equals_the_reference_step(
     unknown = np.int64(987_654_321)  # never observed: skipped in every history
     for b in batches:
         b.history[::3, -1] = unknown
-        b.history[1::4, 0] = unknown  # the most recent entry unknown: "last" is the next one
+        b.history[1::4, 0] = unknown  # the most recent entry unknown: the pool starts later
     before = _table(trainers[0], "item")
     losses = [[t.train_step(b) for b in batches] for t in trainers]
     np.testing.assert_allclose(losses[0], losses[1], rtol=1e-5)

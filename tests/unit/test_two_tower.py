@@ -188,7 +188,7 @@ def test_one_click_moves_the_top_20_more_than_under_mean_pooling(trained: Traine
     of ``1 / sum(decay ** p)`` instead of ``1 / n``: a trained model's top 20 reacts more."""
     assert ModelConfig().history_decay < 1.0
     mean_pool = Trainer(
-        ModelConfig(history_len=HISTORY_LEN, history_decay=1.0, last_item=False),
+        ModelConfig(history_len=HISTORY_LEN, history_decay=1.0),
         TrainOptions(batch_size=BATCH, eval_rows=0),
         tag="meanpool",
     )
