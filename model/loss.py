@@ -122,10 +122,14 @@ def in_batch_softmax_loss(
     (``[S, d]``/``[S]``/``[S]``): sampled negatives shared by every row (mixed negative
     sampling), corrected by their own log sampling probability; a sampled key equal to the
     row's positive, or with ``neg_valid`` False, is masked.
+
+    ``user_vecs`` may stack R query sets for the same B positives (``[R * B, d]``, weights
+    ``[R * B]``): row ``r * B + i`` targets item i with row i's masks; the sum is over all
+    rows (one matmul and one softmax for what would be R calls).
     """
-    logits = tf.matmul(user_vecs, item_vecs, transpose_b=True)
-    logits = tf.cast(logits, tf.float32) / temperature - log_q[None, :]
-    batch = tf.shape(logits)[0]
+    batch = tf.shape(item_vecs)[0]
+    # Row r * batch + i of ``user_vecs`` (the r-th stacked query set) targets column i.
+    repeats = tf.shape(user_vecs)[0] // tf.maximum(batch, 1)
     # Masked entries get MASKED_LOGIT added: a constant bias (no select in the forward or
     # the backward pass); their softmax weight, hence their gradient, is exactly 0.
     masked = tf.equal(item_keys[:, None], item_keys[None, :])
@@ -134,17 +138,25 @@ def in_batch_softmax_loss(
     if num_groups > 1:
         masked = tf.logical_or(masked, tf.logical_not(block_mask(batch, num_groups)))
     masked = tf.linalg.set_diag(masked, tf.zeros([batch], tf.bool))
-    logits = logits + tf.where(masked, MASKED_LOGIT, 0.0)
+    columns, col_log_q = item_vecs, log_q
     if neg_vecs is not None:
         if neg_keys is None or neg_log_q is None:
             raise ValueError("neg_vecs needs neg_keys and neg_log_q")
-        extra = tf.matmul(user_vecs, neg_vecs, transpose_b=True)
-        extra = tf.cast(extra, tf.float32) / temperature - neg_log_q[None, :]
         hit = tf.equal(item_keys[:, None], neg_keys[None, :])
         if neg_valid is not None:
             hit = tf.logical_or(hit, tf.logical_not(neg_valid)[None, :])
-        logits = tf.concat([logits, extra + tf.where(hit, MASKED_LOGIT, 0.0)], axis=1)
-    ce = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=tf.range(batch), logits=logits)
+        masked = tf.concat([masked, hit], axis=1)
+        columns = tf.concat([item_vecs, neg_vecs], axis=0)
+        col_log_q = tf.concat([log_q, neg_log_q], axis=0)
+    # One matmul against [positives; sampled negatives]; the softmax as logsumexp minus the
+    # positive's logit, taken as a row-wise dot product (cheaper forward and backward than
+    # sparse_softmax_cross_entropy_with_logits here; the diagonal is never masked).
+    logits = tf.matmul(user_vecs, columns, transpose_b=True)
+    logits = tf.cast(logits, tf.float32) / temperature - col_log_q[None, :]
+    logits = logits + tf.tile(tf.cast(masked, tf.float32) * MASKED_LOGIT, [repeats, 1])
+    positive = tf.reduce_sum(user_vecs * tf.tile(item_vecs, [repeats, 1]), axis=1)
+    positive = tf.cast(positive, tf.float32) / temperature - tf.tile(log_q, [repeats])
+    ce = tf.reduce_logsumexp(logits, axis=1) - positive
     weights = tf.cast(weights, tf.float32)
     total = tf.reduce_sum(weights * ce)
     if reduce == "sum":
@@ -152,35 +164,22 @@ def in_batch_softmax_loss(
     return total / tf.maximum(tf.reduce_sum(weights), 1e-12)
 
 
-def history_pool_loss(
-    pooled: tf.Tensor,
-    known: tf.Tensor,
-    item_vecs: tf.Tensor,
-    item_keys: tf.Tensor,
-    log_q: tf.Tensor,
-    weights: tf.Tensor,
-    total_weight: tf.Tensor,
-    temperature: float = 1.0,
-    num_groups: int = 1,
-    **kwargs: tf.Tensor,
-) -> tf.Tensor:
-    """Auxiliary item-item term (``TrainOptions.aux_weight``): :func:`in_batch_softmax_loss`
-    with each row's L2-normalised history pool ``pooled`` (``[B, d]``, the user tower's
-    recency-weighted mean of the known history rows) as the query in place of the user
-    vector, over the rows with a known history (``known``: ``[B, L]``), returned as
-    ``sum(w * ce) / total_weight``. It scores the target against the history items' own
-    rows (item2vec-like), so the shared item table learns which items follow which, beyond
-    what the per-user rows memorise. ``kwargs``: the sampled negatives and the own-user mask
-    of the main loss."""
+def history_pool_query(
+    pooled: tf.Tensor, known: tf.Tensor, weights: tf.Tensor, dtype: tf.DType
+) -> tuple[tf.Tensor, tf.Tensor]:
+    """Queries and row weights of the auxiliary item-item term (``TrainOptions.aux_weight``).
+
+    The query of a row is its L2-normalised history pool ``pooled`` (``[B, d]``, the user
+    tower's recency-weighted mean of the known history rows) in place of the user vector; its
+    weight is the event weight on rows with a known history (``known``: ``[B, L]``), else 0.
+    Stacked below the user vectors in one :func:`in_batch_softmax_loss` call (same positives,
+    negatives and masks), it ranks the target against the history items' own rows
+    (item2vec-like), so the shared item table learns which items follow which, beyond what the
+    per-user rows memorise."""
     has = tf.cast(tf.reduce_any(known, axis=1), tf.float32)
     query = tf.cast(pooled, tf.float32)
     query = query / tf.maximum(tf.norm(query, axis=-1, keepdims=True), 1e-12)
-    query = tf.cast(query, item_vecs.dtype)
-    w = tf.cast(weights, tf.float32) * has
-    total = in_batch_softmax_loss(
-        query, item_vecs, item_keys, log_q, w, temperature, num_groups, "sum", **kwargs
-    )
-    return total / total_weight
+    return tf.cast(query, dtype), tf.cast(weights, tf.float32) * has
 
 
 def in_batch_softmax_loss_np(

@@ -28,7 +28,7 @@ Options (each changes the computation as stated; ``tests/unit/test_trainer_optio
   estimate of the logQ correction and of the popularity prior (``model.prior``). It counts
   each batch once (``train_step(count=False)`` for further passes over the same batch).
 * ``aux_weight`` (default 8): adds ``aux_weight`` times an auxiliary item-item term to the
-  loss (``model.loss.history_pool_loss``): the same sampled softmax (in-batch and sampled
+  loss (``model.loss.history_pool_query``): the same sampled softmax (in-batch and sampled
   negatives, logQ, own-user mask) with each row's normalised history pool as the query in
   place of the user vector, so the shared item table learns which items follow which. It
   only shapes training: the served user tower is unchanged.

@@ -19,7 +19,7 @@ from model.frequency import CountFrequencyEstimator
 from model.loss import (
     FrequencyEstimator,
     group_ids,
-    history_pool_loss,
+    history_pool_query,
     in_batch_softmax_loss,
 )
 from model.negatives import NegativeSampler
@@ -41,6 +41,7 @@ _SIG = [
     tf.TensorSpec([None], tf.float32),
     tf.TensorSpec([None], tf.int64),  # sampled negative item keys
     tf.TensorSpec([], tf.float32),  # log of their per-step sampling probability
+    tf.TensorSpec([], tf.bool),  # record the batch's items in the frequency estimate first
 ]
 
 
@@ -83,9 +84,6 @@ class Trainer:
         single = self._dedup_step if opts.dedup_lookups else self._single_step
         self._step_fn = tf.function(single, input_signature=_SIG)
         self._accum_fn = tf.function(self._accum_step, input_signature=_SIG)
-        self._observe_fn = tf.function(
-            self.freq.update, input_signature=[tf.TensorSpec([None], tf.int64)]
-        )
         self._user_vec_fn = tf.function(
             self.model.user_vectors,
             input_signature=[tf.TensorSpec([None], tf.int64), tf.TensorSpec([None, None], tf.int64)],
@@ -109,7 +107,11 @@ class Trainer:
         self.opt_item.apply_gradients([(g_item, self.model.items.shadow)])
         self.opt_dense.apply_gradients(zip(g_dense, self.model.dense_variables, strict=True))
 
-    def _begin(self, uk: tf.Tensor, ik: tf.Tensor, hist: tf.Tensor) -> tuple[tf.Tensor, ...]:
+    def _begin(
+        self, uk: tf.Tensor, ik: tf.Tensor, hist: tf.Tensor, count: tf.Tensor
+    ) -> tuple[tf.Tensor, ...]:
+        if count:  # a tf.cond: the update runs before log_q reads the estimate
+            self.freq.update(ik)
         step = self.step.assign_add(1)
         u_eff, i_eff, h_eff, known = self.model.prepare(uk, ik, hist, step)
         return u_eff, i_eff, h_eff, known, self.freq.log_q(ik)
@@ -140,7 +142,8 @@ class Trainer:
         total_w: tf.Tensor | None = None,
     ) -> tf.Tensor:
         """The training loss: the in-batch softmax plus ``TrainOptions.aux_weight`` times
-        the history-pool term (``model.loss.history_pool_loss``). ``targets`` is
+        the history-pool term (``model.loss.history_pool_query``: its queries are stacked
+        below the user vectors, one softmax for both). ``targets`` is
         ``(item vectors, item keys, log q, weights)``. ``total_w`` given: a micro-batch's
         share (``sum(w * ce) / total_w``, own block negatives), else the mean over the batch
         with ``loss_groups`` blocks."""
@@ -149,11 +152,12 @@ class Trainer:
         groups = 1 if accum else self.options.loss_groups
         total = total_w if accum else tf.maximum(tf.reduce_sum(w), 1e-12)
         kwargs = {"neg_vecs": neg_vecs, **negs, **self._loss_extra(uk)}
+        if self.options.aux_weight:
+            query, w_aux = history_pool_query(pooled, known, w, uv.dtype)
+            uv = tf.concat([uv, query], axis=0)
+            w = tf.concat([tf.cast(w, tf.float32), self.options.aux_weight * w_aux], axis=0)
         temp = self.config.temperature
         loss = in_batch_softmax_loss(uv, iv, ik, log_q, w, temp, groups, "sum", **kwargs) / total
-        if self.options.aux_weight:
-            aux = history_pool_loss(pooled, known, iv, ik, log_q, w, total, temp, groups, **kwargs)
-            loss += self.options.aux_weight * aux
         return loss
 
     def _single_step(
@@ -164,10 +168,11 @@ class Trainer:
         w: tf.Tensor,
         neg: tf.Tensor,
         neg_lq: tf.Tensor,
+        count: tf.Tensor,
     ) -> tuple[tf.Tensor, tf.Tensor]:
         """Returns the loss and the user vectors of the first ``eval_rows`` rows as computed
         before the update (the test-then-train vectors, at no extra lookup cost)."""
-        u_eff, i_eff, h_eff, known, log_q = self._begin(uk, ik, hist)
+        u_eff, i_eff, h_eff, known, log_q = self._begin(uk, ik, hist, count)
         negs = self._negatives(neg, neg_lq)
         with tf.GradientTape() as tape:
             u_rows, i_rows, h_rows, n_rows = self.model.lookup(
@@ -191,9 +196,10 @@ class Trainer:
         w: tf.Tensor,
         neg: tf.Tensor,
         neg_lq: tf.Tensor,
+        count: tf.Tensor,
     ) -> tuple[tf.Tensor, tf.Tensor]:
         """:meth:`_single_step` with one read per distinct key (see ``dedup_lookups``)."""
-        u_eff, i_eff, _, known, log_q = self._begin(uk, ik, hist)
+        u_eff, i_eff, _, known, log_q = self._begin(uk, ik, hist, count)
         negs = self._negatives(neg, neg_lq)
         model = self.model
         plan = model.plan(u_eff, i_eff, hist, known)
@@ -231,10 +237,11 @@ class Trainer:
         w: tf.Tensor,
         neg: tf.Tensor,
         neg_lq: tf.Tensor,
+        count: tf.Tensor,
     ) -> tf.Tensor:
         n = self.options.grad_accum_steps
         e = self.config.embedding_dim
-        u_eff, i_eff, h_eff, known, log_q = self._begin(uk, ik, hist)
+        u_eff, i_eff, h_eff, known, log_q = self._begin(uk, ik, hist, count)
         negs = self._negatives(neg, neg_lq)
         neg_keys = negs["neg_keys"]
         users, items = self.model.users, self.model.items
@@ -295,8 +302,6 @@ class Trainer:
         prior) first; False for further passes over the same batch (the evaluation's epochs),
         so that an item counts once per sample however often it is trained on.
         """
-        if count:
-            self._observe_fn(tf.constant(batch.item_keys, tf.int64))
         if self.negatives.count and not self.negatives.ready:
             self.negatives.reset(self.model.known_rows(self.model.items)[0])
         self.negatives.add(batch.item_keys)
@@ -308,6 +313,7 @@ class Trainer:
             tf.constant(batch.weights, tf.float32),
             tf.constant(neg, tf.int64),
             tf.constant(neg_lq, tf.float32),
+            tf.constant(count),
         )
         self._head_vectors = None
         if self._accumulates(batch):

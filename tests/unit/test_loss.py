@@ -135,3 +135,36 @@ def test_sampled_negative_equal_to_the_positive_or_invalid_is_ignored() -> None:
         )
     )
     assert one_row == pytest.approx(0.0, abs=1e-6)
+
+
+def test_stacked_query_sets_sum_the_separate_losses() -> None:
+    """Two query sets stacked in one call (``[2B, d]``) give the sum of the two calls."""
+    rng = np.random.default_rng(11)
+    b, d, s = 12, 6, 5
+    u1, u2 = rng.normal(size=(b, d)), rng.normal(size=(b, d))
+    v, negs = rng.normal(size=(b, d)), rng.normal(size=(s, d))
+    keys = rng.integers(1, 6, size=b).astype(np.int64)
+    users = rng.integers(1, 4, size=b).astype(np.int64)
+    neg_keys = rng.integers(1, 8, size=s).astype(np.int64)
+    log_q = rng.normal(size=b)
+    w1, w2 = rng.uniform(0.5, 2.0, size=b), rng.uniform(0.0, 2.0, size=b)
+    extra = {
+        "user_keys": users,
+        "neg_vecs": negs.astype(np.float32),
+        "neg_keys": neg_keys,
+        "neg_log_q": np.full(s, -1.5, np.float32),
+        "neg_valid": np.arange(s) != 2,
+    }
+
+    def call(u: np.ndarray, w: np.ndarray) -> float:
+        return float(
+            in_batch_softmax_loss(
+                u.astype(np.float32), v.astype(np.float32), keys, log_q.astype(np.float32),
+                w.astype(np.float32), 0.5, 2, "sum", **extra,
+            )
+        )
+
+    separate = call(u1, w1) + call(u2, w2)
+    stacked = call(np.concatenate([u1, u2]), np.concatenate([w1, w2]))
+    assert stacked == pytest.approx(separate, rel=1e-5)
+    assert call(u2, w2) > 0.1  # the second set contributes
