@@ -36,6 +36,7 @@ class ModelConfig:
     #: Admission threshold of the user table (None: ``admit_after``). Users below it share
     #: the default row, so the user tower rests on their history alone.
     user_admit_after: int | None = None
+    #: Standard deviation of a new row (uniform: ``model.tables``).
     init_stddev: float = 0.05
     seed: int = 7
     #: "bfloat16": tower math and logits in bfloat16, variables stay float32 (master weights).

@@ -10,9 +10,14 @@ class EmbeddingTable(tf.Module):
 
     def __init__(self, name: str, dim: int, stddev: float, seed: int, capacity: int) -> None:
         super().__init__(name=name)
+        # TFRA draws the initial rows of *every* key a lookup reads (a missing key takes
+        # its row from them), so the draw runs over all of a step's keys: uniform with the
+        # given standard deviation costs a third of a normal draw there (op profile of the
+        # train step: 0.26 vs 0.88 ms per batch-512 step).
+        half_width = stddev * 3.0**0.5
         self.layer = de.keras.layers.Embedding(
             dim,
-            initializer=tf.random_normal_initializer(0.0, stddev, seed=seed),
+            initializer=tf.random_uniform_initializer(-half_width, half_width, seed=seed),
             name=f"{name}_emb",
             init_capacity=capacity,
         )
