@@ -92,19 +92,31 @@ class Rolling:
 
 
 class Popularity:
-    """Target counts so far; ranks a candidate set by count (ties by key)."""
+    """Target counts so far; ranks a candidate set by count (ties by key).
+
+    ``observe`` only queues a batch's keys (the training thread calls it every batch); they
+    are counted when the counts are read (``top``/``counts``, every candidate refresh)."""
 
     def __init__(self) -> None:
-        self.counts: Counter[int] = Counter()
+        self._counts: Counter[int] = Counter()
+        self._queued: list[np.ndarray] = []
 
     def observe(self, item_keys: np.ndarray) -> None:
-        uniq, cnt = np.unique(item_keys, return_counts=True)
-        self.counts.update(dict(zip(uniq.tolist(), cnt.tolist(), strict=True)))
+        self._queued.append(np.asarray(item_keys, np.int64))
+
+    @property
+    def counts(self) -> Counter[int]:
+        if self._queued:
+            uniq, cnt = np.unique(np.concatenate(self._queued), return_counts=True)
+            self._queued = []
+            self._counts.update(dict(zip(uniq.tolist(), cnt.tolist(), strict=True)))
+        return self._counts
 
     def top(self, candidates: np.ndarray, k: int) -> np.ndarray:
         if candidates.size == 0:
             return np.zeros(0, np.int64)
-        c = np.fromiter((self.counts.get(int(x), 0) for x in candidates), np.float64, candidates.size)
+        counts = self.counts
+        c = np.fromiter((counts.get(int(x), 0) for x in candidates), np.float64, candidates.size)
         return candidates[top_k(c[None, :], k)[0]]
 
 

@@ -53,7 +53,10 @@ class NegativeSampler:
         if not self.count:
             return
         self.ready = True
-        fresh = [k for k in dict.fromkeys(np.asarray(keys, np.int64).tolist()) if k not in self._seen]
+        values = np.asarray(keys, np.int64).tolist()
+        if self._seen.issuperset(values):  # the usual batch once the corpus is warm
+            return
+        fresh = [k for k in dict.fromkeys(values) if k not in self._seen]
         if not fresh:
             return
         need = self._size + len(fresh)

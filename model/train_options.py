@@ -95,6 +95,9 @@ class TrainOptions:
     #: Rows of each batch scored before training (0 = no test-then-train evaluation).
     eval_rows: int = 128
     eval_refresh_steps: int = 20
+    #: Score a batch's head on a second thread while the next batch trains (numpy's
+    #: scoring matmul and rank count release the GIL); False = inline.
+    eval_async: bool = True
     eval_window: int = 10_000
     dedup_lookups: bool = True
     #: Mixed negative sampling: items drawn uniformly per step from the items trained on so

@@ -9,6 +9,7 @@ Options: :class:`model.train_options.TrainOptions` (each documented there).
 from __future__ import annotations
 
 import logging
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
@@ -78,11 +79,15 @@ class Trainer:
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
         self.model.init_default_rows()
         self.evaluator = Evaluator(opts.eval_k, opts.eval_window)
+        self._eval_pool: ThreadPoolExecutor | None = None
+        self._evict_in: int | None = None
+        self._eval_pending: Future[None] | None = None
         self._since_refresh = opts.eval_refresh_steps
         self._head_vectors: np.ndarray | None = None
         self.negatives = NegativeSampler(opts.sampled_negatives, config.seed)
         single = self._dedup_step if opts.dedup_lookups else self._single_step
         self._step_fn = tf.function(single, input_signature=_SIG)
+        self._step_concrete: Any = None
         self._accum_fn = tf.function(self._accum_step, input_signature=_SIG)
         self._user_vec_fn = tf.function(
             self.model.user_vectors,
@@ -319,7 +324,9 @@ class Trainer:
         if self._accumulates(batch):
             loss = float(self._accum_fn(*args))
         else:
-            loss_t, head = self._step_fn(*args)
+            if self._step_concrete is None:  # traced on first use (calls skip the dispatch)
+                self._step_concrete = self._step_fn.get_concrete_function()
+            loss_t, head = self._step_concrete(*args)
             loss = float(loss_t)
             self._head_vectors = user_scoring_vectors(head.numpy(), self.config.prior_weight)
         self.maybe_evict()
@@ -366,6 +373,7 @@ class Trainer:
         vectors = None
         if evaluating:
             if self._since_refresh >= opts.eval_refresh_steps:
+                self.wait_evaluation()
                 self.evaluator.set_candidates(*self.item_vectors())
                 self._since_refresh = 0
             if self._accumulates(batch):
@@ -375,14 +383,46 @@ class Trainer:
             if vectors is None:
                 vectors = self._head_vectors
             if vectors is not None:
-                self.evaluator.evaluate(vectors, head.item_keys)
+                self._score(vectors, head.item_keys)
         self.evaluator.popularity.observe(batch.item_keys)
         self._since_refresh += 1
         return loss
 
+    def _score(self, vectors: np.ndarray, targets: np.ndarray) -> None:
+        """Hand the scoring of a batch's head to the evaluation thread (``eval_async``)
+        after the previous batch's scoring finished: batches are scored in order, at most
+        one behind the training, always against the candidates of their own refresh."""
+        if not self.options.eval_async:
+            self.evaluator.evaluate(vectors, targets)
+            return
+        self.wait_evaluation()
+        if self._eval_pool is None:
+            self._eval_pool = ThreadPoolExecutor(1, thread_name_prefix="trainer-eval")
+        self._eval_pending = self._eval_pool.submit(self.evaluator.evaluate, vectors, targets)
+
+    def wait_evaluation(self) -> None:
+        """Block until every batch handed to the evaluation is scored (errors re-raised)."""
+        pending, self._eval_pending = self._eval_pending, None
+        if pending is not None:
+            pending.result()
+
+    def quality(self) -> dict[str, float]:
+        """The evaluation's figures (``Evaluator.summary``) with every trained batch scored."""
+        self.wait_evaluation()
+        return self.evaluator.summary()
+
     def maybe_evict(self) -> int:
         every = self.options.evict_every_steps
-        if not every or int(self.step.numpy()) % every:
+        if not every:
+            return 0
+        # Reads the step variable only when a multiple of ``every`` is due (a countdown in
+        # between; a checkpoint restore is caught up with at the next read).
+        if self._evict_in is not None and self._evict_in > 1:
+            self._evict_in -= 1
+            return 0
+        due = int(self.step.numpy()) % every
+        self._evict_in = every - due
+        if due:
             return 0
         removed = 0
         for table, opt, cap in (

@@ -215,7 +215,7 @@ class TrainerService:
             "offsets": dict(self.state.offsets),
             "last_version": self.state.last_version,
             "trained_through_ms": self.state.trained_through_ms,
-            "metrics": self.trainer.evaluator.summary(),
+            "metrics": self.trainer.evaluator.summary(),  # at most one batch behind
         }
 
     # -- kafka ---------------------------------------------------------------------------------
@@ -328,7 +328,7 @@ class TrainerService:
             m.step_seconds.observe(self.monotonic() - started)
             self._batches_done += 1
             if self._batches_done % 20 == 0:
-                m.set_quality(self.trainer.evaluator.summary())
+                m.set_quality(self.trainer.evaluator.summary())  # at most one batch behind
         st.offsets.update(chunk.offsets)
         return len(sample_ids) if batch is not None else 0
 
@@ -347,7 +347,7 @@ class TrainerService:
             live = set(self.trainer.model.known_rows(self.trainer.model.items)[0].tolist())
             self.item_ids = {k: v for k, v in self.item_ids.items() if k in live}
         self.checkpoint()
-        summary = self.trainer.evaluator.summary()
+        summary = self.trainer.quality()
         extra = {
             "trained_through_ms": st.trained_through_ms,
             "kafka_offsets": dict(st.offsets),

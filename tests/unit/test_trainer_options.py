@@ -129,7 +129,7 @@ def test_per_table_learning_rates() -> None:
 
 
 def test_eviction_interval_bounds_tables_every_n_steps() -> None:
-    batches = _batches(3, 64)
+    batches = _batches(4, 64)
     trainer = Trainer(
         CFG,
         TrainOptions(evict_every_steps=2, max_user_rows=10, max_item_rows=12, eval_rows=0),
@@ -149,6 +149,11 @@ def test_eviction_interval_bounds_tables_every_n_steps() -> None:
     # Evicted keys left the optimizer slots and the stats too.
     slot = trainer.opt_user.get_slot(trainer.model.users.shadow, "accumulator").params
     assert int(slot.size()) <= 11
+    # Every second step only: step 3 grows the tables again, step 4 evicts.
+    trainer.train_step(batches[2])
+    assert trainer.table_sizes()["user_rows"] > 11
+    trainer.train_step(batches[3])
+    assert trainer.table_sizes()["user_rows"] <= 11
 
 
 def test_frozen_history_rows_learn_only_as_targets() -> None:
@@ -364,3 +369,20 @@ def test_auxiliary_loss_adds_the_history_pool_softmax(dedup: bool) -> None:
 def test_auxiliary_weight_must_not_be_negative() -> None:
     with pytest.raises(ValueError, match="aux_weight"):
         TrainOptions(aux_weight=-1.0)
+
+
+def test_evaluation_on_its_thread_scores_the_same_as_inline() -> None:
+    """``eval_async``: each batch's head is scored on the evaluation thread against the
+    candidates of its own refresh; the figures equal the inline evaluation's."""
+    batches = _batches(6, 48, seed=17)
+    opts = TrainOptions(eval_rows=16, eval_refresh_steps=2, learning_rate=0.3)
+    trainers = [
+        Trainer(CFG, replace(opts, eval_async=a), tag=f"evalasync{int(a)}") for a in (False, True)
+    ]
+    for t in trainers:
+        for b in batches:
+            t.fit_batch(b)
+    inline, threaded = (t.quality() for t in trainers)
+    assert threaded == inline
+    assert inline["evaluated_samples"] == 6 * 16
+    assert inline["recall@10"] > 0.0  # something was hit: the comparison is not of zeros

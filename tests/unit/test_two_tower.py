@@ -56,7 +56,7 @@ def test_export_then_load_gives_identical_scores(trained: Trained, tmp_path: Pat
 
 
 def test_model_beats_popularity_on_planted_preferences(trained: Trained) -> None:
-    summary = trained.trainer.evaluator.summary()
+    summary = trained.trainer.quality()
     assert summary["evaluated_samples"] > 0
     # Rolling window covers the last 2000 evaluated samples (the second half of the run).
     assert summary["recall@10"] > summary["popularity_recall@10"] + 0.1
