@@ -153,7 +153,9 @@ def in_batch_softmax_loss(
     # sparse_softmax_cross_entropy_with_logits here; the diagonal is never masked).
     logits = tf.matmul(user_vecs, columns, transpose_b=True)
     logits = tf.cast(logits, tf.float32) / temperature - col_log_q[None, :]
-    logits = logits + tf.tile(tf.cast(masked, tf.float32) * MASKED_LOGIT, [repeats, 1])
+    bias = tf.cast(masked, tf.float32) * MASKED_LOGIT  # [B, C], the same for each query set
+    cols = tf.shape(logits)[1]
+    logits = tf.reshape(tf.reshape(logits, [repeats, batch, cols]) + bias[None], [-1, cols])
     positive = tf.reduce_sum(user_vecs * tf.tile(item_vecs, [repeats, 1]), axis=1)
     positive = tf.cast(positive, tf.float32) / temperature - tf.tile(log_q, [repeats])
     ce = tf.reduce_logsumexp(logits, axis=1) - positive

@@ -212,13 +212,16 @@ class Trainer:
         n_plan = tf.size(plan.item_keys)
         all_keys, all_idx = tf.unique(tf.concat([plan.item_keys, negs["neg_keys"]], 0))
         neg_idx = all_idx[n_plan:]
+        # The pool reads the history rows straight from all_keys' rows (the plan's keys come
+        # first): no slice of them, whose gradient would be a dense copy.
+        plan = model.widen_pool(plan, tf.size(all_keys))
         dense = model.dense_variables
         with tf.GradientTape() as tape:
             u_uniq = model.shadow_rows(model.users, plan.user_keys)
             i_all = model.shadow_rows(model.items, all_keys)
-            u_rows, pooled = model.planned_inputs(plan, u_uniq, i_all[:n_plan])
+            u_rows, pooled = model.planned_inputs(plan, u_uniq, i_all)
             uv = model.user_mlp(u_rows, pooled)
-            iv = model.item_tower(tf.gather(i_all[:n_plan], plan.target_idx))
+            iv = model.item_tower(tf.gather(i_all, plan.target_idx))
             neg_vecs = model.item_tower(tf.gather(i_all, neg_idx))
             loss = self._loss(uv, pooled, known, (iv, ik, log_q, w), neg_vecs, negs, uk)
         g_user, g_item, *g_dense = tape.gradient(loss, [u_uniq, i_all, *dense])

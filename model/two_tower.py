@@ -207,6 +207,14 @@ class TwoTower(tf.Module):
         )
         return LookupPlan(user_keys, user_idx, item_keys, target_idx, hist_keys, pool)
 
+    def widen_pool(self, plan: LookupPlan, n_rows: tf.Tensor) -> LookupPlan:
+        """``plan`` whose pool reads the first of ``n_rows`` item rows (``item_keys`` then
+        more keys) when the history rows are the trained item rows; else ``plan``."""
+        if not self.config.train_history:
+            return plan
+        shape = tf.stack([plan.pool.dense_shape[0], tf.cast(n_rows, tf.int64)])
+        return plan._replace(pool=tf.SparseTensor(plan.pool.indices, plan.pool.values, shape))
+
     def shadow_rows(self, table: EmbeddingTable, keys: tf.Tensor) -> tf.Tensor:
         """Rows of distinct ``keys`` through the table's TFRA shadow variable: the gradient
         with respect to the result is the (per key summed) gradient of the table rows."""
@@ -223,7 +231,9 @@ class TwoTower(tf.Module):
     def planned_inputs(
         self, plan: LookupPlan, u_uniq: tf.Tensor, i_uniq: tf.Tensor
     ) -> tuple[tf.Tensor, tf.Tensor]:
-        """The user MLP's inputs from the distinct rows of :meth:`plan`: (user rows, pool)."""
+        """The user MLP's inputs from the distinct rows of :meth:`plan`: (user rows, pool).
+        ``i_uniq`` may continue past ``plan.item_keys`` if the pool was widened to it
+        (:meth:`widen_pool`)."""
         if self.config.train_history:
             h_uniq = i_uniq
         else:
