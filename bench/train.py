@@ -1,21 +1,28 @@
 """Trainer benchmark: step examples/s, end-to-end examples/s from Kafka, export time and
 size, and model freshness.
 
-    streamrec bench train [--json FILE] [--batches 512,2048] [--e2e-samples 100000]
+    streamrec bench train [--json FILE] [--batches 512,2048] [--e2e-samples 300000]
                           [--export-ids 100000,1000000] [--freshness-s 75] [--skip ...]
 
-* step: the compiled train step alone on pre-built synthetic batches (history_len 50, d 32,
-  10k users, 20k items), after warm-up; at each batch size, plus batch 512 with history rows
-  frozen (``--no-history-grad``). Test-then-train evaluation is off here. With
-  ``--compare-rounds N`` also the deduplicated step and the reference step
+Samples come from the synthetic stream (10k users, 20k items) after its first
+``--warm-samples`` (200k): every user has had ~20 events, so histories are as full as in a
+long-running stream (its first 100k samples carry ~3 history entries per row, which makes
+the step look faster than it runs in steady state).
+
+* step: the compiled train step alone on pre-built batches, the live model
+  (``ModelConfig()``, its history window unless ``--step-history``; d 32), after warm-up; at
+  each batch size, plus batch 512 with history rows frozen (``--no-history-grad``).
+  Test-then-train evaluation is off here. The mean number of history entries per row is
+  reported. With ``--compare-rounds N`` also the deduplicated step and the reference step
   (``TrainOptions.dedup_lookups``) side by side in one process: N alternating rounds on the
   same batches, taken from a longer stream (histories fill up to 50 items), medians reported.
 * e2e: ``--e2e-samples`` samples pre-produced to a fresh topic of the Kafka in the settings
   (``STREAMREC_KAFKA__PORT``), then the trainer service as ``streamrec train`` builds it (the
   live model defaults, e.g. its history window; decode, evaluate 128 rows/batch,
-  train, checkpoint + export at the default cadence) drains them; rate = samples / wall time
-  of ``run()`` (the step is traced before the clock starts). ``--e2e-consumer
-  confluent,kafka-python --e2e-rounds 3`` times both samples consumers in alternating order.
+  train, checkpoint + export at the default cadence) drains them, starting empty; rate =
+  samples / wall time of ``run()`` (the step is traced before the clock starts; connecting
+  and the final export are inside it). ``--e2e-consumer confluent,kafka-python
+  --e2e-rounds 3`` times both samples consumers in alternating order.
 * export: tables filled with N users and N items (random rows), time to write the artifact
   (``model.export.write_version``), its size on disk, and the time to load and verify it
   (``model.artifact.load_artifact``, what serving does).
@@ -25,6 +32,7 @@ size, and model freshness.
   first version whose Kafka offsets cover it minus its event time.
 
 JSON keys: ``step_examples_per_s`` (batch 512), ``step_examples_per_s_by_batch``,
+``step_history_len``, ``step_mean_history_entries``,
 ``step_examples_per_s_frozen_history``, ``step_compare_512`` (with ``--compare-rounds``: the
 deduplicated and the reference step, median and rounds) (and ``*_per_cpu_s*``: examples per CPU second of the
 process, steadier than wall time on a shared machine), ``e2e_examples_per_s`` (and
@@ -51,23 +59,38 @@ from typing import Any
 import numpy as np
 
 HIST = 50
+#: Synthetic samples skipped before a benchmark's batches are taken: with 10k users every
+#: user then has ~20 events before, so histories are as full as in a long-running stream
+#: (a fresh stream's first 100k samples carry ~3 history entries on average).
+WARM_SAMPLES = 200_000
 
 
-def _batches(n_batches: int, batch: int, seed: int = 1, hist: int = HIST) -> list[Any]:
+def _batches(
+    n_batches: int, batch: int, seed: int = 1, hist: int = HIST, warm: int = 0
+) -> list[Any]:
     from model.samples import KeyCache, to_batch
     from model.synthetic import SyntheticConfig, SyntheticStream
 
     stream = SyntheticStream(SyntheticConfig(users=10_000, items=20_000, clusters=50, seed=seed))
+    for _ in range(warm):
+        stream.next()
     keys = KeyCache()
     return [to_batch(stream.take(batch), hist, keys) for _ in range(n_batches)]
 
 
-def _step_trainer(batch: int, train_history: bool = True, dedup: bool = True) -> Any:
+def _history_entries(batches: list[Any], hist: int) -> float:
+    """Mean number of (non-padding) history entries per row in the model's window."""
+    return round(float(np.mean([(b.history[:, :hist] != 0).sum(axis=1).mean() for b in batches])), 2)
+
+
+def _step_trainer(
+    batch: int, train_history: bool = True, dedup: bool = True, hist: int = HIST
+) -> Any:
     from model.trainer import Trainer, TrainOptions
     from model.two_tower import ModelConfig
 
     return Trainer(
-        ModelConfig(history_len=HIST, train_history=train_history),
+        ModelConfig(history_len=hist, train_history=train_history),
         TrainOptions(batch_size=batch, eval_rows=0, dedup_lookups=dedup),
         tag=f"b{batch}{int(train_history)}{int(dedup)}",
     )
@@ -100,11 +123,13 @@ def bench_step_compare(
 
 
 def bench_step(
-    batch: int, seconds: float, train_history: bool = True, dedup: bool = True
-) -> tuple[float, float]:
-    """(examples per wall second, examples per CPU second of this process)."""
-    trainer = _step_trainer(batch, train_history, dedup)
-    batches = _batches(max(8, int(seconds * 120_000 / batch) + 6), batch)
+    batch: int, seconds: float, train_history: bool = True, dedup: bool = True,
+    hist: int = HIST, warm: int = WARM_SAMPLES,
+) -> tuple[float, float, float]:
+    """(examples per wall second, per CPU second of this process, mean history entries per
+    row) of the step with a ``hist``-item window on batches taken after ``warm`` samples."""
+    trainer = _step_trainer(batch, train_history, dedup, hist)
+    batches = _batches(max(8, int(seconds * 80_000 / batch) + 6), batch, hist=hist, warm=warm)
     for b in batches[:5]:
         trainer.train_step(b)
     done, started, cpu = 0, time.perf_counter(), time.process_time()
@@ -113,7 +138,8 @@ def bench_step(
         done += len(b)
         if time.perf_counter() - started > seconds:
             break
-    return done / (time.perf_counter() - started), done / (time.process_time() - cpu)
+    wall, per_cpu = done / (time.perf_counter() - started), done / (time.process_time() - cpu)
+    return wall, per_cpu, _history_entries(batches[5:], hist)
 
 
 def _settings(root: Path) -> Any:
@@ -156,15 +182,21 @@ def _service(settings: Any, consumer: str = "auto", **loop: Any) -> Any:
     return service
 
 
-def bench_e2e(n: int, root: Path, consumer: str = "auto", **loop: Any) -> tuple[float, float]:
+def bench_e2e(
+    n: int, root: Path, consumer: str = "auto", warm: int = WARM_SAMPLES, **loop: Any
+) -> tuple[float, float]:
     """(examples per wall second, examples per CPU second of this process) of ``run()``,
-    with the samples consumer ``consumer`` (``LoopOptions.consumer``)."""
+    with the samples consumer ``consumer`` (``LoopOptions.consumer``), on the ``n`` samples
+    after the first ``warm`` of the synthetic stream (full histories; the trainer starts
+    empty)."""
     from model.samples import encode_sample
     from model.synthetic import SyntheticConfig, SyntheticStream
     from stream.kafka_io import make_producer
 
     settings = _settings(root)
     stream = SyntheticStream(SyntheticConfig(users=10_000, items=20_000, clusters=50, seed=3))
+    for _ in range(warm):
+        stream.next()
     producer = make_producer(settings.kafka, linger_ms=50, batch_size=512 * 1024,
                              max_in_flight_requests_per_connection=5)
     for s in stream.take(n):
@@ -285,7 +317,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="write the figures to this file")
     parser.add_argument("--batches", default="512,2048")
     parser.add_argument("--step-seconds", type=float, default=4.0)
-    parser.add_argument("--e2e-samples", type=int, default=100_000)
+    parser.add_argument("--step-history", type=int, default=0,
+                        help="history window of the step's model (default: the live model's, "
+                             "ModelConfig.history_len)")
+    parser.add_argument("--warm-samples", type=int, default=WARM_SAMPLES,
+                        help="synthetic samples skipped before the step's and e2e's samples "
+                             "are taken, so that histories are full (default %(default)s)")
+    parser.add_argument("--e2e-samples", type=int, default=300_000,
+                        help="samples the e2e run trains (default %(default)s: long enough "
+                             "for a sustained rate, with exports at the default cadence)")
     parser.add_argument("--export-ids", default="100000,1000000")
     parser.add_argument("--e2e-consumer", default="auto",
                         help="comma list of samples consumers (LoopOptions.consumer: auto, "
@@ -301,19 +341,25 @@ def main(argv: list[str] | None = None) -> int:
                              "batch 512 for this many rounds of --step-seconds each")
     args = parser.parse_args(argv)
     skip = set(filter(None, args.skip.split(",")))
+    from model.two_tower import ModelConfig
     result: dict[str, Any] = {"load_avg_start": os.getloadavg()[0]}
     root = Path(tempfile.mkdtemp(prefix="bench-train-"))
     try:
         if "step" not in skip:
             by_batch, by_cpu = {}, {}
+            hist = args.step_history or ModelConfig().history_len
             for b in (int(x) for x in args.batches.split(",")):
-                wall, cpu = bench_step(b, args.step_seconds)
+                wall, cpu, entries = bench_step(b, args.step_seconds, hist=hist, warm=args.warm_samples)
                 by_batch[str(b)], by_cpu[str(b)] = round(wall), round(cpu)
-                print(f"step batch {b}: {wall:,.0f} examples/s ({cpu:,.0f} per CPU second)")
+                print(f"step batch {b} (history window {hist}, {entries} entries per row): "
+                      f"{wall:,.0f} examples/s ({cpu:,.0f} per CPU second)")
+            result["step_history_len"] = hist
+            result["step_mean_history_entries"] = entries
             result["step_examples_per_s_by_batch"] = by_batch
             result["step_examples_per_cpu_s_by_batch"] = by_cpu
             result["step_examples_per_s"] = by_batch.get("512", next(iter(by_batch.values())))
-            wall, cpu = bench_step(512, args.step_seconds, train_history=False)
+            wall, cpu, _ = bench_step(512, args.step_seconds, train_history=False, hist=hist,
+                                      warm=args.warm_samples)
             result["step_examples_per_s_frozen_history"] = round(wall)
             result["step_examples_per_cpu_s_frozen_history"] = round(cpu)
             print(f"step batch 512, history rows frozen: {wall:,.0f} examples/s "
@@ -328,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
             runs: dict[str, list[tuple[float, float]]] = {c: [] for c in consumers}
             for r in range(args.e2e_rounds):
                 for c in consumers if r % 2 == 0 else consumers[::-1]:
-                    wall, cpu = bench_e2e(args.e2e_samples, root, c)
+                    wall, cpu = bench_e2e(args.e2e_samples, root, c, args.warm_samples)
                     runs[c].append((wall, cpu))
                     print(f"end to end from Kafka ({c}): {wall:,.0f} examples/s "
                           f"({cpu:,.0f} per CPU second), load {os.getloadavg()[0]:.2f}")
