@@ -251,7 +251,9 @@ class TrainerService:
         fetcher = ChunkFetcher(
             source,
             self.trainer.options.batch_size,
-            self.history_len,
+            # only the model's window is hashed into keys (a sample carries the features'
+            # longer history: 50 entries against the model's 10 by default)
+            min(self.history_len, self.trainer.config.history_len),
             self.loop.batch_timeout_s,
             self.loop.poll_timeout_ms,
             self.monotonic,
