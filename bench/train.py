@@ -185,7 +185,8 @@ def _service(settings: Any, consumer: str = "auto", **loop: Any) -> Any:
 def bench_e2e(
     n: int, root: Path, consumer: str = "auto", warm: int = WARM_SAMPLES, **loop: Any
 ) -> tuple[float, float]:
-    """(examples per wall second, examples per CPU second of this process) of ``run()``,
+    """(examples per wall second, examples per CPU second of this process: the samples fetch
+    process is not counted) of ``run()``,
     with the samples consumer ``consumer`` (``LoopOptions.consumer``), on the ``n`` samples
     after the first ``warm`` of the synthetic stream (full histories; the trainer starts
     empty)."""

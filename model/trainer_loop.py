@@ -43,6 +43,7 @@ from model.registry import Registry, RegistryError
 from model.samples import KeyCache, digest_of_hashes
 from model.trainer import Trainer, TrainOptions
 from model.trainer_fetch import Chunk, ChunkFetcher, RecordSource, Rejected, open_source
+from model.trainer_fetch_process import ProcessFetcher
 from model.trainer_metrics import TrainerMetrics
 from model.two_tower import ModelConfig
 
@@ -98,6 +99,9 @@ class LoopOptions:
     #: ``bench/train.py``), "kafka-python", or "auto" (confluent if installed). Both are
     #: assigned every partition at the checkpointed offsets and never commit.
     consumer: str = "auto"
+    #: Poll and decode in a child process (``model.trainer_fetch_process``): its Python
+    #: then takes neither the GIL nor the training process's cores; False = a thread.
+    fetch_process: bool = True
     #: Most records one poll returns (the fetch thread decodes a poll as a whole); None =
     #: four batches, at least 2000.
     max_poll_records: int | None = None
@@ -219,18 +223,31 @@ class TrainerService:
         }
 
     # -- kafka ---------------------------------------------------------------------------------
-    def _connect(self) -> RecordSource:
+    def _fetcher(self) -> ChunkFetcher | ProcessFetcher:
+        """Create the topics if needed, the dead-letter producer, and the samples fetcher
+        (a child process, or a thread with ``LoopOptions.fetch_process`` False), reading
+        from the restored offsets."""
         from stream.kafka_io import ensure_topics, make_producer
 
         kafka = self.settings.kafka
         ensure_topics(kafka, [kafka.samples_topic, kafka.dlq_topic])
-        self._source = open_source(
+        self._producer = make_producer(kafka)
+        source_args = (
             kafka, self.settings.trainer.group_id, self.state.offsets, self.loop.consumer,
             self.loop.max_poll_records or max(4 * self.trainer.options.batch_size, 2000),
-            self.monotonic, self.stop_event.wait,
         )
-        self._producer = make_producer(kafka)
-        return self._source
+        fetch_args = (
+            self.trainer.options.batch_size,
+            # only the model's window is hashed into keys (a sample carries the features'
+            # longer history: 50 entries against the model's 10 by default)
+            min(self.history_len, self.trainer.config.history_len),
+            self.loop.batch_timeout_s,
+            self.loop.poll_timeout_ms,
+        )
+        if self.loop.fetch_process:
+            return ProcessFetcher(*source_args, *fetch_args)
+        self._source = open_source(*source_args, self.monotonic, self.stop_event.wait)
+        return ChunkFetcher(self._source, *fetch_args, self.monotonic, self.keys)
 
     def _dead_letter(self, record: Rejected, reason: str) -> None:
         from stream.kafka_io import dlq_record
@@ -247,18 +264,7 @@ class TrainerService:
     def run(self) -> LoopState:
         """Train until ``stop_event`` is set (or ``max_samples``); returns the final state."""
         self.restore()
-        source = self._connect()
-        fetcher = ChunkFetcher(
-            source,
-            self.trainer.options.batch_size,
-            # only the model's window is hashed into keys (a sample carries the features'
-            # longer history: 50 entries against the model's 10 by default)
-            min(self.history_len, self.trainer.config.history_len),
-            self.loop.batch_timeout_s,
-            self.loop.poll_timeout_ms,
-            self.monotonic,
-            self.keys,
-        )
+        fetcher = self._fetcher()
         last_export = self.monotonic()
         since_export = 0
         with _tuned(self.loop):
