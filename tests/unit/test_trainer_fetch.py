@@ -236,3 +236,21 @@ def test_chunks_from_the_confluent_source_cut_at_the_batch_size_or_the_timeout()
     assert [c.offsets for c in chunks if c] == [{"t:0": 2}, {"t:0": 4}, {"t:0": 6}]
     assert [[(r.offset, r.value) for r, _ in c.rejected] for c in chunks if c] == [
         [], [(2, b"{broken")], []]
+
+
+def test_fetch_process_reports_a_failure_of_its_child() -> None:
+    """The child's error reaches ``get`` as a RuntimeError (here: an unknown consumer
+    backend, raised by ``open_source`` in the child) and the child exits."""
+    import time
+
+    from feature_store.settings import KafkaSettings
+    from model.trainer_fetch_process import ProcessFetcher
+
+    fetcher = ProcessFetcher(KafkaSettings(), "g", {}, "no-such-client", 10, 4, 4, 0.2, 100)
+    fetcher.start()
+    deadline = time.monotonic() + 60.0
+    with pytest.raises(RuntimeError, match="no-such-client"):
+        while time.monotonic() < deadline:
+            fetcher.get(0.5)
+    fetcher.stop()
+    assert not fetcher._process.is_alive()
