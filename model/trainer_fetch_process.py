@@ -50,9 +50,7 @@ def _put(out: Any, item: object, stop: Any, parent: int) -> bool:
 
 def _child(out: Any, stop: Any, parent: int, source_args: tuple[Any, ...],
            fetch_args: tuple[Any, ...]) -> None:
-    # Exit without flushing what the queue still buffers (nobody may read it any more);
-    # untrained chunks are read again from the checkpointed offsets anyway.
-    out.cancel_join_thread()
+    failure = None
     try:
         source = open_source(*source_args, time.monotonic, stop.wait)
         fetcher = ChunkFetcher(source, *fetch_args, time.monotonic)
@@ -66,7 +64,12 @@ def _child(out: Any, stop: Any, parent: int, source_args: tuple[Any, ...],
             fetcher.stop()
             source.close()
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, which raises
-        _put(out, _Failure((f"{type(exc).__name__}: {exc}",)), stop, parent)
+        failure = f"{type(exc).__name__}: {exc}"
+    if failure is not None and _put(out, _Failure((failure,)), stop, parent):
+        return  # the queue flushes the report before the process exits
+    # Stopped, or the parent is gone: exit without flushing what the queue still buffers
+    # (nobody may read it any more; untrained chunks are read again from the checkpoint).
+    out.cancel_join_thread()
 
 
 class ProcessFetcher:
@@ -107,11 +110,14 @@ class ProcessFetcher:
         try:
             item = self._queue.get(timeout=timeout_s)
         except queue.Empty:
-            if not self._process.is_alive():
+            if self._process.is_alive():
+                return None
+            try:  # what it sent just before exiting may still be on its way
+                item = self._queue.get(timeout=_WAIT_S)
+            except queue.Empty:
                 raise RuntimeError(
                     f"sample fetch process exited (code {self._process.exitcode})"
                 ) from None
-            return None
         if isinstance(item, _Failure):
             raise RuntimeError(f"sample fetcher failed: {item[0]}")
         return item  # type: ignore[no-any-return]

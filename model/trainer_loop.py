@@ -40,7 +40,7 @@ from model.checkpoint import CheckpointStore
 from model.dedupe import RecentIds
 from model.export import publish_version
 from model.registry import Registry, RegistryError
-from model.samples import KeyCache, digest_of_hashes
+from model.samples import digest_of_hashes
 from model.trainer import Trainer, TrainOptions
 from model.trainer_fetch import Chunk, ChunkFetcher, RecordSource, Rejected, open_source
 from model.trainer_fetch_process import ProcessFetcher
@@ -174,7 +174,6 @@ class TrainerService:
         self.state = LoopState()
         self.item_ids: dict[int, str] = {}
         self.recent_ids = RecentIds()
-        self.keys = KeyCache()
         self.stop_event = threading.Event()
         self.running = False
         self._source: RecordSource | None = None
@@ -247,7 +246,7 @@ class TrainerService:
         if self.loop.fetch_process:
             return ProcessFetcher(*source_args, *fetch_args)
         self._source = open_source(*source_args, self.monotonic, self.stop_event.wait)
-        return ChunkFetcher(self._source, *fetch_args, self.monotonic, self.keys)
+        return ChunkFetcher(self._source, *fetch_args, self.monotonic)
 
     def _dead_letter(self, record: Rejected, reason: str) -> None:
         from stream.kafka_io import dlq_record
