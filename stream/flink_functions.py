@@ -31,7 +31,6 @@ both are Java calls.
 
 from __future__ import annotations
 
-import gc
 import json
 import logging
 from collections.abc import Iterator
@@ -64,6 +63,7 @@ from feature_store.features import (
 from feature_store.redis_store import RedisOnlineStore, encode_user_values
 from feature_store.settings import Settings
 from stream.flink_parse import try_parse
+from stream.gc_tuning import tune_gc
 from stream.kafka_io import dlq_record
 
 log = logging.getLogger(__name__)
@@ -108,23 +108,6 @@ def parse_item_update(value: str) -> tuple[str, str, int]:
     """``(item_id, event_type, ts_ms)`` of an :func:`item_update` value."""
     event_type, ts, item_id = value.split("\t", 2)
     return item_id, event_type, int(ts)
-
-
-#: Allocations between young collections in the operators' interpreter (CPython: 700).
-GC_GEN0_THRESHOLD = 10_000
-
-
-def tune_gc() -> None:
-    """Cheaper cyclic GC for the per-event work (every unpacked state is hundreds of
-    tuples): the objects alive once the operators are open (PyFlink, Beam, protobuf modules)
-    go to the permanent generation (``gc.freeze``) so full collections skip them, and young
-    collections run every :data:`GC_GEN0_THRESHOLD` allocations instead of 700. Measured on
-    the stages in-process: ~15% of their CPU was the collector. This is the operator
-    runtime's interpreter (one per TaskManager in thread mode), which runs only our stages.
-    """
-    gc.freeze()
-    _, gen1, gen2 = gc.get_threshold()
-    gc.set_threshold(max(GC_GEN0_THRESHOLD, gc.get_threshold()[0]), gen1, gen2)
 
 
 class _Buffered(KeyedProcessFunction):
