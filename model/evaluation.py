@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections import Counter, deque
 from dataclasses import dataclass
+from itertools import repeat
 
 import numpy as np
 
@@ -94,8 +95,9 @@ class Rolling:
 class Popularity:
     """Target counts so far; ranks a candidate set by count (ties by key).
 
-    ``observe`` only queues a batch's keys (the training thread calls it every batch); they
-    are counted when the counts are read (``top``/``counts``, every candidate refresh)."""
+    ``observe`` only queues a batch's keys (called every batch); they are counted when the
+    counts are read (``top``/``counts``, every candidate refresh). Not thread-safe: the
+    trainer calls both from its evaluation thread, in training order."""
 
     def __init__(self) -> None:
         self._counts: Counter[int] = Counter()
@@ -115,8 +117,9 @@ class Popularity:
     def top(self, candidates: np.ndarray, k: int) -> np.ndarray:
         if candidates.size == 0:
             return np.zeros(0, np.int64)
-        counts = self.counts
-        c = np.fromiter((counts.get(int(x), 0) for x in candidates), np.float64, candidates.size)
+        c = np.fromiter(
+            map(self.counts.get, candidates.tolist(), repeat(0)), np.float64, candidates.size
+        )
         return candidates[top_k(c[None, :], k)[0]]
 
 
@@ -138,7 +141,8 @@ class Evaluator:
     def set_candidates(self, keys: np.ndarray, vectors: np.ndarray) -> None:
         self.candidate_keys = np.asarray(keys, np.int64)
         self.candidate_vectors = np.ascontiguousarray(vectors, np.float32)
-        self._position = {int(k): i for i, k in enumerate(self.candidate_keys.tolist())}
+        keys_list = self.candidate_keys.tolist()
+        self._position = dict(zip(keys_list, range(len(keys_list)), strict=True))
         self._pop_top = self.popularity.top(self.candidate_keys, self.k)
 
     def evaluate(self, user_vectors: np.ndarray, targets: np.ndarray) -> None:
@@ -150,7 +154,9 @@ class Evaluator:
             return
         rec, ndcg = rank_metrics(
             user_vectors @ self.candidate_vectors.T,
-            np.fromiter((self._position.get(int(t), -1) for t in targets), np.int64, targets.size),
+            np.fromiter(
+                map(self._position.get, targets.tolist(), repeat(-1)), np.int64, targets.size
+            ),
             self.k,
         )
         self.recall.add(rec)

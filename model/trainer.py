@@ -9,6 +9,7 @@ Options: :class:`model.train_options.TrainOptions` (each documented there).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
@@ -353,14 +354,38 @@ class Trainer:
     def item_vectors(self) -> tuple[np.ndarray, np.ndarray]:
         """(keys, scoring vectors float32) of every known item: the item tower output, with
         the popularity prior when ``ModelConfig.prior_weight`` (``model.prior``)."""
+        return self._scoring_items(*self._item_rows())
+
+    def _item_rows(self) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """What :meth:`item_vectors` reads of the model now: (keys, rows, log q or None)."""
         keys, rows = self.model.known_rows(self.model.items)
+        if not self.config.prior_weight:
+            return keys, rows, None
+        return keys, rows, self.freq.log_q(tf.constant(keys, tf.int64)).numpy()
+
+    def _scoring_items(
+        self, keys: np.ndarray, rows: np.ndarray, log_q: np.ndarray | None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`item_vectors` from :meth:`_item_rows` (numpy only: any thread)."""
         if self.config.normalize and rows.size:
             rows = rows / np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-12)
-        weight = self.config.prior_weight
-        if not weight:
+        if log_q is None:
             return keys, rows.astype(np.float32)
-        log_q = self.freq.log_q(tf.constant(keys, tf.int64)).numpy()
-        return keys, item_scoring_vectors(rows, log_q, self.config.temperature, weight)
+        return keys, item_scoring_vectors(
+            rows, log_q, self.config.temperature, self.config.prior_weight
+        )
+
+    def _refresh_candidates(
+        self, keys: np.ndarray, rows: np.ndarray, log_q: np.ndarray | None
+    ) -> None:
+        self.evaluator.set_candidates(*self._scoring_items(keys, rows, log_q))
+
+    def _observe_and_score(
+        self, vectors: np.ndarray | None, targets: np.ndarray, trained: np.ndarray
+    ) -> None:
+        if vectors is not None:
+            self.evaluator.evaluate(vectors, targets)
+        self.evaluator.popularity.observe(trained)
 
     def fit_batch(self, batch: Batch) -> float:
         """Test-then-train: score the first ``eval_rows`` rows with the model as it was
@@ -376,8 +401,9 @@ class Trainer:
         vectors = None
         if evaluating:
             if self._since_refresh >= opts.eval_refresh_steps:
-                self.wait_evaluation()
-                self.evaluator.set_candidates(*self.item_vectors())
+                # the rows as the model holds them now; the scoring matrix is built on the
+                # evaluation thread while this batch trains
+                self._evaluation(self._refresh_candidates, *self._item_rows())
                 self._since_refresh = 0
             if self._accumulates(batch):
                 vectors = self.user_vectors(head.user_keys, head.history)
@@ -385,23 +411,25 @@ class Trainer:
         if evaluating:
             if vectors is None:
                 vectors = self._head_vectors
-            if vectors is not None:
-                self._score(vectors, head.item_keys)
-        self.evaluator.popularity.observe(batch.item_keys)
+            self._evaluation(self._observe_and_score, vectors, head.item_keys, batch.item_keys)
+        else:
+            self.evaluator.popularity.observe(batch.item_keys)
         self._since_refresh += 1
         return loss
 
-    def _score(self, vectors: np.ndarray, targets: np.ndarray) -> None:
-        """Hand the scoring of a batch's head to the evaluation thread (``eval_async``)
-        after the previous batch's scoring finished: batches are scored in order, at most
-        one behind the training, always against the candidates of their own refresh."""
+    def _evaluation(self, fn: Callable[..., None], *args: Any) -> None:
+        """Run evaluation work (a candidate refresh; a head's scoring, then the batch's
+        popularity counts) on the evaluation thread (``eval_async``) once the previous
+        piece finished, else inline: the pieces run in training order, at most one behind
+        the training, and each batch is scored against the candidates of its own refresh
+        and the popularity counts of the batches before it."""
         if not self.options.eval_async:
-            self.evaluator.evaluate(vectors, targets)
+            fn(*args)
             return
         self.wait_evaluation()
         if self._eval_pool is None:
             self._eval_pool = ThreadPoolExecutor(1, thread_name_prefix="trainer-eval")
-        self._eval_pending = self._eval_pool.submit(self.evaluator.evaluate, vectors, targets)
+        self._eval_pending = self._eval_pool.submit(fn, *args)
 
     def wait_evaluation(self) -> None:
         """Block until every batch handed to the evaluation is scored (errors re-raised)."""
