@@ -16,6 +16,7 @@ from model.samples import (
     KeyCache,
     Sample,
     SampleError,
+    _fast_columns,
     batch_from_columns,
     decode_columns,
     decode_sample,
@@ -116,6 +117,10 @@ _INVALID = [
     _wire(ts=1.5), _wire(ts=False), _wire(ts=_ABSENT), _wire(ts=2**64 - 1),
     _wire(history=None), _wire(history="a"), _wire(history=[""]), _wire(history=["a", 3]),
     _wire(sample_id=""), _wire(user_id=7), _wire(item_id=_ABSENT), _wire(event_type=None),
+    # the column path parses with a typed decoder: what JSON allows beyond the dict above
+    _wire()[:-1] + b',"weight":-1}',  # a repeated key: the last one counts (as in orjson)
+    _wire(weight=_ABSENT)[:-1] + b',"weight":1e400}',  # overflows to inf
+    _wire(ts=_ABSENT)[:-1] + b',"ts":-9223372036854775809}',  # below int64
 ]
 
 
@@ -131,10 +136,11 @@ def test_a_poll_with_one_bad_record_names_it_and_keeps_the_others_in_order(bad: 
 
 def test_a_clean_poll_decodes_to_the_columns_of_decode_sample() -> None:
     values = [_wire(sample_id=f"s{i}", weight=0.5 + i, ts=10 * i, history=["h"] * i)
-              for i in range(6)] + [_wire(history=_ABSENT)]
+              for i in range(6)] + [_wire(history=_ABSENT), _wire(extra={"x": [1]})]
     cols, rejected = decode_columns(values)
     samples = [decode_sample(v) for v in values]
     assert rejected == []
+    assert _fast_columns(values) == cols  # decoded on the column path, not record by record
     assert cols.sample_ids == [s.sample_id for s in samples]
     assert cols.user_ids == [s.user_id for s in samples]
     assert cols.item_ids == [s.item_id for s in samples]
