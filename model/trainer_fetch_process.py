@@ -56,7 +56,7 @@ def _put(out: Any, item: object, stop: Any, parent: int) -> bool:
 def _child(out: Any, stop: Any, parent: int, source_args: tuple[Any, ...],
            fetch_args: tuple[Any, ...]) -> None:
     failure = None
-    tune_gc()  # this process only decodes: ~15% of its CPU was the collector
+    tune_gc()  # this process only decodes (stream.gc_tuning: what the collector cost)
     try:
         source = open_source(*source_args, time.monotonic, stop.wait)
         fetcher = ChunkFetcher(source, *fetch_args, time.monotonic)
