@@ -6,9 +6,12 @@ only notion of time is the event time carried by the events (``ts_ms``, epoch mi
 
 Per user (:class:`UserState`, updated by :func:`update_user`):
 
-* ``history`` — the last ``history_len`` *positive* interactions (event weight > 0) as
-  ``(item_id, event_type, ts_ms)``, most recent first. Ties on ``ts_ms`` keep arrival order
-  (the later arrival first).
+* ``history`` — the last ``history_len`` interactions as ``(item_id, event_type, ts_ms)``,
+  most recent first: the positive events (weight > 0) and the events of a type in
+  ``history_types`` whatever their weight (``features.history_event_types``, default
+  ``rating``: an explicit rating is an interaction even when it is not a positive, as a
+  MovieLens rating below the like threshold). Ties on ``ts_ms`` keep arrival order (the
+  later arrival first).
 * ``counts`` — per window (``1h``, ``24h``, ``7d``) and event type, the number of events in the
   window that ends at ``as_of_ms`` (the newest event time seen for the user). Counts are kept in
   buckets of ``bucket_ms`` (default one minute) aligned to the epoch: a window of length ``W``
@@ -94,6 +97,8 @@ class FeatureParams:
     trending_n: int = 100
     bucket_ms: int = 60_000
     dedupe_horizon_ms: int = 7 * DAY_MS
+    #: Event types that enter the history whatever their weight (positives always do).
+    history_types: frozenset[str] = frozenset()
 
     @classmethod
     def from_settings(cls, features: Any, **overrides: Any) -> FeatureParams:
@@ -103,6 +108,7 @@ class FeatureParams:
             "history_len": features.history_len,
             "item_half_life_s": features.item_half_life_s,
             "trending_n": features.trending_n,
+            "history_types": frozenset(features.history_event_types),
         }
         values.update(overrides)
         return cls(**values)
@@ -166,7 +172,7 @@ _SEEN_PRUNE_EVERY = 64
 class UserState:
     """Everything the job keeps per user (serialisable with pickle)."""
 
-    #: (item_id, event_type, ts_ms, event_id), most recent first, positives only.
+    #: (item_id, event_type, ts_ms, event_id), most recent first (``history`` above).
     history: list[tuple[str, str, int, str]] = field(default_factory=list)
     #: event_type -> bucket index -> count.
     buckets: dict[str, dict[int, int]] = field(default_factory=dict)
@@ -232,7 +238,7 @@ def update_user(state: UserState, event: Event, params: FeatureParams) -> UserOu
         if per_type is None:
             per_type = state.buckets[event.event_type] = {}
         per_type[bucket] = per_type.get(bucket, 0) + 1
-    if params.weight(event.event_type) > 0:
+    if params.weight(event.event_type) > 0 or event.event_type in params.history_types:
         _insert_history(state.history, event, params.history_len)
 
     # Every bucket is at or after oldest_bucket once an update returns, and only a newer

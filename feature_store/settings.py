@@ -97,6 +97,11 @@ class FeatureSettings(BaseModel):
     model_config = _SECTION
     event_weights: dict[str, float] = Field(default_factory=lambda: dict(DEFAULT_EVENT_WEIGHTS))
     history_len: int = Field(50, description="Items kept in a user's recent history.")
+    history_event_types: list[str] = Field(
+        default_factory=lambda: ["rating"],
+        description="Event types a user's history keeps whatever their weight (positive events "
+        "always enter it): an explicit rating is an interaction even below a like threshold.",
+    )
     item_half_life_s: float = Field(3600.0, description="Half-life of the decayed item score.")
     trending_n: int = Field(100, description="Items kept in the global trending list.")
     max_out_of_orderness_ms: int = Field(2000, description="Watermark bound.")
@@ -178,7 +183,7 @@ def to_env(settings: Settings) -> dict[str, str]:
             if isinstance(value, SecretStr):
                 value = value.get_secret_value()
             key = f"STREAMREC_{section_name.upper()}__{field_name.upper()}"
-            env[key] = json.dumps(value) if isinstance(value, dict) else str(value)
+            env[key] = json.dumps(value) if isinstance(value, dict | list) else str(value)
     return env
 
 

@@ -6,10 +6,11 @@ Protocol (the default; every number below is an :class:`EvalOptions` field):
    (``stream.replay.build_plan``: same readers, same schema, order by event time, then file
    order, then line). Each event goes through the feature definitions the Flink job runs
    (``feature_store.features.update_user``), which yields the point-in-time training
-   sample of every *positive* event (weight > 0: its history holds only the user's earlier
-   positives). For MovieLens formats the positives are the ratings >= ``like_threshold``
+   sample of every *positive* event (weight > 0: its history holds the user's earlier
+   interactions). For MovieLens formats the positives are the ratings >= ``like_threshold``
    (4.0): the reader makes them ``like`` events and the other ratings ``rating`` events,
-   which the evaluation gives weight 0 (they are interactions, not positives).
+   which the evaluation gives weight 0 (they are interactions, not positives: they enter
+   the history, ``features.history_event_types``, but are never a target or scored).
 2. The first ``warmup_fraction`` (10%) of the positive events are a warm-up: learned
    from, not scored.
 3. Every later positive event, in order, is scored: each method ranks the candidates for

@@ -50,6 +50,27 @@ def test_params_from_settings() -> None:
     p = FeatureParams.from_settings(FeatureSettings(), bucket_ms=1)
     assert p.history_len == 50 and p.bucket_ms == 1 and p.weight("purchase") == 5.0
     assert p.weight("unknown") == 0.0
+    assert p.history_types == frozenset({"rating"})
+
+
+def test_history_keeps_interactions_of_history_types_whatever_their_weight() -> None:
+    # a MovieLens replay: ratings below the like threshold are "rating" events of weight 0
+    weights = {"like": 2.0, "rating": 0.0, "impression": 0.0}
+    p = params(event_weights=weights, history_types=frozenset({"rating"}))
+    events = [
+        ev("e1", "a", "like", T0),
+        ev("e2", "b", "rating", T0 + 1),  # weight 0 but an interaction: in the history
+        ev("e3", "c", "impression", T0 + 2),  # weight 0, not a history type: counted only
+        ev("e4", "d", "like", T0 + 3),
+    ]
+    state, outcomes = apply_all(events, p)
+    assert [h.item_id for h in user_features(state, "u1", p).history] == ["d", "b", "a"]
+    samples = [o.sample for o in outcomes]  # type: ignore[attr-defined]
+    assert samples[1] is None and samples[2] is None  # not positives: no sample
+    assert samples[3] is not None and samples[3].history == ("b", "a")
+    # without the history type the rating is only counted
+    state, outcomes = apply_all(events, params(event_weights=weights))
+    assert [h.item_id for h in user_features(state, "u1", params()).history] == ["d", "a"]
 
 
 def test_history_most_recent_first_positives_only_capped() -> None:

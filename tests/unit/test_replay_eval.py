@@ -215,7 +215,9 @@ def test_movielens_low_ratings_are_interactions_not_positives(tmp_path: Path) ->
         ("2", "11"),
     ]
     first = stream.positives[0]
-    assert first.seen == 1 and first.sample.history == ()  # movie 11 was rated 2.0
+    # movie 11 was rated 2.0 before: seen (excluded), in the history, never a target
+    assert first.seen == 1 and first.sample.history == ("11",)
+    assert [p.sample.history for p in stream.positives[1:]] == [(), ("10",)]
     assert evaluation_weights({"rating": 1.0, "like": 2.0}, "ndjson") == {
         "rating": 1.0,
         "like": 2.0,
