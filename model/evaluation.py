@@ -97,7 +97,7 @@ class Popularity:
 
     ``observe`` only queues a batch's keys (called every batch); they are counted when the
     counts are read (``top``/``counts``, every candidate refresh). Not thread-safe: the
-    trainer calls both from its evaluation thread, in training order."""
+    trainer calls both from one thread (its evaluation thread, or inline), in training order."""
 
     def __init__(self) -> None:
         self._counts: Counter[int] = Counter()
