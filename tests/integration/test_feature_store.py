@@ -58,6 +58,16 @@ def test_older_write_never_overwrites_newer(store: RedisOnlineStore) -> None:
     assert got is not None and got.as_of_ms == 3000 and got.history[0].item_id == "newer"
 
 
+def test_write_survives_a_flushed_script_cache(store: RedisOnlineStore) -> None:
+    """Writes call the script by its SHA; a server that lost its scripts (restart, SCRIPT
+    FLUSH) answers NOSCRIPT, and the store loads the script and writes again."""
+    store.write_batch(users=[user("u1", 1000, ("a",))], user_seqs=[1])
+    store.client.script_flush()
+    store.write_batch(users=[user("u1", 2000, ("b",))], user_seqs=[2])
+    (got,) = store.read_users(["u1"])
+    assert got is not None and got.as_of_ms == 2000 and got.history[0].item_id == "b"
+
+
 def test_ttls_from_settings(settings: Settings) -> None:
     features = FeatureSettings(user_ttl_s=120, item_ttl_s=0)
     s = RedisOnlineStore(settings.redis, features)
