@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import marshal
 import math
+import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -150,8 +151,9 @@ def window_counts(
 
 def _prune(buckets: dict[int, int], as_of_ms: int, keep_ms: int, bucket_ms: int) -> None:
     first = _bucket(as_of_ms, bucket_ms) - max(1, keep_ms // bucket_ms) + 1
-    for b in [b for b in buckets if b < first]:
-        del buckets[b]
+    if buckets and min(buckets) < first:  # the common case, nothing to drop, stays in C
+        for b in [b for b in buckets if b < first]:
+            del buckets[b]
 
 
 def is_late(event: Event, watermark_ms: int | None) -> bool:
@@ -217,7 +219,7 @@ class UserOutcome:
 
 def update_user(state: UserState, event: Event, params: FeatureParams) -> UserOutcome:
     """Apply ``event`` to ``state`` in place (deterministic, no I/O) and build its sample."""
-    if event.event_id in state.seen or event.event_id in [h[3] for h in state.history]:
+    if event.event_id in state.seen or _in_old_history(state, event.event_id, params):
         return UserOutcome(duplicate=True, sample=None)
     sample = make_sample(state, event, params.event_weights, params.history_len)
 
@@ -252,6 +254,23 @@ def update_user(state: UserState, event: Event, params: FeatureParams) -> UserOu
         horizon = state.as_of_ms - params.dedupe_horizon_ms
         state.seen = {eid: ts for eid, ts in state.seen.items() if ts > horizon}
     return UserOutcome(duplicate=False, sample=sample)
+
+
+def _in_old_history(state: UserState, event_id: str, params: FeatureParams) -> bool:
+    """Whether ``event_id`` is the id of a history entry that ``seen`` may have forgotten.
+
+    ``seen`` holds every applied event newer than ``as_of_ms - dedupe_horizon_ms``: pruning
+    keeps the ids newer than the horizon of its time, and ``as_of_ms`` never decreases. So
+    only the history entries at or behind the current horizon need a look: the oldest ones,
+    at the end of the (most recent first) list.
+    """
+    horizon = state.as_of_ms - params.dedupe_horizon_ms
+    for entry in reversed(state.history):
+        if entry[2] > horizon:
+            return False
+        if entry[3] == event_id:
+            return True
+    return False
 
 
 def _insert_history(history: list[tuple[str, str, int, str]], event: Event, cap: int) -> None:
@@ -291,9 +310,12 @@ def user_counts(state: UserState, params: FeatureParams) -> dict[str, dict[str, 
     return counts
 
 
+_WITHOUT_ID = operator.itemgetter(slice(0, 3))
+
+
 def user_history(state: UserState) -> list[tuple[str, str, int]]:
     """``(item_id, event_type, ts_ms)`` of the user's history, most recent first."""
-    return [(i, t, ts) for i, t, ts, _ in state.history]
+    return list(map(_WITHOUT_ID, state.history))
 
 
 def user_features(state: UserState, user_id: str, params: FeatureParams) -> UserFeatures:

@@ -9,6 +9,7 @@ earlier than the event (``ts < event.ts_ms``), never the sample's own item, at m
 from __future__ import annotations
 
 import json
+import operator
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -62,6 +63,9 @@ class Sample:
         return json.dumps(wire, separators=(",", ":"))
 
 
+_ITEM_OF = operator.itemgetter(0)
+
+
 def make_sample(
     user_state_before: UserState, event: Event, weights: Mapping[str, float], history_len: int
 ) -> Sample | None:
@@ -73,12 +77,15 @@ def make_sample(
     weight = float(weights.get(event.event_type, 0.0))
     if weight <= 0:
         return None
-    history: list[str] = []
-    for item_id, _etype, ts, _eid in user_state_before.history:
-        if ts < event.ts_ms and item_id != event.item_id:
-            history.append(item_id)
-            if len(history) >= history_len:
-                break
+    ts_ms, target = event.ts_ms, event.item_id
+    entries = user_state_before.history
+    if entries and entries[0][2] < ts_ms:  # in order: every entry is strictly earlier
+        history = list(map(_ITEM_OF, entries))
+        if target in history:
+            history = [i for i in history if i != target]
+    else:
+        history = [h[0] for h in entries if h[2] < ts_ms and h[0] != target]
+    del history[history_len:]
     return Sample(
         sample_id=event.event_id,
         user_id=event.user_id,

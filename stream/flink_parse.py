@@ -8,9 +8,12 @@ shape, so anything else is a producer bug and is reported, never guessed at.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
+
+import orjson
 
 from feature_store.features import Event
 
@@ -35,12 +38,37 @@ def _id(data: dict[str, Any], name: str, max_len: int = MAX_ID_LEN) -> str:
     return value
 
 
+_SLOW = object()
+#: 19 digits in a row: a number orjson may read differently from ``json`` (an integer past
+#: 64 bits becomes a float there).
+_LONG_NUMBER = re.compile(r"[0-9]{19}")
+_LONG_NUMBER_B = re.compile(rb"[0-9]{19}")
+
+
+def _fast_loads(raw: bytes | str) -> Any:
+    """``json.loads(raw)`` by orjson (~2x cheaper) where both read the same document;
+    :data:`_SLOW` where they may not: orjson refuses some documents ``json`` reads (1e400,
+    NaN, lone surrogates, UTF-16 bytes), words its errors differently, and turns integers
+    past 64 bits into floats. ``json`` decides those, as it always did."""
+    long_number = (
+        _LONG_NUMBER_B.search(raw) if isinstance(raw, bytes) else _LONG_NUMBER.search(raw)
+    )
+    if long_number is not None:
+        return _SLOW
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return _SLOW
+
+
 def parse_event(raw: bytes | str, event_types: Collection[str]) -> Event:
     """The event in ``raw``; raises :class:`BadEvent` naming the first problem."""
-    try:
-        data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise BadEvent(f"not JSON: {exc}") from exc
+    data = _fast_loads(raw)
+    if data is _SLOW:
+        try:
+            data = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise BadEvent(f"not JSON: {exc}") from exc
     if not isinstance(data, dict):
         raise BadEvent("not a JSON object")
     unknown = sorted(set(data) - _FIELDS)

@@ -188,6 +188,41 @@ def test_duplicate_beyond_seen_horizon_caught_by_history() -> None:
     assert out.duplicate and user_features(state, "u1", p) == before
 
 
+def test_update_user_agrees_with_its_plain_definition_on_random_streams() -> None:
+    """The duplicate rule and the sample's history against their plainest spelling (every
+    history id checked; one loop over the history), on streams with repeats, ties, events far
+    out of order and past the dedupe horizon, items recurring in the history."""
+    import random
+
+    def plain_sample(state: UserState, e: Event, p: FeatureParams) -> tuple[str, ...] | None:
+        if p.weight(e.event_type) <= 0:
+            return None
+        hist: list[str] = []
+        for item_id, _t, ts, _id in state.history:
+            if ts < e.ts_ms and item_id != e.item_id:
+                hist.append(item_id)
+                if len(hist) >= p.history_len:
+                    break
+        return tuple(hist)
+
+    rng = random.Random(5)
+    for _ in range(60):
+        p = params(history_len=rng.choice([1, 3, 8]), bucket_ms=rng.choice([1, 1_000]),
+                   dedupe_horizon_ms=rng.choice([1, 5_000, 10**9]))
+        state = UserState()
+        ids: list[str] = []
+        for n in range(150):
+            eid = rng.choice(ids) if ids and rng.random() < 0.25 else f"e{n}"
+            ids.append(eid)
+            ts = T0 + n * 400 - (rng.choice([0, 0, 0, 700, 20_000]))
+            e = ev(eid, f"i{rng.randrange(6)}", rng.choice(["click", "like", "impression"]), ts)
+            dup = eid in state.seen or eid in [h[3] for h in state.history]
+            want = None if dup else plain_sample(state, e, p)
+            out = update_user(state, e, p)
+            assert out.duplicate == dup
+            assert (out.sample.history if out.sample else None) == want
+
+
 def test_make_sample_point_in_time() -> None:
     p = params(history_len=2)
     state, outcomes = apply_all(
@@ -337,6 +372,15 @@ def test_parse_event_reads_what_json_reads_beyond_strict_json() -> None:
     assert parse_event(json.dumps({**GOOD, "ts": 2**70}), DEFAULT_EVENT_WEIGHTS).ts_ms == 2**70
     raw = json.dumps({**GOOD, "item_id": "\ud800"})
     assert parse_event(raw, DEFAULT_EVENT_WEIGHTS).item_id == "\ud800"
+    # deep in the context too, and from bytes (UTF-8, or UTF-16 as json detects it)
+    big = json.dumps({**GOOD, "context": {"n": [2**70, -(2**64)]}, "value": 1e308 * 10})
+    e = parse_event(big.encode(), DEFAULT_EVENT_WEIGHTS)
+    assert e.context == {"n": [2**70, -(2**64)]} and e.value == math.inf
+    utf16 = json.dumps({**GOOD, "item_id": "caf\u00e9"}).encode("utf-16")
+    assert parse_event(utf16, DEFAULT_EVENT_WEIGHTS).item_id == "caf\u00e9"
+    assert parse_event(json.dumps(GOOD).encode(), DEFAULT_EVENT_WEIGHTS) == parse_event(
+        json.dumps(GOOD), DEFAULT_EVENT_WEIGHTS
+    )
     reason = try_parse('{"event_id": ', DEFAULT_EVENT_WEIGHTS).reason
     try:
         json.loads('{"event_id": ')
