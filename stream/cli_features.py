@@ -36,8 +36,14 @@ def register(sub: Any) -> None:
                    help=f"default: {JOB_NAME}:<events topic> (one job per topic)")
     p.add_argument("--restore", default=None, help="resume from this checkpoint/savepoint path")
     p.add_argument("--checkpoint-dir", default=None, help="default: the cluster's setting")
-    p.add_argument("--flush-ms", type=int, default=100, help="max delay of a Redis batch")
-    p.add_argument("--batch-size", type=int, default=500, help="keys per Redis batch")
+    p.add_argument(
+        "--window-ms",
+        type=int,
+        default=100,
+        help="the JVM hands each Python stage a key bucket's records of this long a "
+        "processing-time window in one call (the most a record waits for its stage)",
+    )
+    p.add_argument("--flush-ms", type=int, default=100, help="max delay of the trending write")
     p.add_argument("--bucket-ms", type=int, default=60_000, help="window bucket size (ms)")
     p.add_argument(
         "--python-mode",
@@ -69,10 +75,10 @@ def job_args(args: Any, settings: Any) -> list[str]:
         args.group_id,
         "--job-name",
         args.job_name,
+        "--window-ms",
+        str(getattr(args, "window_ms", 100)),
         "--flush-ms",
         str(args.flush_ms),
-        "--batch-size",
-        str(args.batch_size),
         "--bucket-ms",
         str(args.bucket_ms),
         "--python-mode",

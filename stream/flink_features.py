@@ -1,14 +1,17 @@
 """The Flink feature job: ``events`` -> user/item/trending features in Redis + ``samples``.
 
 Graph (SQL where it is cheap, Python ``KeyedProcessFunction``s in ``thread`` mode where the
-feature definitions run; functions in ``stream/flink_functions.py``)::
+feature definitions run, called once per batch; functions in ``stream/flink_functions.py``)::
 
     Kafka table source (raw value, partition, offset; JVM: user_id and event-time watermarks
-    from SQL JSON functions) -> keyBy(user_id) in the JVM
-      -> [Python] user stage: parse/validate, dedupe, user features, point-in-time sample
-         -> one output, split by SQL: samples -> Kafka, bad records -> events.dlq,
-            positives -> keyBy(item_id) in the JVM
-      -> [Python] item stage: decayed score + counts -> one batch per flush
+    from SQL JSON functions, a processing-time attribute)
+      -> SQL: user bucket (first hex digit of MD5(user_id)); ARRAY_AGG of the records per
+         bucket and processing-time window (TUMBLE, --window-ms, 100 ms) -> keyBy(bucket)
+      -> [Python] user stage, one call per batch: parse/validate, dedupe, user features,
+         point-in-time samples -> one row of three arrays
+         -> SQL UNNEST: samples -> Kafka, bad records -> events.dlq, item rows -> item
+            bucket, ARRAY_AGG per bucket and window -> keyBy(bucket)
+      -> [Python] item stage, one call per batch: decayed score + counts
       -> [Python] trending top-N (one key, parallelism 1)
 
 All feature logic is ``feature_store.features``; this module only wires it. Run it three ways:
@@ -16,105 +19,86 @@ All feature logic is ``feature_store.features``; this module only wires it. Run 
 * submitted to a cluster: ``streamrec features`` (``flink run -py stream/flink_features.py``);
 * in-process MiniCluster for debugging or tests: ``python -m stream.flink_features --local``;
 * restored from a retained checkpoint: add ``--restore <chk dir>`` (``-s`` for ``flink run``).
+  A checkpoint of the job before batching (one call per record, ``ValueState`` per key) does
+  not restore into this one: its operators and state differ, and Flink refuses it by name.
 
-Delivery: state and Kafka source offsets are checkpointed together (exactly-once state).
-Redis writes are idempotent (only-if-newer ``(as_of, seq)``), so the records re-emitted after a
-restart rewrite identical values. The ``samples`` sink is at-least-once: after a restart the
-samples of the events since the last checkpoint are produced again with the same
-``sample_id`` (= event_id), and consumers drop repeats by ``sample_id``. (An exactly-once
-transactional sink would delay every sample by a checkpoint interval and needs
-``read_committed`` consumers; the trainer dedupes instead.) Samples carry no Kafka key.
+Delivery: state and Kafka source offsets are checkpointed together (exactly-once state; the
+records collected in an open window are window state, checkpointed too). Redis writes are
+idempotent (only-if-newer ``(as_of, seq)``), so the records re-emitted after a restart rewrite
+identical values. The ``samples`` sink is at-least-once: after a restart the samples of the
+events since the last checkpoint are produced again with the same ``sample_id`` (= event_id),
+and consumers drop repeats by ``sample_id``. (An exactly-once transactional sink would delay
+every sample by a checkpoint interval and needs ``read_committed`` consumers; the trainer
+dedupes instead.) Samples carry no Kafka key. Order: a user's events share a Kafka partition,
+hence a source subtask and a bucket; the user stage applies each batch in (partition, offset)
+order, and the windows of a bucket reach it in time order.
 
-Choice of API, measured with ``bench/features.py`` (MiniCluster, 100k events preloaded, 5,000
-users x 20,000 items; the shared 2-core machine had load average 6-12 from other work, so the
-CPU-normalised column is the comparable one; medians of 3 runs each, alternating with the
-previous job run from a copy of the tree; ``bench/features.py --events 100000``):
+Why batches (``bench/features.py``; the figures and commands are in ``README.md`` and below):
+every record crossing between the JVM and the embedded interpreter, every state read or
+write, every output row is a Python<->Java call with a conversion. One call per record (the
+previous job: a ``ValueState`` read and write per event in each stage, one output row per
+sample) cost more than the feature functions themselves: py-spy on the TaskManager put
+~21% of the Python time in state reads alone, and the user stage's task thread spent
+~100 us of CPU per event where the same functions took ~45 us in-process. Now the JVM
+collects a bucket's records for 100 ms (``ARRAY_AGG`` over a processing-time ``TUMBLE``,
+built-in operators), and a stage's call handles the whole array: each touched state read
+once (then cached unpacked: ``StateCache``), written back with one ``put_all``, one Redis
+pipeline, one output row whose arrays SQL unnests. A record waits at most one window per
+Python stage (the freshness figure includes it).
+
+Measured with ``bench/features.py`` (MiniCluster, 100k events preloaded, 5,000 users x 20,000
+items; medians of 3 runs, alternating with the previous job run from a copy of the previous
+tree, the shared 2-core machine at load average 3.5-4.4;
+``python bench/features.py --events 100000 --parallelism 1 2 --skip-freshness``):
 
 =============================================================  ==========  ================
 pipeline                                                       events/s    events per CPU-s
 =============================================================  ==========  ================
-previous job: 4 Python stages, pickled objects, p=1            1.96k       2.10k
-previous job, p=2                                              1.87k       1.86k
-previous round's job, p=1 [3]                                  3.35k       3.69k
-previous round's job, p=2 [3]                                  3.61k       3.16k
-process mode, p=2 (one run, 60k events, earlier revision) [1]  0.52k       0.47k
-JVM only: Kafka + SQL key/JSON extraction, no Python [2]       --          ~90k
-ONE Python keyed stage (json.loads, 1 state get+put) [2]       --          25-33k
-same, keyed with PyFlink's ``key_by(lambda)`` [2]              --          ~15k
+previous job (one Python call per record), p=1                 6.00k       4.42k
+previous job, p=2                                              4.98k       3.64k
+this job (one call per bucket and 100 ms window), p=1          12.13k      7.87k
+this job, p=2                                                  11.84k      7.51k
+earlier: process mode, p=2 (60k events, older revision)        0.52k       0.47k
+earlier: JVM only, Kafka + SQL key/JSON extraction [1]         --          ~90k
 =============================================================  ==========  ================
 
-[1] with side outputs for samples/DLQ instead of the one output split by SQL (see
-``stream/flink_functions.py``: measured equal in thread mode).
-[2] one-off experiment jobs on the same MiniCluster (not kept in the repo), bounded 200-400k
-events, CPU minus the ~16 CPU-s a job costs to start; ``bench/features.py --sql-events N``
-keeps a reproducible JVM-only comparison (SQL parse + counts).
-[3] this job's previous revision. Against it, this revision (user records encoded from the
-state's parts with orjson, no ``HistoryEntry`` objects; one output row per positive; pruning
-only when ``as_of`` enters a newer bucket; cheaper GC; the same features), side by side
-(alternating, medians of 3, load average 6-18 from other work on the 2 cores):
+[1] a one-off experiment job (not kept); ``bench/features.py --sql-events N`` keeps a
+reproducible JVM-only comparison (SQL parse + counts).
 
-===========================================================  ===============  ================
-pipeline (100k events)                                       events/s         events per CPU-s
-===========================================================  ===============  ================
-previous revision, MiniCluster p=1                           2.33k            3.51k
-this revision, MiniCluster p=1                               3.94k            3.97k
-previous revision, MiniCluster p=2                           3.40k            3.24k
-this revision, MiniCluster p=2                               4.05k            4.02k
-previous revision, cluster of 2 TaskManagers x 1 slot, p=2   2.23k            2.23k
-this revision, cluster of 2 TaskManagers x 1 slot, p=2       3.36k            3.09k
-===========================================================  ===============  ================
+What else this revision changed on the way (each found with py-spy on the TaskManager's
+interpreter, or with the stages timed in-process on the bench's events):
 
-The stages' own Python, timed in-process with the bench's events (fakes of the runtime, real
-Redis; two runs each): 76-88 -> 45-47 us per event (user stage 62-73 -> 34-36, item stage
-14-15 -> 11). One more pair at load average 3-8: MiniCluster p=2 3.41k -> 5.15k events/s,
-2 TaskManagers p=2 3.69k -> 3.23k (the 2-TaskManager figures vary most).
-
-Freshness (ingest API 2xx -> ``GET /users/{id}/features``) at a steady 2,000 events/s, p=1,
-five runs each, alternating (load average 4-13): this job p50/p95/p99 = 0.13/0.54/0.95 s
-(medians; p99 per run 0.33-1.66 s, and 5.2 s in the one run at load average 12-13), the
-previous job 0.50/1.47/1.76 s (p99 per run 0.91-4.05 s). Target: p99 <= 2 s.
+* Redis: a pipeline running a registered script asks ``SCRIPT EXISTS`` first, a second round
+  trip per write (16% of the Python samples); writes now call ``EVALSHA`` directly.
+* Feature functions at steady state (full 50-item histories): the user stage's Python cost
+  grew from ~30 to ~114 us per event over a 400k-event run. The duplicate check built a list
+  of the history's ids per event (now only the entries ``seen`` may have forgotten are read),
+  the sample's history was a Python loop (now C-level maps), the bucket pruning listed every
+  bucket per new minute (now only when the oldest bucket is due). In-process, 400k events:
+  80.8 -> 55.9 us per event. Events are parsed with orjson where it reads exactly what ``json``
+  reads (otherwise ``json`` decides, with its DLQ reasons).
+* ``pipeline.object-reuse``: the chained SQL operators after the user stage copied every array
+  row (UNNEST) for the next operator.
 
 Why this shape, and why not more SQL:
 
-* Parsing stays in Python (``stream/flink_parse.py``, one definition with exact DLQ reasons),
-  but everything before it is JVM: the key (``JSON_VALUE(user_id)``) and the watermarks come
-  from SQL in the source, and ``keyed_by_first_field`` keys in the JVM. PyFlink's
-  ``key_by(lambda)`` adds a Python operator per record: the same one-stage job costs ~40% more
-  CPU with it (table). The record then crosses into Python once, as one flat string.
-* One ``ValueState`` per key in a compact encoding (``pack_user``; marshal, ~3x cheaper than
-  pickling the dataclass); metrics counted locally and the watermark read once per flush
-  (each is a Python->Java call); Redis writes as one Lua call per 500 records. The user
-  record (one per user per flush: with many users that is one per event) is encoded straight
-  from the state (``user_history``/``user_counts`` -> ``encode_user_values``): building 50
-  frozen ``HistoryEntry`` objects and ``json.dumps`` cost ~45 us of the ~75 us per event.
+* Parsing stays in Python (``stream/flink_parse.py``, one definition with exact DLQ reasons);
+  the key (``JSON_VALUE(user_id)`` -> bucket), the watermarks and the windows are SQL in the
+  JVM, and ``keyed_by_first_field`` keys in the JVM (PyFlink's ``key_by(lambda)`` would add a
+  Python operator per record).
+* Counts and scores stay in the feature functions (``feature_store.features``), defined once for
+  the job, replay evaluation and serving: the decayed score over epoch-ms event time needs a
+  moving reference time, and the windows end at each key's newest event, which SQL window
+  aggregates cannot express. What the JVM does is move records, not compute features.
 * Thread mode runs every Python operator of a JVM under ONE interpreter lock (Flink docs,
-  "Python execution mode"): the Python stages of all slots share one core. Process mode
-  escapes the lock but costs ~7x more CPU per event (table). Several TaskManager JVMs
-  (``flink.taskmanagers``, one slot each) give one interpreter per subtask, but on this
-  machine they cost more CPU per event than one JVM (table: 3.09k against 4.02k events per
-  CPU-s: two JVMs, half of each shuffle over TCP, the JobManager counted) and were slower in
-  wall time; they can only pay off with idle cores to spare.
-* Moving item scores and counts into SQL would remove at most the item stage (measured at an
-  earlier revision: ``--stages users`` 4.06k events/CPU-s against 3.13k for the whole job,
-  1.3x), and the item writes to Redis would still need a Python stage (no JVM Redis sink in
-  our jars). It would also split the item definition in two: the decayed score over
-  epoch-ms event time needs a moving reference time (``2 ** (ts / half_life)`` overflows a
-  double after ~1,000 half-lives), and the windows end at the item's newest event, which SQL
-  aggregates cannot express. Not worth it.
-* 10,000 events/s is out of reach on 2 cores: the whole job costs ~250 us of CPU per event
-  (4.0k events per CPU-s), so 10k/s needs ~2.5 cores for the job alone, before Kafka and
-  Redis. Per-thread CPU of the MiniCluster JVM (``/proc/<pid>/task``, 20 s in the middle of a
-  300k-event run at p=1, load average 3, 4.2k events/s): the user stage's task thread 41%,
-  the item stage's 16%, the JIT compilers 25% (still compiling 40 s in), the Kafka producer
-  6%, the source 5%, trending 2%; 1.04 cores used in all, and ``py-spy --gil`` saw the
-  interpreter lock held ~2/3 of the time. So past the Python cuts neither the lock nor the
-  CPU is saturated at p=1: the task thread also waits, presumably on a flush's Redis round
-  trip, which runs in it synchronously so that a checkpoint never precedes a write it covers
-  (not measured apart). Left: the
-  per-record framework work (Python<->Java crossings, state calls, ``Row`` conversions, ~1/3
-  of the lock time per ``py-spy``) and that wait; beyond them the user stage would have to
-  become a JVM operator, duplicating the feature definitions that replay evaluation and
-  serving use.
+  "Python execution mode"); the lock is why p=2 in one TaskManager is not faster than p=1.
+  Process mode escapes it but costs ~7x more CPU per event (table). Several TaskManager JVMs
+  (``flink.taskmanagers``, one slot each) give one interpreter per subtask; on 2 busy cores
+  they cost more CPU per event than one JVM (measured with the previous job) and only pay off
+  with idle cores.
+* The user stage's own Python (in-process: ~56 us per event over a 400k-event run, ~68 us
+  once histories are full) is now most of the cost: the feature functions, ``marshal`` of the
+  state written back, the Redis payloads.
 
 Thread mode on a standalone cluster needs ``opt/flink-python-*.jar`` on the cluster's own
 classpath (e.g. ``FLINK_LIB_DIR`` = a folder with ``lib/*`` plus that jar) and
@@ -158,8 +142,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--job-name", default="streamrec-features")
     p.add_argument("--checkpoint-dir", default=None, help="file:// URI or path for checkpoints")
     p.add_argument("--restore", default=None, help="checkpoint/savepoint path to resume from")
-    p.add_argument("--flush-ms", type=int, default=100, help="max delay of a Redis batch")
-    p.add_argument("--batch-size", type=int, default=500, help="keys per Redis batch")
+    p.add_argument(
+        "--window-ms",
+        type=int,
+        default=100,
+        help="processing-time window the JVM collects a key bucket's records over before "
+        "one call of a Python stage (the most a record waits for its stage)",
+    )
+    p.add_argument("--flush-ms", type=int, default=100, help="max delay of the trending write")
     p.add_argument("--bucket-ms", type=int, default=60_000, help="window bucket size")
     p.add_argument("--bundle-ms", type=int, default=100, help="python.fn-execution.bundle.time")
     p.add_argument(
@@ -205,6 +195,10 @@ def build_env(args: argparse.Namespace, settings: Any) -> Any:
     conf.set_string("python.fn-execution.bundle.time", str(args.bundle_ms))
     conf.set_string("python.fn-execution.bundle.size", str(args.bundle_size))
     conf.set_string("python.state.cache-size", str(args.state_cache_size))
+    # Chained SQL operators hand rows on without a defensive copy (the UNNEST of the user
+    # stage's arrays copied every array per row); every operator here is reuse-safe: SQL
+    # operators by design, the Python ones convert their input on entry.
+    conf.set_string("pipeline.object-reuse", "true")
     # The embedded (thread-mode) interpreter starts from the base Python's prefix, not the
     # venv's: hand it the venv's site-packages and the repo (editable install) explicitly.
     conf.set_string("python.pythonpath", os.pathsep.join(worker_pythonpath()))
@@ -248,7 +242,7 @@ def kafka_source(t_env: Any, args: argparse.Namespace, settings: Any) -> Any:
     """
     from pyflink.common import Types
 
-    from stream.flink_functions import USER_INPUT_SQL
+    from stream.flink_functions import BATCH_INPUT, USER_BUCKET_SQL, USER_INPUT_SQL
 
     kafka = settings.kafka
     bounded = "'scan.bounded.mode' = 'latest-offset'," if args.bounded else ""
@@ -259,6 +253,7 @@ def kafka_source(t_env: Any, args: argparse.Namespace, settings: Any) -> Any:
             `value` STRING,
             `partition` INT METADATA VIRTUAL,
             `offset` BIGINT METADATA VIRTUAL,
+            `pt` AS PROCTIME(),
             `user_key` AS COALESCE(JSON_VALUE(`value`, '$.user_id'), ''),
             `event_time` AS TO_TIMESTAMP_LTZ(
                 CASE WHEN {ts} BETWEEN 0 AND {MAX_TS_MS} THEN {ts} ELSE 0 END, 3),
@@ -274,8 +269,22 @@ def kafka_source(t_env: Any, args: argparse.Namespace, settings: Any) -> Any:
             {bounded}
             'format' = 'raw'
         )""")
-    table = t_env.sql_query(f"SELECT `user_key`, {USER_INPUT_SQL} FROM kafka_events")
-    return t_env.to_append_stream(table, Types.ROW([Types.STRING(), Types.STRING()]))
+    t_env.execute_sql(f"""
+        CREATE TEMPORARY VIEW user_records AS
+        SELECT {USER_BUCKET_SQL} AS b, {USER_INPUT_SQL} AS v, `pt` FROM kafka_events""")
+    table = t_env.sql_query(window_batches("user_records", args.window_ms))
+    return t_env.to_append_stream(table, Types.ROW([Types.STRING(), BATCH_INPUT]))
+
+
+def window_batches(view: str, window_ms: int) -> str:
+    """SQL: the ``v`` column of ``view`` collected per bucket ``b`` and processing-time
+    window of ``window_ms`` into one array, as rows ``(b, batch)``. ``ARRAY_AGG`` keeps
+    arrival order, and the records of a key reach the window in the order their source
+    subtask read them (the user stage still sorts a batch by partition and offset)."""
+    return f"""
+        SELECT b, ARRAY_AGG(v) AS batch
+        FROM TABLE(TUMBLE(TABLE {view}, DESCRIPTOR(`pt`), INTERVAL '{_seconds(window_ms)}' SECOND))
+        GROUP BY window_start, window_end, b"""
 
 
 def kafka_sink_table(t_env: Any, name: str, topic: str, bootstrap: str) -> None:
@@ -314,56 +323,73 @@ def keyed_by_first_field(stream: Any, value_type: Any) -> Any:
 def build_job(env: Any, args: argparse.Namespace, settings: Any) -> None:
     """Add the feature pipeline to ``env`` (graph in the module docstring)."""
     from pyflink.common import Types
-    from pyflink.table import StreamTableEnvironment
+    from pyflink.table import Schema, StreamTableEnvironment
 
     from stream.flink_functions import (
-        DLQ,
-        ITEM_INPUT,
-        SAMPLE,
-        USER_INPUT,
-        USER_OUTPUT,
-        ItemStage,
+        BATCH_INPUT,
+        ITEM_BATCH_OUTPUT,
+        USER_BATCH_OUTPUT,
+        ItemBatchStage,
         TrendingStage,
-        UserStage,
+        UserBatchStage,
     )
 
     kafka = settings.kafka
     t_env = StreamTableEnvironment.create(env)
     t_env.get_config().set("table.exec.source.idle-timeout", "10 s")
+    # One-phase window aggregation: ARRAY_AGG then appends in arrival order at one operator.
+    t_env.get_config().set("table.optimizer.agg-phase-strategy", "ONE_PHASE")
     settings_json = args.settings_json
-    knobs = (args.flush_ms, args.batch_size, args.bucket_ms)
     users = (
-        keyed_by_first_field(kafka_source(t_env, args, settings), USER_INPUT)
-        .process(UserStage(settings_json, *knobs, kafka.events_topic), output_type=USER_OUTPUT)
+        keyed_by_first_field(kafka_source(t_env, args, settings), BATCH_INPUT)
+        .process(
+            UserBatchStage(
+                settings_json, args.bucket_ms, kafka.events_topic, args.state_cache_size
+            ),
+            output_type=USER_BATCH_OUTPUT,
+        )
         .name("user-features")
-        .uid("user-features")
+        .uid("user-features-batched")
     )
-    # The user stage's one output, split in the JVM: samples and DLQ records to Kafka (at least
-    # once: consumers dedupe samples by sample_id), item updates on to the item stage.
-    t_env.create_temporary_view("user_out", t_env.from_data_stream(users))
+    # The user stage's arrays, unnested in the JVM: samples and DLQ records to Kafka (at least
+    # once: consumers dedupe samples by sample_id), item rows on to the item stage's windows.
+    t_env.create_temporary_view(
+        "user_out",
+        t_env.from_data_stream(
+            users, Schema.new_builder().column_by_expression("pt", "PROCTIME()").build()
+        ),
+    )
     kafka_sink_table(t_env, "samples_sink", kafka.samples_topic, kafka.bootstrap)
     kafka_sink_table(t_env, "dlq_sink", kafka.dlq_topic, kafka.bootstrap)
     sinks = t_env.create_statement_set()
-    sinks.add_insert_sql(f"INSERT INTO samples_sink SELECT v FROM user_out WHERE kind = '{SAMPLE}'")
-    sinks.add_insert_sql(f"INSERT INTO dlq_sink SELECT v FROM user_out WHERE kind = '{DLQ}'")
+    for sink, column in (("samples_sink", "samples"), ("dlq_sink", "dlq")):
+        sinks.add_insert_sql(
+            f"INSERT INTO {sink} SELECT v FROM user_out CROSS JOIN UNNEST({column}) AS t(v)"
+        )
     sinks.attach_as_datastream()
     if args.stages == "users":
         return
-    item_rows = t_env.to_append_stream(
-        t_env.sql_query(f"SELECT k, u FROM user_out WHERE kind = '{SAMPLE}'"),
-        Types.ROW([Types.STRING(), Types.STRING()]),
+    t_env.execute_sql("""
+        CREATE TEMPORARY VIEW item_records AS
+        SELECT SUBSTR(v, 1, 1) AS b, v, `pt` FROM user_out CROSS JOIN UNNEST(items) AS t(v)""")
+    item_batches = t_env.to_append_stream(
+        t_env.sql_query(window_batches("item_records", args.window_ms)),
+        Types.ROW([Types.STRING(), BATCH_INPUT]),
     )
     items = (
-        keyed_by_first_field(item_rows, ITEM_INPUT)
-        .process(ItemStage(settings_json, *knobs), output_type=Types.PICKLED_BYTE_ARRAY())
+        keyed_by_first_field(item_batches, BATCH_INPUT)
+        .process(
+            ItemBatchStage(settings_json, args.bucket_ms, args.state_cache_size),
+            output_type=ITEM_BATCH_OUTPUT,
+        )
         .name("item-features")
-        .uid("item-features")
+        .uid("item-features-batched")
     )
     (
-        items.key_by(lambda _: 0, key_type=Types.INT())
-        .process(TrendingStage(settings_json, *knobs), output_type=Types.PICKLED_BYTE_ARRAY())
+        keyed_by_first_field(items, Types.PICKLED_BYTE_ARRAY())
+        .process(TrendingStage(settings_json, args.bucket_ms, args.flush_ms))
         .name("trending")
-        .uid("trending")
+        .uid("trending-batched")
         .set_parallelism(1)
     )
 

@@ -162,8 +162,8 @@ def job_namespace(settings: Settings, tmp_path: Path, **kw: Any) -> Namespace:
         "job_name": f"features-{settings.redis.key_prefix.rstrip(':')}",
         "restore": None,
         "checkpoint_dir": None,
+        "window_ms": 50,
         "flush_ms": 50,
-        "batch_size": 500,
         "bucket_ms": 60_000,
         "python_mode": "thread",
     }

@@ -1,9 +1,11 @@
 """The feature job's Python stages with in-memory fakes of Flink state, timers and the store.
 
-The stages are thin adapters; what is checked here is the adapter logic: one state read and
-write per event (packed), DLQ routing (including a key the JVM extracted differently from the
-parser), duplicates, samples and the rows sent on to the item stage, batched store writes,
-metrics published on flush, and the trending stage fed by batches.
+The stages are thin adapters; what is checked here is the adapter logic: a batch applied in
+Kafka order, each user's state read once per batch and the touched states written back with
+one ``put_all`` (packed), the state cache in front of the ``MapState``, DLQ routing (including
+a key the JVM extracted differently from the parser), duplicates, samples and the item rows
+sent on, one store write per batch, metrics published per batch, and the trending stage fed
+by the item batches.
 """
 
 from __future__ import annotations
@@ -35,13 +37,14 @@ from feature_store.redis_store import decode_user  # noqa: E402
 from feature_store.settings import DEFAULT_EVENT_WEIGHTS, load_settings  # noqa: E402
 from stream.cli_features import settings_json  # noqa: E402
 from stream.flink_functions import (  # noqa: E402
-    DLQ,
-    SAMPLE,
-    ItemStage,
+    ItemBatchStage,
+    StateCache,
     TrendingStage,
-    UserStage,
-    item_update,
-    parse_item_update,
+    UserBatchStage,
+    item_bucket,
+    item_row,
+    kafka_order,
+    parse_item_row,
     parse_user_input,
     user_input,
 )
@@ -50,19 +53,39 @@ T0 = 1_700_000_040_000
 
 
 class FakeState:
+    """A ``ValueState`` (the trending stage's)."""
+
     def __init__(self) -> None:
-        self.by_key: dict[str, Any] = {}
-        self.key = ""
-        self.reads = 0
+        self.value_: Any = None
         self.writes = 0
 
     def value(self) -> Any:
-        self.reads += 1
-        return self.by_key.get(self.key)
+        return self.value_
 
     def update(self, value: Any) -> None:
         self.writes += 1
-        self.by_key[self.key] = value
+        self.value_ = value
+
+
+class FakeMapState:
+    """A keyed ``MapState``: entries of the current (bucket) key; counts the Java calls."""
+
+    def __init__(self) -> None:
+        self.by_key: dict[str, dict[str, Any]] = {}
+        self.key = "0"
+        self.gets = 0
+        self.put_alls = 0
+
+    def get(self, k: str) -> Any:
+        self.gets += 1
+        return self.by_key.get(self.key, {}).get(k)
+
+    def put_all(self, entries: dict[str, Any]) -> None:
+        self.put_alls += 1
+        self.by_key.setdefault(self.key, {}).update(entries)
+
+    def all(self) -> dict[str, Any]:
+        return {k: v for entries in self.by_key.values() for k, v in entries.items()}
 
 
 class FakeCounter:
@@ -122,39 +145,35 @@ def wire(e: Event) -> str:
                        "context": None})
 
 
-def setup(stage: Any, params: FeatureParams) -> FakeState:
+def setup(stage: Any, params: FeatureParams) -> None:
     """What ``open`` does, with fakes."""
-    state = FakeState()
     stage.params = params
     stage.store = FakeStore()
-    stage.state = state
-    stage._counters, stage._counts, stage._timer_at = {}, {}, None
-    return state
+    stage._counters, stage._counts = {}, {}
 
 
-def user_stage(batch_size: int = 100) -> tuple[UserStage, FakeState, FeatureParams]:
+def user_stage(cache_size: int = 100) -> tuple[UserBatchStage, FakeMapState, FeatureParams]:
     params = FeatureParams(event_weights=DEFAULT_EVENT_WEIGHTS, history_len=3)
-    stage = UserStage(settings_json(load_settings()), 50, batch_size, 60_000, "ev")
-    state = setup(stage, params)
+    stage = UserBatchStage(settings_json(load_settings()), 60_000, "ev", cache_size)
+    setup(stage, params)
+    stage.states = FakeMapState()
+    stage.cache = StateCache(cache_size, 0)
+    stage._unpack, stage._new = unpack_user, UserState
     stage._types = frozenset(params.event_weights)
-    stage.pending = {}
-    stage._watermark = None
     for name in ("events_bad", "events_duplicate", "events_late", "events_applied",
                  "samples_emitted"):
         stage._counters[name] = FakeCounter()
         stage._counts[name] = 0
-    return stage, state, params
+    return stage, stage.states, params
 
 
-def feed(stage: UserStage, state: FakeState, ctx: FakeCtx, key: str, raw: str,
-         offset: int = 0) -> list[tuple[str, str, str, str]]:
-    state.key = key
-    value = user_input(key, 0, offset, raw)
-    return [tuple(r) for r in stage.process_element(value, ctx)]  # type: ignore[arg-type]
-
-
-def of_kind(outputs: list[tuple[str, str, str, str]], kind: str) -> list[tuple[str, str, str, str]]:
-    return [o for o in outputs if o[0] == kind]
+def feed(stage: UserBatchStage, ctx: FakeCtx, records: list[tuple[str, str, int]],
+         partition: int = 0) -> tuple[list[str], list[str], list[str]]:
+    """One batch of ``(jvm_key, raw, offset)``: the (samples, dlq, items) it returns."""
+    values = [user_input(key, partition, offset, raw) for key, raw, offset in records]
+    rows = [tuple(r) for r in stage.process_element(values, ctx)]  # type: ignore[arg-type]
+    assert len(rows) <= 1  # at most one output row per batch
+    return rows[0] if rows else ([], [], [])  # type: ignore[return-value]
 
 
 def test_user_stage_matches_the_feature_functions() -> None:
@@ -166,7 +185,9 @@ def test_user_stage_matches_the_feature_functions() -> None:
         Event("e3", "u2", "a", "purchase", T0 + 2),
         Event("e4", "u1", "c", "like", T0 + 3),
     ]
-    outputs = [feed(stage, state, ctx, e.user_id, wire(e)) for e in events]
+    # The batch arrives out of Kafka order: it is applied in (partition, offset) order.
+    records = [(e.user_id, wire(e), n) for n, e in enumerate(events)]
+    samples, dlq, items = feed(stage, ctx, [records[2], records[0], records[3], records[1]])
 
     ref: dict[str, UserState] = {}
     want_samples = []
@@ -174,22 +195,16 @@ def test_user_stage_matches_the_feature_functions() -> None:
         out = update_user(ref.setdefault(e.user_id, UserState()), e, params)
         if out.sample is not None:
             want_samples.append(out.sample.to_json())
-    got_samples = [v for out in outputs for _, _, v, _ in of_kind(out, SAMPLE)]
-    assert got_samples == want_samples
-    # the impression (weight 0) emits nothing; a positive ONE row: its sample (v) and the
-    # item stage's update (k = item_id, u)
-    assert [len(out) for out in outputs] == [1, 0, 1, 1]
-    assert [(k, u) for out in outputs for _, k, _, u in out] == [
-        (e.item_id, item_update(e.item_id, e.event_type, e.ts_ms)) for e in events
-        if e.event_type != "impression"
-    ]
-    assert parse_item_update(outputs[0][0][3]) == ("a", "click", T0)
-    # one read and one write per event; the state is the packed form of the reference
-    assert state.reads == 4 and state.writes == 4
-    assert {k: unpack_user(v) for k, v in state.by_key.items()} == ref
-    assert ctx.timers.registered == [1_050]  # one flush timer for the whole buffer
-
-    list(stage.flush())
+    assert samples == want_samples and dlq == []
+    # the impression (weight 0) emits nothing; each positive one item row
+    assert items == [item_row(e.item_id, e.event_type, e.ts_ms) for e in events
+                     if e.event_type != "impression"]
+    assert parse_item_row(items[0]) == ("a", "click", T0)
+    assert items[0][0] == item_bucket("a")
+    # each user's state read once, all written back with one put_all, packed
+    assert state.gets == 2 and state.put_alls == 1
+    assert {k: unpack_user(v) for k, v in state.all().items()} == ref
+    # one store write per batch, current to the batch's end
     (batch,) = stage.store.batches
     assert batch["users"] == [user_features(ref[u], u, params) for u in ("u1", "u2")]
     assert batch["user_seqs"] == [3, 1]
@@ -197,78 +212,106 @@ def test_user_stage_matches_the_feature_functions() -> None:
     assert stage._counters["samples_emitted"].count == 3
 
 
+def test_user_stage_reads_state_once_per_subtask_through_the_cache() -> None:
+    stage, state, params = user_stage()
+    ctx = FakeCtx()
+    feed(stage, ctx, [("u1", wire(Event("e1", "u1", "a", "click", T0)), 0)])
+    feed(stage, ctx, [("u1", wire(Event("e2", "u1", "b", "click", T0 + 1)), 1)])
+    assert state.gets == 1 and state.put_alls == 2  # the second batch hit the cache
+    # A new instance (a restart) reads the written state back: nothing is lost.
+    again, _, _ = user_stage()
+    again.states = state
+    feed(again, ctx, [("u1", wire(Event("e3", "u1", "c", "click", T0 + 2)), 2)])
+    assert state.gets == 2
+    ref = UserState()
+    for n, item in enumerate("abc"):
+        update_user(ref, Event(f"e{n + 1}", "u1", item, "click", T0 + n), params)
+    assert unpack_user(state.all()["u1"]) == ref
+
+
 def test_user_stage_routes_bad_records_and_drops_duplicates() -> None:
     stage, state, _ = user_stage()
     ctx = FakeCtx()
     e = Event("e1", "u1", "a", "click", T0)
-    assert len(feed(stage, state, ctx, "u1", wire(e))) == 1
-    assert feed(stage, state, ctx, "u1", wire(e)) == []  # duplicate event_id
-    bad = feed(stage, state, ctx, "", "not json", offset=7)
-    # the JVM keyed this record by another user id than the parser reads: never applied
-    other = feed(stage, state, ctx, "u9", wire(Event("e5", "u1", "b", "click", T0 + 5)), 8)
-    assert [kind for kind, _, _, _ in bad + other] == [DLQ, DLQ]
-    records = [json.loads(v) for _, _, v, _ in bad + other]
+    assert len(feed(stage, ctx, [("u1", wire(e), 0)])[0]) == 1
+    # a duplicate event_id (in a later batch and within one), a broken record, and a record
+    # the JVM keyed by another user id than the parser reads: never applied
+    other = wire(Event("e5", "u1", "b", "click", T0 + 5))
+    samples, dlq, items = feed(
+        stage, ctx, [("u1", wire(e), 1), ("", "not json", 7), ("u9", other, 8), ("u1", wire(e), 9)]
+    )
+    assert samples == [] and items == []
+    records = [json.loads(v) for v in dlq]
     assert records[0]["reason"].startswith("not JSON") and records[0]["offset"] == 7
     assert records[1]["reason"].startswith("user_id") and records[1]["offset"] == 8
-    assert state.by_key.get("u9") is None and state.by_key.get("") is None
-    list(stage.flush())
-    assert stage._counters["events_duplicate"].count == 1
+    assert set(state.all()) == {"u1"}
+    assert stage._counters["events_duplicate"].count == 2
     assert stage._counters["events_bad"].count == 2
 
 
-def test_user_stage_counts_late_events_against_the_last_flush_watermark() -> None:
-    stage, state, _ = user_stage()
+def test_user_stage_counts_late_events_against_the_batch_watermark() -> None:
+    stage, _, _ = user_stage()
     ctx = FakeCtx()
     ctx.timers.watermark = T0 + 10
-    stage._on_flush_timer(ctx)  # type: ignore[arg-type]
-    feed(stage, state, ctx, "u1", wire(Event("e1", "u1", "a", "click", T0)))
-    feed(stage, state, ctx, "u1", wire(Event("e2", "u1", "a", "click", T0 + 11)))
-    list(stage.flush())
+    feed(stage, ctx, [("u1", wire(Event("e1", "u1", "a", "click", T0)), 0),
+                      ("u1", wire(Event("e2", "u1", "a", "click", T0 + 11)), 1)])
     assert stage._counters["events_late"].count == 1
-
-
-def test_user_stage_flushes_when_the_batch_is_full() -> None:
-    stage, state, _ = user_stage(batch_size=2)
-    ctx = FakeCtx()
-    for n in range(3):
-        feed(stage, state, ctx, f"u{n}", wire(Event(f"e{n}", f"u{n}", "a", "click", T0)))
-    assert [len(b["users"]) for b in stage.store.batches] == [2]
-    assert list(stage.pending) == ["u2"]
 
 
 def test_item_stage_and_trending_batches() -> None:
     params = FeatureParams(event_weights=DEFAULT_EVENT_WEIGHTS, trending_n=2)
-    items = ItemStage(settings_json(load_settings()), 50, 100, 60_000)
-    state = setup(items, params)
-    items.pending = {}
+    items = ItemBatchStage(settings_json(load_settings()), 60_000, 100)
+    setup(items, params)
+    items.states = state = FakeMapState()
+    items.cache = StateCache(100, 0)
+    items._unpack, items._new = unpack_item, ItemState
     ctx = FakeCtx()
     rows = [("a", "click", T0), ("b", "purchase", T0 + 1), ("a", "like", T0 + 2)]
-    for row in rows:
-        state.key = row[0]
-        assert list(items.process_element(item_update(*row), ctx)) == []  # type: ignore[arg-type]
-    (batch,) = list(items.flush())
+    ((key, batch),) = [tuple(r) for r in items.process_element(  # type: ignore[arg-type]
+        [item_row(*row) for row in rows], ctx)]
     ref: dict[str, ItemState] = {}
     for item, etype, ts in rows:
         update_item(ref.setdefault(item, ItemState()), Event("", "", item, etype, ts), params)
     want = {i: item_features(s, i, params) for i, s in ref.items()}
+    assert key == "0"
     assert batch == [(i, f.score, f.as_of_ms) for i, f in want.items()]
-    assert {k: unpack_item(v) for k, v in state.by_key.items()} == ref
+    assert {k: unpack_item(v) for k, v in state.all().items()} == ref
+    assert state.gets == 2 and state.put_alls == 1
+    (written,) = items.store.batches
+    assert written["items"] == list(want.values())
+    # an impression is no positive: nothing changes, nothing is written or sent on
+    assert list(items.process_element([item_row("a", "impression", T0 + 3)], ctx)) == []
 
-    tr = TrendingStage(settings_json(load_settings()), 50, 100, 60_000)
+    tr = TrendingStage(settings_json(load_settings()), 60_000, 50)
     setup(tr, params)
-    tr.pending_state = None
+    tr.state, tr.pending_state, tr._timer_at = FakeState(), None, None
     list(tr.process_element(batch, ctx))  # type: ignore[arg-type]
-    list(tr.flush())
+    assert ctx.timers.registered == [1_050] and tr.store.batches == []
+    list(tr.on_timer(1_050, ctx))  # type: ignore[arg-type]
     (written,) = tr.store.batches
     assert [i for i, _ in written["trending"].items] == ["b", "a"]
     assert written["trending_seq"] == 2
+
+
+def test_state_cache_is_bounded_and_honours_the_ttl() -> None:
+    cache = StateCache(capacity=4, ttl_s=10)
+    cache.put_all({f"k{n}": n for n in range(4)}, now_s=100.0)
+    assert cache.get("k0", 105.0) == 0  # k0 is now the most recently used
+    cache.put_all({"k4": 4}, now_s=106.0)  # over capacity: the least recently used half goes
+    assert len(cache) == 2 and cache.get("k1", 106.0) is None
+    assert cache.get("k0", 106.0) == 0 and cache.get("k4", 106.0) == 4
+    assert cache.get("k4", 116.5) is None  # written at 106, TTL 10 s: expired in Flink too
+    with pytest.raises(ValueError):
+        StateCache(0, 0)
 
 
 def test_wire_values_between_the_stages_round_trip() -> None:
     raw = '{"a": "x:y\\u0000"}'
     assert parse_user_input(user_input("u:1\t", 3, 99, raw)) == ("u:1\t", 3, 99, raw)
     assert parse_user_input(user_input("", 0, 0, "")) == ("", 0, 0, "")
-    assert parse_item_update(item_update("i\t1:x", "click", 5)) == ("i\t1:x", "click", 5)
+    assert kafka_order(user_input("u:1", 3, 99, raw)) == (3, 99)
+    assert parse_item_row(item_row("i\t1:x", "click", 5)) == ("i\t1:x", "click", 5)
+    assert {item_bucket(f"i{n}") for n in range(200)} == set("0123456789abcdef")
 
 
 def test_packed_states_round_trip() -> None:
