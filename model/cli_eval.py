@@ -59,7 +59,9 @@ def register(sub: Any) -> None:
     g.add_argument("--epochs", type=int, default=10, help="optimizer steps per micro-batch")
     g.add_argument("--learning-rate", type=float, default=1.0, help="tables (Adagrad)")
     g.add_argument("--dense-lr", type=float, default=0.1, help="user-tower dense layers")
-    g.add_argument("--temperature", type=float, default=0.05)
+    g.add_argument(
+        "--temperature", type=float, default=None, help="softmax temperature (default: ModelConfig's)"
+    )
     g.add_argument("--embedding-dim", type=int, default=None, help="default: trainer setting")
     g.add_argument("--user-layers", default=None, help="e.g. 64,32 (last = embedding dim)")
     g.add_argument("--history-len", type=int, default=None, help="history items the model pools (default: ModelConfig)")
@@ -156,7 +158,7 @@ def _config(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
         "epochs": args.epochs,
         "learning_rate": args.learning_rate,
         "dense_lr": args.dense_lr,
-        "temperature": args.temperature,
+        "temperature": _default(args.temperature, "temperature"),
         "embedding_dim": dim,
         "user_layers": [int(x) for x in layers.split(",")],
         "history_len": _default(args.history_len, "history_len"),

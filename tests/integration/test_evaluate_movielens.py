@@ -24,10 +24,11 @@ pytestmark = pytest.mark.integration
 RATINGS = shared_data() / "ml-latest-small" / "ratings.csv"
 POSITIVES = 48_580  # ratings >= 4.0 in the file
 #: Model Recall@10 / popularity Recall@10 that the default settings reach reliably
-#: (measured 1.63x/1.67x/1.66x on seeds 7/1/2 with the defaults of ModelConfig/TrainOptions,
-#: auxiliary history-pool loss; 1.45x without it; 1.40x with the plain-mean pool; 1.04x
+#: (measured 1.86x/1.84x/1.83x on seeds 7/1/2 with the defaults of ModelConfig/TrainOptions:
+#: temperature 0.07, prior weight 1.5; 1.73x/1.76x/1.72x at 0.05 and 3; 1.63x-1.67x before
+#: explicit ratings entered the history; 1.45x without the auxiliary history-pool loss; 1.04x
 #: before mixed negatives, the decayed-count prior and the 10-item history window).
-MIN_RATIO = 1.5
+MIN_RATIO = 1.7
 TARGET_RATIO = 2.0
 
 
