@@ -38,6 +38,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import operator
 import time
 import zlib
 from collections.abc import Iterator
@@ -109,12 +110,9 @@ def parse_user_input(value: str) -> tuple[str, int, int, str]:
     return key, int(partition), int(offset), raw
 
 
-def kafka_order(value: str) -> tuple[int, int]:
-    """``(partition, offset)`` of a :func:`user_input` value: the order a batch is applied in
-    (a user's events share a partition, so this is each user's arrival order)."""
-    _, rest = value.split("\x00", 1)
-    partition, offset, _ = rest.split(":", 2)
-    return int(partition), int(offset)
+#: Sort key of parsed :func:`user_input` values: ``(partition, offset)``, the order a batch is
+#: applied in (a user's events share a partition, so this is each user's arrival order).
+KAFKA_ORDER = operator.itemgetter(1, 2)
 
 
 def item_bucket(item_id: str) -> str:
@@ -271,8 +269,7 @@ class UserBatchStage(_Stage):
         samples: list[str] = []
         dlq: list[str] = []
         items: list[str] = []
-        for value in sorted(values, key=kafka_order) if len(values) > 1 else values:
-            key, partition, offset, raw = parse_user_input(value)
+        for key, partition, offset, raw in sorted(map(parse_user_input, values), key=KAFKA_ORDER):
             parsed = try_parse(raw, types)
             event = parsed.event
             if event is None or event.user_id != key:

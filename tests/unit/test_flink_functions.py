@@ -37,13 +37,13 @@ from feature_store.redis_store import decode_user  # noqa: E402
 from feature_store.settings import DEFAULT_EVENT_WEIGHTS, load_settings  # noqa: E402
 from stream.cli_features import settings_json  # noqa: E402
 from stream.flink_functions import (  # noqa: E402
+    KAFKA_ORDER,
     ItemBatchStage,
     StateCache,
     TrendingStage,
     UserBatchStage,
     item_bucket,
     item_row,
-    kafka_order,
     parse_item_row,
     parse_user_input,
     user_input,
@@ -309,7 +309,7 @@ def test_wire_values_between_the_stages_round_trip() -> None:
     raw = '{"a": "x:y\\u0000"}'
     assert parse_user_input(user_input("u:1\t", 3, 99, raw)) == ("u:1\t", 3, 99, raw)
     assert parse_user_input(user_input("", 0, 0, "")) == ("", 0, 0, "")
-    assert kafka_order(user_input("u:1", 3, 99, raw)) == (3, 99)
+    assert KAFKA_ORDER(parse_user_input(user_input("u:1", 3, 99, raw))) == (3, 99)
     assert parse_item_row(item_row("i\t1:x", "click", 5)) == ("i\t1:x", "click", 5)
     assert {item_bucket(f"i{n}") for n in range(200)} == set("0123456789abcdef")
 
