@@ -1,7 +1,7 @@
 """Serving benchmark: p50/p99 latency and requests/s of GET /recommend.
 
 For each item count (default 10k and 100k) it builds a random artifact (d=32, two dense
-layers), seeds a throwaway ``redis-server`` with user histories and a trending list, starts
+layers, a co-visitation term with 40 neighbours per item), seeds a throwaway ``redis-server`` with user histories and a trending list, starts
 ``streamrec serve`` as its own process, and drives it at each concurrency with the load
 generator ``bench/serve.py loadgen`` — a separate process: an asyncio (uvloop) client that
 keeps one HTTP/1.1 keep-alive connection per concurrent worker and sends requests back to
@@ -39,6 +39,7 @@ HERE = Path(__file__).resolve()
 REPO = HERE.parent.parent
 USERS = 10_000
 D = 32
+COVISIT_NEIGHBOURS = 40
 
 
 # ----------------------------------------------------------------------------- load generator
@@ -132,6 +133,14 @@ def _publish(reg: Any, version: str, n_items: int, seed: int) -> None:
 
     rng = np.random.default_rng(seed)
     items = [f"i{i}" for i in range(n_items)]
+    # the co-visitation term (``model.covisit``): COVISIT_NEIGHBOURS random neighbours per
+    # item, i.e. the trainer's default cap of 4M pairs at 100k items
+    nbrs = np.sort(rng.integers(0, n_items, size=(n_items, COVISIT_NEIGHBOURS)), axis=1)
+    covisit = (
+        np.arange(n_items + 1, dtype=np.int64) * COVISIT_NEIGHBOURS,
+        nbrs.reshape(-1).astype(np.int32),
+        rng.exponential(size=n_items * COVISIT_NEIGHBOURS).astype(np.float32),
+    )
     reg.publish(version, lambda d: write_artifact(
         d, version=version, item_ids=items,
         item_vectors=rng.normal(size=(n_items, D)).astype(np.float32),
@@ -141,6 +150,7 @@ def _publish(reg: Any, version: str, n_items: int, seed: int) -> None:
         layers=[(rng.normal(size=(2 * D, 2 * D)) / 8, np.zeros(2 * D), "relu"),
                 (rng.normal(size=(2 * D, D)) / 8, np.zeros(D), "linear")],
         normalize=True, manifest_extra={"trained_through_ms": 1_772_000_000_000 + seed},
+        covisit=covisit, covisit_params={"weight": 2.0, "window": 5, "decay": 0.9},
     ))
 
 

@@ -12,7 +12,9 @@ the step look faster than it runs in steady state).
 * step: the compiled train step alone on pre-built batches, the live model
   (``ModelConfig()``, its history window unless ``--step-history``; d 32), after warm-up; at
   each batch size, plus batch 512 with history rows frozen (``--no-history-grad``).
-  Test-then-train evaluation is off here. The mean number of history entries per row is
+  Test-then-train evaluation is off here, and so is the co-visitation term's learning
+  (``model.covisit``): the live trainer has it done on its evaluation thread, which the e2e
+  figure includes. The mean number of history entries per row is
   reported. With ``--compare-rounds N`` also the deduplicated step and the reference step
   (``TrainOptions.dedup_lookups``) side by side in one process: N alternating rounds on the
   same batches, taken from a longer stream (histories fill up to 50 items), medians reported.
@@ -108,7 +110,7 @@ def bench_step_compare(
     batches = _batches(5 + rounds * per_round, batch)
     for trainer in trainers.values():
         for b in batches[:5]:
-            trainer.train_step(b)
+            trainer.train_step(b, covisit=False)
     runs: dict[str, list[float]] = {name: [] for name in variants}
     for r in range(rounds):
         chunk = batches[5 + r * per_round: 5 + (r + 1) * per_round]
@@ -116,7 +118,7 @@ def bench_step_compare(
         for name in order:
             started = time.perf_counter()
             for b in chunk:
-                trainers[name].train_step(b)
+                trainers[name].train_step(b, covisit=False)
             runs[name].append(len(chunk) * batch / (time.perf_counter() - started))
     return {name: {"median": round(float(np.median(v))), "runs": [round(x) for x in v]}
             for name, v in runs.items()}
@@ -131,10 +133,10 @@ def bench_step(
     trainer = _step_trainer(batch, train_history, dedup, hist)
     batches = _batches(max(8, int(seconds * 80_000 / batch) + 6), batch, hist=hist, warm=warm)
     for b in batches[:5]:
-        trainer.train_step(b)
+        trainer.train_step(b, covisit=False)
     done, started, cpu = 0, time.perf_counter(), time.process_time()
     for b in batches[5:]:
-        trainer.train_step(b)
+        trainer.train_step(b, covisit=False)
         done += len(b)
         if time.perf_counter() - started > seconds:
             break

@@ -2,7 +2,7 @@
 
 Reading an artifact needs numpy only (this module must never import TensorFlow).
 
-Layout of one version directory ``<registry_dir>/<model_name>/<version>/`` (formats 1, 2)::
+Layout of one version directory ``<registry_dir>/<model_name>/<version>/`` (formats 1-4)::
 
     manifest.json            see below; the only file not listed in manifest["files"]
     item_ids.npy             <U*  [N]        external item ids, row i of item_vectors is item_ids[i]
@@ -15,6 +15,9 @@ Layout of one version directory ``<registry_dir>/<model_name>/<version>/`` (form
     default_user_row.npy     f32  [e_u]      row used for a user the model does not know
     layer_<i>_w.npy          f32  [in_i, out_i]  dense layer i of the user tower
     layer_<i>_b.npy          f32  [out_i]
+    covisit_indptr.npy       i64  [N + 1]    format 4: CSR co-visitation matrix over the items
+    covisit_items.npy        i32  [nnz]      (see "Co-visitation term" below)
+    covisit_weights.npy      f32  [nnz]
 
 User tower (exactly what :meth:`ServingArtifact.user_vectors` computes)::
 
@@ -24,6 +27,8 @@ User tower (exactly what :meth:`ServingArtifact.user_vectors` computes)::
                sum_k w_k * item_hist_rows[K_k] or zeros(e_h))
     w_k = d ** p_k / sum_j d ** p_j,  d = manifest["history_decay"]  (1 = the plain mean)
     for each layer i:  x = act_i(x @ W_i + b_i)         act_i in {"relu", "linear"}
+                       (a trainer's ``pool_residual`` is folded into these layers:
+                       ``model.pooling.fold_pool_residual``)
     if manifest["normalize"]:  x = x / max(||x||_2, 1e-12)
     if manifest["score_bias"]: x = concat(x, [1])                    (format 2 only)
 
@@ -32,18 +37,28 @@ or ``d - 1`` with ``score_bias``. Scores are ``item_vectors @ x``: with ``score_
 column of ``item_vectors`` is an additive per-item score (e.g. the popularity prior of
 ``model.prior``), which the constant 1 appended *after* the normalisation adds unscaled.
 
-Format versions: 2 adds ``score_bias`` and ``history_len``; 3 adds ``history_decay``. The writer writes the lowest version that expresses the artifact (without
-the format-2 keys it stays format 1, without the format-3 keys format 2, each readable by
-older readers); the reader reads all three.
+Co-visitation term (format 4, ``model.covisit``): with ``manifest["covisit"]`` the score of
+item i adds ``weight * log1p(s_i)``, ``s_i = sum_{j < window} decay ** j * C[h_j, i]`` over the
+first ``window`` entries ``h_j`` of the history that are items of this version, ``C`` the CSR
+matrix of ``covisit_indptr.npy`` (i64 [N + 1]), ``covisit_items.npy`` (i32 [nnz], rows of
+``item_vectors``) and ``covisit_weights.npy`` (f32 [nnz], >= 0): row r's neighbours are
+``covisit_items[indptr[r]:indptr[r + 1]]`` (:meth:`ServingArtifact.covisit_scores`).
+
+Format versions: 2 adds ``score_bias`` and ``history_len``; 3 adds ``history_decay``; 4 adds
+``covisit``. The writer writes the lowest version that expresses the artifact (without
+the format-2 keys it stays format 1, without the format-3 keys format 2, and so on, each
+readable by older readers); the reader reads all four.
 
 ``manifest.json``::
 
-    {"format": "streamrec-artifact", "format_version": 1 | 2 | 3,
+    {"format": "streamrec-artifact", "format_version": 1 | 2 | 3 | 4,
      "version": str, "created_at": RFC 3339 UTC str | null,
      "normalize": bool,
      "score_bias": bool,                  (format 2; absent = false)
      "history_len": int,                  (format 2; absent = the whole history)
      "history_decay": float in (0, 1],    (format 3; absent = 1, the plain mean)
+     "covisit": {"weight": float > 0, "window": int >= 1, "decay": float in (0, 1]},
+                                          (format 4; absent = no co-visitation term)
      "dims": {"items": N, "d": d, "hist_items": H, "hist_dim": e_h, "users": U, "user_dim": e_u},
      "layers": [{"w": "layer_0_w.npy", "b": "layer_0_b.npy", "activation": "relu"}, ...],
      "files": {"<name>.npy": {"sha256": hex, "bytes": int, "shape": [...], "dtype": str}, ...},
@@ -75,16 +90,20 @@ import numpy as np
 from feature_store.ids import item_keys, user_key
 from model.artifact_manifest import (
     ACTIVATIONS,
+    COVISIT_FILES,
     FORMAT,
     FORMAT_VERSION,
     MANIFEST,
     READABLE_VERSIONS,
     RESERVED,
     ArtifactError,
+    check_covisit_arrays,
+    check_covisit_params,
     check_dims,
     format_version,
     read_manifest,
 )
+from model.covisit import accumulate, history_rows, position_weights, term
 from model.pooling import pool_history
 
 log = logging.getLogger(__name__)
@@ -135,6 +154,8 @@ def write_artifact(
     score_bias: bool = False,
     history_len: int | None = None,
     history_decay: float = 1.0,
+    covisit: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
+    covisit_params: Mapping[str, Any] | None = None,
     manifest_extra: Mapping[str, Any] | None = None,
     created_at: datetime | None = None,
 ) -> dict[str, Any]:
@@ -169,6 +190,15 @@ def write_artifact(
         "user_rows.npy": urows,
         "default_user_row.npy": default,
     }
+    if (covisit is None) != (covisit_params is None):
+        raise ArtifactError("covisit and covisit_params go together")
+    if covisit is not None and covisit_params is not None:
+        check_covisit_params(dict(covisit_params))
+        indptr, neighbours, weights = covisit
+        cv = (np.asarray(indptr, np.int64), np.asarray(neighbours, np.int32),
+              np.asarray(weights, np.float32))
+        check_covisit_arrays(*cv, n=int(ids.shape[0]))
+        arrays.update(zip(COVISIT_FILES, cv, strict=True))
     layer_specs = []
     for i, (w, b, act) in enumerate(layers):
         if act not in ACTIVATIONS:
@@ -190,7 +220,9 @@ def write_artifact(
         }
     manifest: dict[str, Any] = {
         "format": FORMAT,
-        "format_version": format_version(score_bias, history_len, history_decay),
+        "format_version": format_version(
+            score_bias, history_len, history_decay, covisit is not None
+        ),
         "version": version,
         "created_at": created_at.isoformat() if created_at else None,
         "normalize": bool(normalize),
@@ -216,6 +248,12 @@ def write_artifact(
         raise ArtifactError(f"history_decay must be in (0, 1], got {history_decay}")
     if history_decay != 1.0:
         manifest["history_decay"] = float(history_decay)
+    if covisit_params is not None:
+        manifest["covisit"] = {
+            "weight": float(covisit_params["weight"]),
+            "window": int(covisit_params["window"]),
+            "decay": float(covisit_params["decay"]),
+        }
     check_dims(manifest, arrays)
     (out / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
     log.info("wrote artifact %s (%d items) to %s", version, ids.shape[0], out)
@@ -238,6 +276,8 @@ class ServingArtifact:
     layers: tuple[Layer, ...]
     normalize: bool
     item_index: Mapping[str, int] = field(repr=False)
+    #: CSR co-visitation matrix over the items (format 4): (indptr, neighbours, weights).
+    covisit: tuple[np.ndarray, np.ndarray, np.ndarray] | None = field(default=None, repr=False)
 
     @property
     def history_len(self) -> int | None:
@@ -254,6 +294,32 @@ class ServingArtifact:
     def score_bias(self) -> bool:
         """Whether the last item-vector column is an additive score (see the module doc)."""
         return bool(self.manifest.get("score_bias", False))
+
+    def covisit_scores(
+        self, histories: Sequence[Sequence[str]]
+    ) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Per history (most recent first): ``(item rows, added scores)`` of the co-visitation
+        term (``model.covisit``: ``weight * log1p(s)``, only rows with ``s > 0``); empty
+        arrays for every history when the version has no such term (formats 1-3)."""
+        empty = (np.zeros(0, np.int64), np.zeros(0, np.float32))
+        if self.covisit is None:
+            return [empty] * len(histories)
+        params = self.manifest["covisit"]
+        window, weight = int(params["window"]), float(params["weight"])
+        scale = position_weights(window, float(params["decay"]))
+        indptr, neighbours, weights = self.covisit
+        out = []
+        for hist in histories:
+            rows = np.asarray(history_rows(self.item_index, hist, window), np.int64)
+            pos = np.flatnonzero(rows >= 0)
+            if not pos.size:
+                out.append(empty)
+                continue
+            cols, sums = accumulate(
+                indptr[rows[pos]], indptr[rows[pos] + 1], scale[pos], neighbours, weights
+            )
+            out.append((cols, term(sums, weight)))
+        return out
 
     @property
     def version(self) -> str:
@@ -370,6 +436,17 @@ def load_artifact(directory: str | Path, *, verify: bool = True) -> ServingArtif
     layers = tuple(
         (arrays[s["w"]], arrays[s["b"]], str(s["activation"])) for s in manifest["layers"]
     )
+    covisit: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+    if "covisit" in manifest:
+        lacking = [name for name in COVISIT_FILES if name not in arrays]
+        if lacking:
+            raise ArtifactError(f"{path}: covisit lacks {lacking}")
+        indptr, neighbours, weights = (arrays[name] for name in COVISIT_FILES)
+        try:
+            check_covisit_arrays(indptr, neighbours, weights, n=int(ids.shape[0]))
+        except ArtifactError as exc:
+            raise ArtifactError(f"{path}: {exc}") from exc
+        covisit = (indptr, neighbours, weights)
     return ServingArtifact(
         path=path,
         manifest=manifest,
@@ -383,4 +460,5 @@ def load_artifact(directory: str | Path, *, verify: bool = True) -> ServingArtif
         layers=layers,
         normalize=bool(manifest.get("normalize", False)),
         item_index={str(item): i for i, item in enumerate(ids.tolist())},
+        covisit=covisit,
     )

@@ -6,7 +6,8 @@ Layout under ``checkpoint_dir``::
         tf.index, tf.data-*   tf.train.Checkpoint of tables, stats, dense weights, optimizer
                               slots (TFRA's Keras save keeps no slots, so we resume from this)
         state.json            offsets {"<topic>:<partition>": next offset}, counters, digest
-        arrays.npz            auxiliary arrays (e.g. item key -> external item id)
+        arrays.npz            auxiliary arrays (e.g. item key -> external item id, the
+                              co-visitation state of ``model.covisit``)
     LATEST                  name of the newest complete checkpoint (temp file + rename)
     .tmp-*                  a checkpoint being written (ignored, removed on the next save)
 

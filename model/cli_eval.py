@@ -70,6 +70,20 @@ def register(sub: Any) -> None:
         help="recency weight decay of the history pool per position (1 = mean; default: ModelConfig)",
     )
     g.add_argument(
+        "--pool-residual", type=float, default=None,
+        help="weight of the history pool added to the user tower's output (0 = none; default: ModelConfig)",
+    )
+    g.add_argument(
+        "--covisit-weight", type=float, default=None,
+        help="weight of the item co-visitation term (0 = towers only; default: ModelConfig)",
+    )
+    g.add_argument("--covisit-window", type=int, default=None, help="default: ModelConfig")
+    g.add_argument("--covisit-decay", type=float, default=None, help="default: ModelConfig")
+    g.add_argument(
+        "--covisit-half-life", type=float, default=None,
+        help="half-life of co-visitation weights in samples (0 = none; default: ModelConfig)",
+    )
+    g.add_argument(
         "--history-grad", type=int, choices=(0, 1), default=None,
         help="0: history rows learn only as targets/negatives (default: ModelConfig.train_history)",
     )
@@ -163,6 +177,11 @@ def _config(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
         "user_layers": [int(x) for x in layers.split(",")],
         "history_len": _default(args.history_len, "history_len"),
         "history_decay": _default(args.history_decay, "history_decay"),
+        "pool_residual": _default(args.pool_residual, "pool_residual"),
+        "covisit_weight": _default(args.covisit_weight, "covisit_weight"),
+        "covisit_window": _default(args.covisit_window, "covisit_window"),
+        "covisit_decay": _default(args.covisit_decay, "covisit_decay"),
+        "covisit_half_life": _default(args.covisit_half_life, "covisit_half_life"),
         "train_history": bool(_default(args.history_grad, "train_history")),
         "admit_after": args.admit_after,
         "normalize": not args.no_normalize,
@@ -212,6 +231,11 @@ def _run(args: argparse.Namespace, settings: Any, stream: Any) -> Any:
             user_layers=tuple(cfg["user_layers"]),
             history_len=cfg["history_len"],
             history_decay=cfg["history_decay"],
+            pool_residual=cfg["pool_residual"],
+            covisit_weight=cfg["covisit_weight"],
+            covisit_window=cfg["covisit_window"],
+            covisit_decay=cfg["covisit_decay"],
+            covisit_half_life=cfg["covisit_half_life"],
             train_history=cfg["train_history"],
             temperature=cfg["temperature"],
             normalize=cfg["normalize"],

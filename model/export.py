@@ -15,9 +15,12 @@ What is exported (see ``model/artifact.py`` for the format):
   the trainer saw (ids come from the samples; the trainer keeps ``key -> item_id``);
 * the user tower's dense layers, the L2-normalisation flag of the user vector, the
   model's history window (``ModelConfig.history_len``) and its history pooling
-  (``history_decay``: artifact format 3);
+  (``history_decay``: artifact format 3); the pool's residual (``pool_residual``) is folded
+  into the dense layers (``model.pooling.fold_pool_residual``);
 * with ``ModelConfig.prior_weight``, the popularity prior as one more dimension of both
-  sides (``model.prior``: the artifact's ``score_bias``).
+  sides (``model.prior``: the artifact's ``score_bias``);
+* with ``ModelConfig.covisit_weight``, the trainer's co-visitation pairs among the exported
+  items (``model.covisit``: artifact format 4).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from model.artifact import write_artifact
+from model.pooling import fold_pool_residual
 from model.prior import export_fields
 from model.registry import Registry
 from model.trainer import Trainer
@@ -40,23 +44,36 @@ log = logging.getLogger(__name__)
 
 def artifact_arrays(trainer: Trainer, item_ids: Mapping[int, str]) -> dict[str, Any]:
     """Keyword arguments of :func:`model.artifact.write_artifact` for the current state."""
+    trainer.wait_evaluation()  # the co-visitation term learns on the evaluation thread
     model = trainer.model
     ukeys, urows = model.known_rows(model.users)
     hkeys, hrows = model.known_rows(model.items)
     vkeys, vecs = trainer.item_vectors()
     named = np.fromiter((int(k) in item_ids for k in vkeys), bool, vkeys.size)
     config = model.config
+    layers = [
+        (w.numpy(), b.numpy(), act)
+        for w, b, act in zip(model.kernels, model.biases, model.activations, strict=True)
+    ]
     tower = export_fields(
-        [
-            (w.numpy(), b.numpy(), act)
-            for w, b, act in zip(model.kernels, model.biases, model.activations, strict=True)
-        ],
+        fold_pool_residual(layers, config.embedding_dim, config.pool_residual),
         config.prior_weight,
         config.normalize and config.normalize_user,
         config.history_len,
         config.history_decay,
     )
+    covisit: dict[str, Any] = {}
+    if trainer.covisit is not None:
+        covisit = {
+            "covisit": trainer.covisit.csr(vkeys[named]),
+            "covisit_params": {
+                "weight": config.covisit_weight,
+                "window": config.covisit_window,
+                "decay": config.covisit_decay,
+            },
+        }
     return {
+        **covisit,
         "item_ids": [item_ids[int(k)] for k in vkeys[named]],
         "item_vectors": vecs[named],
         "item_hist_keys": hkeys,

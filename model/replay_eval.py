@@ -322,7 +322,8 @@ class TwoTowerLearner:
     """The two-tower model behind :class:`Learner` (TensorFlow is imported on creation).
 
     Scores: user tower of (user, point-in-time history) against the item tower of every
-    candidate the model has a row for; candidates without one score ``-inf``.
+    candidate the model has a row for, plus the co-visitation term (``model.covisit``, the
+    trainer's state, as served); candidates without a row score ``-inf``.
     Learning: the batch's samples go through the ``samples`` wire format into a training
     :class:`model.trainer.Batch`, then ``epochs`` calls of ``Trainer.train_step`` (the
     item-frequency estimate counts the batch once).
@@ -362,7 +363,10 @@ class TwoTowerLearner:
         where = np.fromiter((self._key_pos.get(int(k), -1) for k in keys), np.int64, keys.size)
         keep = (where >= 0) & (where < n_candidates)
         users = self.trainer.user_vectors(train_batch.user_keys, train_batch.history)
-        out[:, where[keep]] = users @ vectors[keep].T
+        cols = where[keep]
+        out[:, cols] = users @ vectors[keep].T
+        if self.trainer.covisit is not None:
+            out[:, cols] += self.trainer.covisit_scores(train_batch.history, keys[keep])
         return out
 
     def learn(self, batch: Sequence[Positive]) -> None:

@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from model.covisit import CoVisitation
+from model.covisit import term as covisit_term
 from model.evaluation import Evaluator
 from model.frequency import CountFrequencyEstimator
 from model.loss import (
@@ -86,6 +88,16 @@ class Trainer:
         self._since_refresh = opts.eval_refresh_steps
         self._head_vectors: np.ndarray | None = None
         self.negatives = NegativeSampler(opts.sampled_negatives, config.seed)
+        self.covisit = (
+            CoVisitation(
+                config.covisit_window,
+                config.covisit_decay,
+                config.covisit_half_life,
+                config.covisit_max_pairs,
+            )
+            if config.covisit_weight
+            else None
+        )
         single = self._dedup_step if opts.dedup_lookups else self._single_step
         self._step_fn = tf.function(single, input_signature=_SIG)
         self._step_concrete: Any = None
@@ -304,12 +316,15 @@ class Trainer:
         return loss_total
 
     # -- public API ---------------------------------------------------------------------------
-    def train_step(self, batch: Batch, *, count: bool = True) -> float:
+    def train_step(self, batch: Batch, *, count: bool = True, covisit: bool = True) -> float:
         """One optimizer update on ``batch`` (accumulated if ``grad_accum_steps`` > 1).
 
         ``count``: record the batch's items in the frequency estimate (logQ correction and
         prior) first; False for further passes over the same batch (the evaluation's epochs),
-        so that an item counts once per sample however often it is trained on.
+        so that an item counts once per sample however often it is trained on. With ``count``
+        and ``covisit`` the co-visitation term (``model.covisit``) learns the batch too, after
+        the step; :meth:`fit_batch` passes ``covisit=False`` and has it learnt in order on the
+        evaluation thread instead.
         """
         if self.negatives.count and not self.negatives.ready:
             self.negatives.reset(self.model.known_rows(self.model.items)[0])
@@ -333,6 +348,8 @@ class Trainer:
             loss_t, head = self._step_concrete(*args)
             loss = float(loss_t)
             self._head_vectors = user_scoring_vectors(head.numpy(), self.config.prior_weight)
+        if count and covisit and self.covisit is not None:
+            self.covisit.learn(batch.history, batch.item_keys, batch.weights)
         self.maybe_evict()
         return loss
 
@@ -350,6 +367,14 @@ class Trainer:
             tf.constant(user_keys, tf.int64), tf.constant(self._history(history), tf.int64)
         ).numpy()
         return user_scoring_vectors(vectors, self.config.prior_weight)
+
+    def covisit_scores(self, history: np.ndarray, item_keys: np.ndarray) -> np.ndarray:
+        """``[B, N]`` float32: the co-visitation term (``model.covisit``) of each history row
+        (item keys, most recent first) for each of ``item_keys``; zeros without the term."""
+        self.wait_evaluation()
+        if self.covisit is None:
+            return np.zeros((len(history), len(item_keys)), np.float32)
+        return covisit_term(self.covisit.sums(history, item_keys), self.config.covisit_weight)
 
     def item_vectors(self) -> tuple[np.ndarray, np.ndarray]:
         """(keys, scoring vectors float32) of every known item: the item tower output, with
@@ -381,11 +406,16 @@ class Trainer:
         self.evaluator.set_candidates(*self._scoring_items(keys, rows, log_q))
 
     def _observe_and_score(
-        self, vectors: np.ndarray | None, targets: np.ndarray, trained: np.ndarray
+        self, vectors: np.ndarray | None, targets: np.ndarray, trained: Batch
     ) -> None:
+        """Evaluation-thread work of one trained batch, in training order: score its head
+        (``vectors``; None = not evaluated), count its items for the popularity baseline,
+        then let the co-visitation term learn it (off the training thread)."""
         if vectors is not None:
             self.evaluator.evaluate(vectors, targets)
-        self.evaluator.popularity.observe(trained)
+        self.evaluator.popularity.observe(trained.item_keys)
+        if self.covisit is not None:
+            self.covisit.learn(trained.history, trained.item_keys, trained.weights)
 
     def fit_batch(self, batch: Batch) -> float:
         """Test-then-train: score the first ``eval_rows`` rows with the model as it was
@@ -407,13 +437,13 @@ class Trainer:
                 self._since_refresh = 0
             if self._accumulates(batch):
                 vectors = self.user_vectors(head.user_keys, head.history)
-        loss = self.train_step(batch)
+        loss = self.train_step(batch, covisit=False)
         if evaluating:
             if vectors is None:
                 vectors = self._head_vectors
-            self._evaluation(self._observe_and_score, vectors, head.item_keys, batch.item_keys)
+            self._evaluation(self._observe_and_score, vectors, head.item_keys, batch)
         else:
-            self.evaluator.popularity.observe(batch.item_keys)
+            self._evaluation(self._observe_and_score, None, head.item_keys, batch)
         self._since_refresh += 1
         return loss
 

@@ -194,6 +194,8 @@ class TrainerService:
         self.recent_ids = RecentIds.from_array(
             restored.arrays.get("recent_sample_ids", np.zeros(0, np.int64))
         )
+        if self.trainer.covisit is not None:
+            self.trainer.covisit.load_arrays(restored.arrays)
         self.metrics.samples_total.set(self.state.samples_trained)
         log.info(
             "resuming at %s (%d samples trained)", self.state.offsets, self.state.samples_trained
@@ -201,11 +203,18 @@ class TrainerService:
         return True
 
     def checkpoint(self) -> None:
+        self.trainer.wait_evaluation()  # the co-visitation state is complete up to the offsets
         keys = np.fromiter(self.item_ids.keys(), np.int64, len(self.item_ids))
         ids = np.array(list(self.item_ids.values()), dtype=np.str_)
+        covisit = self.trainer.covisit.to_arrays() if self.trainer.covisit is not None else {}
         self.checkpoints.save(
             self.state.to_json(),
-            {"item_keys": keys, "item_ids": ids, "recent_sample_ids": self.recent_ids.to_array()},
+            {
+                "item_keys": keys,
+                "item_ids": ids,
+                "recent_sample_ids": self.recent_ids.to_array(),
+                **covisit,
+            },
         )
 
     def status(self) -> dict[str, Any]:

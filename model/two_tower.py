@@ -1,7 +1,8 @@
 """Two-tower retrieval model on TFRA dynamic embeddings.
 
 * User tower: ``x = concat(user_row, pool(history item rows the model knows) or zeros)``
-  then dense layers (relu, last linear), optionally L2-normalised — exactly the tower
+  then dense layers (relu, last linear), plus ``pool_residual`` times the pool, optionally
+  L2-normalised — exactly the tower
   ``model.artifact.ServingArtifact.user_vectors`` recomputes in numpy. The pool is the
   recency-weighted mean of :func:`pool_weights` (``ModelConfig.history_decay``; 1 = mean).
 * Item tower: the item's row of the item table (the table the history shares), optionally
@@ -251,12 +252,15 @@ class TwoTower(tf.Module):
         return tf.reduce_sum(h_rows * weights, axis=1)
 
     def user_mlp(self, u_rows: tf.Tensor, pooled: tf.Tensor) -> tf.Tensor:
-        """Dense layers on ``concat(user row, history pool)`` (float32 inputs)."""
+        """Dense layers on ``concat(user row, history pool)`` plus ``pool_residual`` times
+        the pool (float32 inputs)."""
         x = tf.cast(tf.concat([u_rows, pooled], axis=-1), self.compute_dtype)
         for w, b, act in zip(self.kernels, self.biases, self.activations, strict=True):
             x = tf.matmul(x, tf.cast(w, self.compute_dtype)) + tf.cast(b, self.compute_dtype)
             if act == "relu":
                 x = tf.nn.relu(x)
+        if self.config.pool_residual:
+            x = x + tf.cast(self.config.pool_residual * pooled, self.compute_dtype)
         return self._finish(x) if self.config.normalize_user else x
 
     def item_tower(self, i_rows: tf.Tensor) -> tf.Tensor:

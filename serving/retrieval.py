@@ -138,10 +138,14 @@ def rank_with_model(
     ks: Sequence[int],
     exclude_seen: Sequence[bool],
 ) -> list[list[Scored]]:
-    """Top ``ks[i]`` of each user by the model, in one matrix product; seen items
-    (``histories[i]``) dropped where ``exclude_seen[i]``."""
+    """Top ``ks[i]`` of each user by the model, in one matrix product (plus the version's
+    co-visitation term, ``model.covisit``); seen items (``histories[i]``) dropped where
+    ``exclude_seen[i]``."""
     queries = artifact.user_vectors(user_ids, histories)
     all_scores = artifact.item_vectors @ queries.T
+    if artifact.covisit is not None:
+        for col, (rows, added) in enumerate(artifact.covisit_scores(histories)):
+            all_scores[rows, col] += added
     index, ids = artifact.item_index, artifact.item_ids
     excludes = [[index[i] for i in hist if i in index] if excl else []
                 for hist, excl in zip(histories, exclude_seen, strict=True)]

@@ -139,7 +139,10 @@ def test_format_versions(tmp_path: Path) -> None:
     manifest = json.loads((tmp_path / "a" / "manifest.json").read_text())
     assert manifest["format_version"] == 1 and "score_bias" not in manifest
     assert not load_artifact(tmp_path / "a").score_bias
-    bad_cases = [(1, {"score_bias": True}), (4, {}), (2, {"score_bias": "yes"}),
+    cv = {"weight": 1.0, "window": 3, "decay": 0.9}
+    bad_cases = [(1, {"score_bias": True}), (5, {}), (2, {"score_bias": "yes"}),
+                 (3, {"covisit": cv}), (4, {"covisit": {**cv, "window": 0}}),
+                 (4, {"covisit": {"weight": 1.0}}), (4, {"covisit": cv}),
                  (1, {"history_len": 5}), (2, {"history_len": 0}), (2, {"history_len": 2.5}),
                  (2, {"history_decay": 0.5}), (3, {"history_decay": 0}),
                  (3, {"history_decay": 1.5}), (3, {"history_decay": True})]
@@ -260,3 +263,41 @@ def test_default_pooling_keeps_the_older_formats(tmp_path: Path) -> None:
     manifest = json.loads((tmp_path / "a" / "manifest.json").read_text())
     assert manifest["format_version"] == 2
     assert "history_decay" not in manifest
+
+
+def _mlp(layers: list, x: np.ndarray) -> np.ndarray:
+    for w, b, act in layers:
+        x = x @ w + b
+        if act == "relu":
+            x = np.maximum(x, 0)
+    return x
+
+
+@pytest.mark.parametrize("widths", [[], [16], [16, 12]])
+def test_folded_pool_residual_equals_mlp_plus_pool(widths: list[int]) -> None:
+    from model.pooling import fold_pool_residual
+
+    rng = np.random.default_rng(3)
+    user_dim, pool_dim = 6, 8
+    sizes = [user_dim + pool_dim, *widths, pool_dim]
+    layers = [
+        (rng.normal(size=(a, b)).astype(np.float32), rng.normal(size=b).astype(np.float32),
+         "relu" if i < len(sizes) - 2 else "linear")
+        for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:], strict=True))
+    ]
+    x = rng.normal(size=(20, user_dim + pool_dim)).astype(np.float32)
+    folded = fold_pool_residual(layers, user_dim, 2.5)
+    expected = _mlp(layers, x) + 2.5 * x[:, user_dim:]
+    np.testing.assert_allclose(_mlp(folded, x), expected, rtol=1e-5, atol=1e-5)
+    assert [act for _, _, act in folded] == [act for _, _, act in layers]
+    unchanged = fold_pool_residual(layers, user_dim, 0.0)
+    np.testing.assert_array_equal(_mlp(unchanged, x), _mlp(layers, x))
+
+
+def test_folded_pool_residual_refuses_a_pool_of_another_width() -> None:
+    from model.pooling import fold_pool_residual
+
+    layers = [(np.zeros((10, 16), np.float32), np.zeros(16, np.float32), "relu"),
+              (np.zeros((16, 8), np.float32), np.zeros(8, np.float32), "linear")]
+    with pytest.raises(ValueError, match="pool width"):
+        fold_pool_residual(layers, 6, 1.0)

@@ -54,6 +54,15 @@ def test_export_then_load_gives_identical_scores(trained: Trained, tmp_path: Pat
     assert not art.known_users(["nobody"])[0]
     assert art.known_users([picked[0].user_id])[0]
 
+    # the co-visitation term (model.covisit) as served equals the trainer's
+    assert art.manifest["format_version"] == 4
+    served_cv = np.zeros_like(scores_served)
+    for r, (cols, added) in enumerate(art.covisit_scores(histories)):
+        served_cv[r, cols] = added
+    trained_cv = trainer.covisit_scores(hist, vkeys[rows])
+    assert served_cv.max() > 0
+    np.testing.assert_allclose(served_cv, trained_cv, rtol=1e-5, atol=1e-6)
+
 
 def test_model_beats_popularity_on_planted_preferences(trained: Trained) -> None:
     summary = trained.trainer.quality()
@@ -158,6 +167,18 @@ def test_service_export_checkpoints_then_publishes(trained: Trained, tmp_path: P
     assert restored.state["offsets"] == manifest["kafka_offsets"]
     assert restored.state["last_version"] == version
     assert len(restored.arrays["item_ids"]) == len(trained.item_ids)
+    # the co-visitation state rides in the checkpoint: a restored copy scores the same
+    from model.covisit import CoVisitation
+
+    cv = trained.trainer.covisit
+    assert cv is not None and cv.samples > 0
+    copy = CoVisitation(cv.window, cv.decay, cv.half_life, cv.max_pairs)
+    copy.load_arrays(restored.arrays)
+    hist = np.array([[item_key(i) for i in s.history[:HISTORY_LEN]] + [0] * (HISTORY_LEN - len(s.history[:HISTORY_LEN]))
+                     for s in trained.samples[-8:]], np.int64)
+    keys = np.array(list(trained.item_ids), np.int64)
+    np.testing.assert_allclose(copy.sums(hist, keys), cv.sums(hist, keys))
+    assert copy.sums(hist, keys).max() > 0
 
 
 def _top20_moves(trained: Trained, trainer: Trainer, n: int = 200) -> float:
