@@ -208,17 +208,13 @@ class CoVisitation:
         out[rows[ok], col[ok]] = s[ok]
         return out
 
-    def positions(self, candidates: np.ndarray, known: np.ndarray | None = None) -> np.ndarray:
+    def positions(self, candidates: np.ndarray) -> np.ndarray:
         """``[n ids]``: the position of each dense id in ``candidates`` (item keys), -1 if
-        absent. ``known``: a result for a prefix of the ids (only the newer ids are looked up)."""
+        absent."""
         out = np.full(self.keys.size, -1, np.int64)
-        start = 0 if known is None else min(known.size, self.keys.size)
-        if known is not None:
-            out[:start] = known[:start]
-        index = {k: i for i, k in enumerate(np.asarray(candidates, np.int64).tolist())}
-        get = index.get
-        out[start:] = np.fromiter((get(k, -1) for k in self.keys[start:].tolist()), np.int64,
-                                  self.keys.size - start)
+        ids = self.ids(np.asarray(candidates, np.int64))
+        known = ids >= 0
+        out[ids[known]] = np.flatnonzero(known)
         return out
 
     def csr(self, item_keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -227,12 +223,8 @@ class CoVisitation:
         neighbours are rows of ``item_keys`` (ascending), with their current weights."""
         self.merge()
         n = len(item_keys)
-        row_of = np.full(self.keys.size, -1, np.int64)
-        ids = self.ids(np.asarray(item_keys, np.int64))
-        known = ids >= 0
-        row_of[ids[known]] = np.flatnonzero(known)
-        a = row_of[self.codes >> 32] if self.codes.size else np.zeros(0, np.int64)
-        b = row_of[self.codes & _LOW] if self.codes.size else np.zeros(0, np.int64)
+        row_of = self.positions(item_keys)
+        a, b = row_of[self.codes >> 32], row_of[self.codes & _LOW]
         keep = (a >= 0) & (b >= 0)
         a, b, w = a[keep], b[keep], self.weights[keep]
         order = np.lexsort((b, a))
