@@ -4,7 +4,7 @@ Needs Kafka and Redis up (``streamrec up``, or the test stack with ``STREAMREC_K
 STREAMREC_REDIS__PORT=16379``). Every run uses fresh topics and a fresh Redis key prefix.
 
 Throughput: ``--events`` events (5,000 users x 20,000 items, every 5th an impression) are
-written to Kafka first; then the job starts (``stream/flink_features.py --local``, a MiniCluster
+written to Kafka first; then the job starts (``stream/flink/job.py --local``, a MiniCluster
 in its own process, Python operators in thread mode) and reads them as fast as it can. One
 sentinel event per partition is written last; the figure is events / (time from the first
 feature visible in Redis to every sentinel visible), so JVM start-up is not counted.
@@ -19,7 +19,7 @@ the job process group's CPU time over the measured interval (JIT compilation inc
 comparable figure on a shared machine. ``--cluster`` submits the throughput job to the running
 standalone cluster instead (e.g. two TaskManager JVMs of one slot each: one Python
 interpreter lock per subtask); CPU is then the JobManager's and TaskManagers' process groups. Which API does what, and the measured table behind the
-choice: ``stream/flink_features.py``; this bench is its evidence.
+choice: ``stream/flink/job.py``; this bench is its evidence.
 
     streamrec bench features --json bench/results/features.json
     python bench/features.py --events 100000 --parallelism 1 2 --json out.json
@@ -66,7 +66,7 @@ def _free_port() -> int:
 
 
 def _fresh(settings: Settings, tag: str) -> Settings:
-    from stream.kafka_io import ensure_topics
+    from stream.kafka_client import ensure_topics
 
     uid = f"bench-features-{tag}-{int(time.time() * 1000)}"
     s = settings.model_copy(
@@ -98,7 +98,7 @@ def _event(i: int, ts: int, user: str | None = None) -> dict[str, Any]:
 
 
 def _job_args(settings: Settings, parallelism: int, mode: str) -> list[str]:
-    from stream.cli_features import settings_json
+    from stream.cli.features import settings_json
 
     return [
         "--settings-json", settings_json(settings),
@@ -116,7 +116,7 @@ def _job_args(settings: Settings, parallelism: int, mode: str) -> list[str]:
 def _start_job(settings: Settings, parallelism: int, log: Path, mode: str) -> Any:
     if CLUSTER:
         return ClusterJob(settings, _job_args(settings, parallelism, mode))
-    cmd = [sys.executable, "-m", "stream.flink_features", "--local",
+    cmd = [sys.executable, "-m", "stream.flink.job", "--local",
            *_job_args(settings, parallelism, mode)]
     return subprocess.Popen(
         cmd, cwd=REPO, stdout=log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True
@@ -128,14 +128,14 @@ class ClusterJob:
     ``Popen`` calls the bench uses: ``poll``, ``pid``/CPU of the cluster's processes, stop."""
 
     def __init__(self, settings: Settings, args: list[str]) -> None:
-        from stream.flink_submit import submit_python_job
+        from stream.flink.submit import submit_python_job
 
         self.settings, self.args = settings, args
         self.job_id = submit_python_job(settings, REPO / "stream" / "flink_features.py", args)
         self.returncode: int | None = None
 
     def poll(self) -> int | None:
-        from stream.flink_submit import job_state
+        from stream.flink.submit import job_state
 
         state = job_state(self.settings, self.job_id)
         if state in ("FAILED", "CANCELED", "FINISHED"):
@@ -152,7 +152,7 @@ class ClusterJob:
         return sum(cpu_seconds(r.pid, group=True) for r in records if r is not None)
 
     def stop(self) -> None:
-        from stream.flink_submit import cancel_job
+        from stream.flink.submit import cancel_job
 
         try:
             cancel_job(self.settings, self.job_id)
@@ -264,7 +264,7 @@ def sql_worker(spec: dict[str, Any]) -> None:
     from pyflink.table import EnvironmentSettings, TableEnvironment
 
     sys.path.insert(0, str(REPO))
-    from stream.flink_features import connector_jar
+    from stream.flink.job import connector_jar
 
     t_env = TableEnvironment.create(EnvironmentSettings.in_streaming_mode())
     conf = t_env.get_config()

@@ -57,7 +57,7 @@ class ServedCatalog:
     """Item ids of the version the registry serves (``CURRENT``), cached per version."""
 
     def __init__(self, registry_dir: Path, model_name: str) -> None:
-        from model.registry import Registry
+        from model.artifact.registry import Registry
 
         self.registry = Registry(registry_dir, model_name)
         self.version: str | None = None
@@ -66,7 +66,7 @@ class ServedCatalog:
         self.lock = threading.Lock()
 
     def current(self) -> tuple[frozenset[str], list[str]]:
-        from model.artifact import load_artifact
+        from model.artifact.files import load_artifact
 
         with self.lock:
             version = self.registry.current()

@@ -129,11 +129,11 @@ def loadgen_main(argv: list[str]) -> int:
 
 def _publish(reg: Any, version: str, n_items: int, seed: int) -> None:
     from feature_store.ids import item_keys, user_key
-    from model.artifact import write_artifact
+    from model.artifact.files import write_artifact
 
     rng = np.random.default_rng(seed)
     items = [f"i{i}" for i in range(n_items)]
-    # the co-visitation term (``model.covisit``): COVISIT_NEIGHBOURS random neighbours per
+    # the co-visitation term (``model.scoring.covisit``): COVISIT_NEIGHBOURS random neighbours per
     # item, i.e. the trainer's default cap of 4M pairs at 100k items
     nbrs = np.sort(rng.integers(0, n_items, size=(n_items, COVISIT_NEIGHBOURS)), axis=1)
     covisit = (
@@ -195,7 +195,7 @@ def _run_items(n_items: int, concurrencies: list[int], duration: float, swap_eve
     import redis
 
     from feature_store.settings import load_settings
-    from model.registry import Registry
+    from model.artifact.registry import Registry
     rport, sport = free_port(), free_port()
     settings = load_settings(redis={"port": rport, "key_prefix": "bench:"},
                              trainer={"registry_dir": work / f"models{n_items}",

@@ -13,7 +13,7 @@ the step look faster than it runs in steady state).
   (``ModelConfig()``, its history window unless ``--step-history``; d 32), after warm-up; at
   each batch size, plus batch 512 with history rows frozen (``--no-history-grad``).
   Test-then-train evaluation is off here, and so is the co-visitation term's learning
-  (``model.covisit``): the live trainer has it done on its evaluation thread, which the e2e
+  (``model.scoring.covisit``): the live trainer has it done on its evaluation thread, which the e2e
   figure includes. The mean number of history entries per row is
   reported. With ``--compare-rounds N`` also the deduplicated step and the reference step
   (``TrainOptions.dedup_lookups``) side by side in one process: N alternating rounds on the
@@ -26,8 +26,8 @@ the step look faster than it runs in steady state).
   and the final export are inside it). ``--e2e-consumer confluent,kafka-python
   --e2e-rounds 3`` times both samples consumers in alternating order.
 * export: tables filled with N users and N items (random rows), time to write the artifact
-  (``model.export.write_version``), its size on disk, and the time to load and verify it
-  (``model.artifact.load_artifact``, what serving does).
+  (``model.trainer.export.write_version``), its size on disk, and the time to load and verify it
+  (``model.artifact.files.load_artifact``, what serving does).
 * freshness: a producer writes samples stamped with the wall clock at ``--freshness-rate``
   per second for ``--freshness-s`` seconds while the trainer runs with the default export
   interval (``trainer.export_every_s``); a sample's freshness is the publication time of the
@@ -70,8 +70,8 @@ WARM_SAMPLES = 200_000
 def _batches(
     n_batches: int, batch: int, seed: int = 1, hist: int = HIST, warm: int = 0
 ) -> list[Any]:
-    from model.samples import KeyCache, to_batch
-    from model.synthetic import SyntheticConfig, SyntheticStream
+    from model.trainer.samples import KeyCache, to_batch
+    from model.evaluation.synthetic import SyntheticConfig, SyntheticStream
 
     stream = SyntheticStream(SyntheticConfig(users=10_000, items=20_000, clusters=50, seed=seed))
     for _ in range(warm):
@@ -88,8 +88,8 @@ def _history_entries(batches: list[Any], hist: int) -> float:
 def _step_trainer(
     batch: int, train_history: bool = True, dedup: bool = True, hist: int = HIST
 ) -> Any:
-    from model.trainer import Trainer, TrainOptions
-    from model.two_tower import ModelConfig
+    from model.trainer.core import Trainer, TrainOptions
+    from model.towers.two_tower import ModelConfig
 
     return Trainer(
         ModelConfig(history_len=hist, train_history=train_history),
@@ -146,7 +146,7 @@ def bench_step(
 
 def _settings(root: Path) -> Any:
     from feature_store.settings import load_settings
-    from stream.kafka_io import ensure_topics
+    from stream.kafka_client import ensure_topics
 
     base = load_settings()
     uid = f"bench{uuid.uuid4().hex[:8]}"
@@ -165,9 +165,9 @@ def _settings(root: Path) -> Any:
 def _service(settings: Any, consumer: str = "auto", **loop: Any) -> Any:
     """The trainer service as ``streamrec train`` builds it: the live model defaults
     (``ModelConfig()``), the settings' batch size and export cadence."""
-    from model.trainer import TrainOptions
-    from model.trainer_loop import LoopOptions, build_service
-    from model.two_tower import ModelConfig
+    from model.trainer.core import TrainOptions
+    from model.trainer.loop import LoopOptions, build_service
+    from model.towers.two_tower import ModelConfig
 
     service = build_service(
         settings,
@@ -192,9 +192,9 @@ def bench_e2e(
     with the samples consumer ``consumer`` (``LoopOptions.consumer``), on the ``n`` samples
     after the first ``warm`` of the synthetic stream (full histories; the trainer starts
     empty)."""
-    from model.samples import encode_sample
-    from model.synthetic import SyntheticConfig, SyntheticStream
-    from stream.kafka_io import make_producer
+    from model.trainer.samples import encode_sample
+    from model.evaluation.synthetic import SyntheticConfig, SyntheticStream
+    from stream.kafka_client import make_producer
 
     settings = _settings(root)
     stream = SyntheticStream(SyntheticConfig(users=10_000, items=20_000, clusters=50, seed=3))
@@ -216,11 +216,11 @@ def bench_e2e(
 
 
 def bench_export(n_ids: int, root: Path) -> dict[str, Any]:
-    from model.artifact import load_artifact
-    from model.export import write_version
-    from model.tf_env import tf
-    from model.trainer import Trainer, TrainOptions
-    from model.two_tower import ModelConfig
+    from model.artifact.files import load_artifact
+    from model.trainer.export import write_version
+    from model.towers.tf_env import tf
+    from model.trainer.core import Trainer, TrainOptions
+    from model.towers.two_tower import ModelConfig
 
     trainer = Trainer(ModelConfig(), TrainOptions(), tag=f"x{n_ids}")
     rng = np.random.default_rng(0)
@@ -247,9 +247,9 @@ def bench_export(n_ids: int, root: Path) -> dict[str, Any]:
 
 
 def bench_freshness(seconds: float, rate: float, root: Path) -> dict[str, float]:
-    from model.samples import Sample, encode_sample
-    from model.synthetic import SyntheticConfig, SyntheticStream
-    from stream.kafka_io import make_producer
+    from model.trainer.samples import Sample, encode_sample
+    from model.evaluation.synthetic import SyntheticConfig, SyntheticStream
+    from stream.kafka_client import make_producer
 
     settings = _settings(root)
     service = _service(settings)
@@ -344,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
                              "batch 512 for this many rounds of --step-seconds each")
     args = parser.parse_args(argv)
     skip = set(filter(None, args.skip.split(",")))
-    from model.two_tower import ModelConfig
+    from model.towers.two_tower import ModelConfig
     result: dict[str, Any] = {"load_avg_start": os.getloadavg()[0]}
     root = Path(tempfile.mkdtemp(prefix="bench-train-"))
     try:

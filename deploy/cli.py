@@ -13,9 +13,13 @@ import sys
 from collections.abc import Sequence
 
 from deploy import cli_stack
-from model import cli_eval, cli_registry, cli_train
+from model.cli import evaluate as cli_eval
+from model.cli import models as cli_registry
+from model.cli import train as cli_train
 from serving import cli as serving_cli
-from stream import cli_features, cli_ingest, cli_sim
+from stream.cli import features as cli_features
+from stream.cli import ingest as cli_ingest
+from stream.cli import simulate as cli_sim
 
 EPILOG = """\
 Configuration comes from STREAMREC_* environment variables (see README, "Configuration").

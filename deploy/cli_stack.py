@@ -149,7 +149,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 def _topics(args: argparse.Namespace) -> int:
     from feature_store.settings import load_settings
-    from stream.kafka_io import KafkaUnavailable, ensure_topics
+    from stream.kafka_client import KafkaUnavailable, ensure_topics
 
     k = load_settings().kafka
     try:

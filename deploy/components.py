@@ -78,8 +78,8 @@ def require_java() -> str:
 
 
 def flink_home() -> Path:
-    from stream.flink_submit import FlinkSubmitError
-    from stream.flink_submit import flink_home as _home
+    from stream.flink.submit import FlinkSubmitError
+    from stream.flink.submit import flink_home as _home
 
     try:
         return _home()
@@ -171,7 +171,7 @@ def kafka_component(s: Settings, run_dir: Path) -> Component:
         return [require_java(), *_kafka_jvm_args(), "kafka.Kafka", str(props)]
 
     def ready() -> bool:
-        from stream.kafka_io import broker_ready
+        from stream.kafka_client import broker_ready
 
         return broker_ready(k)
 
@@ -376,8 +376,8 @@ def flink_components(s: Settings, run_dir: Path) -> list[Component]:
 
 def flink_job_running(s: Settings) -> bool:
     """True if this settings' feature job (one per events topic) is RUNNING."""
-    from stream.cli_features import job_name
-    from stream.flink_submit import list_jobs
+    from stream.cli.features import job_name
+    from stream.flink.submit import list_jobs
 
     return any(j.get("name") == job_name(s) and j.get("state") == "RUNNING"
                for j in list_jobs(s))

@@ -203,7 +203,7 @@ class Stack:
         return was_running
 
     def _create_topics(self) -> None:
-        from stream.kafka_io import ensure_topics
+        from stream.kafka_client import ensure_topics
 
         k = self.settings.kafka
         ensure_topics(k, [k.events_topic, k.dlq_topic, k.samples_topic], k.partitions)

@@ -1,6 +1,6 @@
 """Feature definitions: each feature is a deterministic function of (state, event), defined once.
 
-The Flink feature job (``stream/flink_features.py``), the replay/backfill path and serving are
+The Flink feature job (``stream/flink/job.py``), the replay/backfill path and serving are
 thin adapters around these functions; nothing else computes a feature. No I/O, no clocks: the
 only notion of time is the event time carried by the events (``ts_ms``, epoch milliseconds).
 

@@ -1,6 +1,15 @@
-"""The TFRA two-tower model, its incremental trainer, and the version artifact + registry.
+"""The model: TFRA towers, numpy scoring terms, the artifact format, the trainer, evaluation.
 
-Nothing is re-exported here on purpose: ``import model`` must not load TensorFlow, because
-serving imports the numpy-only reader (``model.artifact``, ``model.registry``). Import the
-trainer from ``model.trainer`` / ``model.trainer_loop``.
+Sub-packages (``import model`` loads none of them, and never TensorFlow):
+
+* ``model.towers`` — the TFRA two-tower network, its tables, loss and frequency estimate
+  (the only sub-package that imports TensorFlow, through ``model.towers.tf_env``).
+* ``model.scoring`` — the numpy terms of the retrieval score shared by export, evaluation and
+  serving: history pooling, the popularity prior, item co-visitation.
+* ``model.artifact`` — the version artifact (spec: ``model/artifact/FORMAT.md``) and the
+  registry of versions; numpy only, the one part of ``model`` that serving imports.
+* ``model.trainer`` — the trainer service: samples decoding, the fetch process, the train
+  step, checkpoints with Kafka offsets, export, metrics.
+* ``model.evaluation`` — test-then-train evaluation (``streamrec evaluate``) and baselines.
+* ``model.cli`` — the ``train``, ``models`` and ``evaluate`` subcommands (light imports).
 """

@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict
 
 from feature_store.settings import Settings
 from feature_store.store import OnlineStore
-from model.registry import Registry, RegistryError
+from model.artifact.registry import Registry, RegistryError
 from serving import metrics as m
 from serving import retrieval as r
 from serving.dashboard import collector_from_settings, dashboard_router

@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 
 from feature_store.store import OnlineStore
-from model.artifact import ArtifactError, ServingArtifact, load_artifact
-from model.registry import Registry, RegistryError, published_channel
+from model.artifact.files import ArtifactError, ServingArtifact, load_artifact
+from model.artifact.registry import Registry, RegistryError, published_channel
 from serving.errors import VersionRefused
 from serving.metrics import ServingMetrics
 from serving.retrieval import top_k

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from feature_store.store import OnlineStore, UserFeatures
-from model.artifact import ServingArtifact
+from model.artifact.files import ServingArtifact
 from serving import metrics as m
 from serving.metrics import ServingMetrics
 
@@ -139,7 +139,7 @@ def rank_with_model(
     exclude_seen: Sequence[bool],
 ) -> list[list[Scored]]:
     """Top ``ks[i]`` of each user by the model, in one matrix product (plus the version's
-    co-visitation term, ``model.covisit``); seen items (``histories[i]``) dropped where
+    co-visitation term, ``model.scoring.covisit``); seen items (``histories[i]``) dropped where
     ``exclude_seen[i]``."""
     queries = artifact.user_vectors(user_ids, histories)
     all_scores = artifact.item_vectors @ queries.T

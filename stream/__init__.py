@@ -1,0 +1,13 @@
+"""Events from the edge to Kafka and through the Flink feature job.
+
+* ``schema`` — the event schema and rules (defined once: ingest, replay, Flink parser).
+* ``kafka_client`` — every Kafka client piece: producer options, partitioner, consumers,
+  topic admin, end offsets, DLQ records.
+* ``ingest`` — the ingest API (``POST /events``), its rate limiter and metrics.
+* ``flink`` — the Flink feature job, its operator functions, parser and submission.
+* ``replay`` — backfill of historical logs (readers and the replay runner).
+* ``simulate`` — the click-stream simulator; ``gc_tuning`` — cheaper GC for decoders.
+* ``cli`` — the ``ingest-api``, ``replay``, ``features``, ``simulate`` subcommands.
+
+May import ``feature_store`` only (the ladder in README "Layout").
+"""

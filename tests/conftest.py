@@ -2,7 +2,8 @@
 
 The stack (Kafka, Redis, Flink) is started once per pytest session in ``.streamrec-test/``
 on ports that do not collide with a developer's `streamrec up` (Kafka 19092, Redis 16379,
-Flink REST 18081). If it is already running it is reused. What this session started is
+Flink REST 18081; ``STREAMREC_TEST_PORT_OFFSET=N`` adds N to each, so two checkouts can run
+their suites at once). If it is already running it is reused. What this session started is
 stopped at the end when STREAMREC_TEST_STOP_STACK=1 (as `make test` and CI set it); otherwise
 it is left running so the next run starts fast (`make test-stack-down` stops it).
 Each test that takes ``settings`` gets its own topics, Redis key prefix, consumer group and
@@ -25,14 +26,16 @@ TEST_RUN_DIR = REPO_ROOT / ".streamrec-test"
 
 def test_stack_settings() -> Settings:
     base = load_settings()
+    off = int(os.environ.get("STREAMREC_TEST_PORT_OFFSET", "0"))
     return base.model_copy(update={
         "stack": base.stack.model_copy(update={"run_dir": TEST_RUN_DIR, "ready_timeout_s": 120.0}),
-        "kafka": base.kafka.model_copy(update={"port": 19092, "controller_port": 19093}),
-        "redis": base.redis.model_copy(update={"port": 16379}),
-        "flink": base.flink.model_copy(update={"rest_port": 18081, "rpc_port": 16123}),
-        "ingest": base.ingest.model_copy(update={"port": 18001}),
-        "serving": base.serving.model_copy(update={"port": 18000}),
-        "trainer": base.trainer.model_copy(update={"metrics_port": 18002}),
+        "kafka": base.kafka.model_copy(update={"port": 19092 + off,
+                                               "controller_port": 19093 + off}),
+        "redis": base.redis.model_copy(update={"port": 16379 + off}),
+        "flink": base.flink.model_copy(update={"rest_port": 18081 + off, "rpc_port": 16123 + off}),
+        "ingest": base.ingest.model_copy(update={"port": 18001 + off}),
+        "serving": base.serving.model_copy(update={"port": 18000 + off}),
+        "trainer": base.trainer.model_copy(update={"metrics_port": 18002 + off}),
     })
 
 

@@ -76,7 +76,7 @@ def isolated_settings(stack: Any, root: Path, prefix: str = "t") -> Any:
     prefix, trainer consumer group, model registry and checkpoints under ``root``."""
     import uuid
 
-    from stream.kafka_io import ensure_topics
+    from stream.kafka_client import ensure_topics
 
     uid = f"{prefix}{uuid.uuid4().hex[:10]}"
     s = stack.model_copy(update={

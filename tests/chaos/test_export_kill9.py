@@ -1,7 +1,7 @@
 """A model export killed half-way (kill -9 of the writer process) leaves the previous version
 intact, pointed to, and served by a real `streamrec serve` process, which answers throughout.
 
-The writer is a separate process publishing through ``model.registry.Registry`` (stage ->
+The writer is a separate process publishing through ``model.artifact.registry.Registry`` (stage ->
 write -> verify -> rename -> CURRENT). It is killed once at a known point (files half
 written in the staging dir), then several times at arbitrary moments of a large export, so
 some kills land in the write, some in the verification, some around the rename.
@@ -26,8 +26,8 @@ import redis
 
 from feature_store.ids import item_keys, user_key
 from feature_store.settings import Settings, to_env
-from model.artifact import load_artifact, write_artifact
-from model.registry import STAGING, Registry
+from model.artifact.files import load_artifact, write_artifact
+from model.artifact.registry import STAGING, Registry
 from tests.support import free_port, repo_root, stop_process, wait_until
 
 pytestmark = pytest.mark.chaos
@@ -38,8 +38,8 @@ WRITER = textwrap.dedent("""
     import numpy as np
     import redis
     from feature_store.ids import item_keys, user_key
-    from model.artifact import write_artifact
-    from model.registry import Registry
+    from model.artifact.files import write_artifact
+    from model.artifact.registry import Registry
 
     root, name, prefix, port, version, mode, sentinel = sys.argv[1:8]
     reg = Registry(Path(root), name, redis_client=redis.Redis(port=int(port)), key_prefix=prefix)

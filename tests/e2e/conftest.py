@@ -41,7 +41,7 @@ def pipeline(stack: Settings, tmp_path_factory: pytest.TempPathFactory) -> Itera
 
 
 def _cancel_feature_job(s: Settings) -> None:
-    from stream.flink_submit import cancel_job, list_jobs
+    from stream.flink.submit import cancel_job, list_jobs
 
     for job in list_jobs(s):
         if job.get("state") == "RUNNING" and str(job.get("name", "")).endswith(s.kafka.events_topic):

@@ -27,8 +27,8 @@ from feature_store.ids import item_keys, user_key
 from feature_store.redis_store import RedisOnlineStore
 from feature_store.settings import Settings
 from feature_store.store import HistoryEntry, Trending, UserFeatures
-from model.artifact import write_artifact
-from model.registry import Registry
+from model.artifact.files import write_artifact
+from model.artifact.registry import Registry
 
 pytestmark = pytest.mark.integration
 
@@ -72,7 +72,7 @@ def _no_5xx(schema: Any, mode: GenerationMode, extra_headers: st.SearchStrategy[
 
 @pytest.fixture
 def ingest_schema(settings: Settings) -> Iterator[Any]:
-    from stream.ingest_api import create_app
+    from stream.ingest.api import create_app
 
     s = settings.model_copy(update={"ingest": settings.ingest.model_copy(
         update={"max_body_bytes": 64 * 1024, "max_batch": 50})})

@@ -29,8 +29,8 @@ import pytest
 from feature_store.redis_store import RedisOnlineStore
 from feature_store.settings import Settings, to_env
 from feature_store.store import HistoryEntry, UserFeatures
-from model.samples import encode_sample
-from model.synthetic import SyntheticConfig, SyntheticStream
+from model.trainer.samples import encode_sample
+from model.evaluation.synthetic import SyntheticConfig, SyntheticStream
 from tests.support import free_port, repo_root, wait_until
 
 pytestmark = pytest.mark.integration
@@ -99,7 +99,7 @@ class Traffic(threading.Thread):
         self.stream = SyntheticStream(SyntheticConfig(users=300, items=200, history_len=20, seed=3))
 
     def run(self) -> None:
-        from stream.kafka_io import make_producer
+        from stream.kafka_client import make_producer
 
         producer = make_producer(self.settings.kafka, linger_ms=20)
         n = 0

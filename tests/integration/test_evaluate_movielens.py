@@ -6,7 +6,7 @@ The evaluation runs once per module; the tests read its ``--json`` report.
 
 ``MIN_RATIO`` is the Recall@10 ratio (model / popularity, same run) that the default
 settings must reach: the target of issue 7 (2x popularity). A second test keeps the two
-towers honest on their own (the model without its co-visitation term, ``model.covisit``).
+towers honest on their own (the model without its co-visitation term, ``model.scoring.covisit``).
 """
 
 from __future__ import annotations

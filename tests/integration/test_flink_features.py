@@ -37,9 +37,9 @@ from feature_store.features import (
 )
 from feature_store.redis_store import RedisOnlineStore, user_key_name
 from feature_store.settings import Settings
-from stream.cli_features import job_args, job_file
-from stream.flink_submit import submit_python_job
-from stream.kafka_io import make_producer
+from stream.cli.features import job_args, job_file
+from stream.flink.submit import submit_python_job
+from stream.kafka_client import make_producer
 from tests.support import consume, wait_until
 
 pytestmark = pytest.mark.integration
@@ -266,7 +266,7 @@ def latest_checkpoint(root: Path) -> Path | None:
 
 
 def start_local(settings: Settings, args: Namespace, log: Path) -> subprocess.Popen[bytes]:
-    cmd = [sys.executable, "-m", "stream.flink_features", *job_args(args, settings)]
+    cmd = [sys.executable, "-m", "stream.flink.job", *job_args(args, settings)]
     return subprocess.Popen(
         cmd, stdout=log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True
     )

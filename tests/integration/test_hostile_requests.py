@@ -234,7 +234,7 @@ def test_own_loggers_never_log_secrets_or_payloads(
     from pydantic import SecretStr
 
     from serving.app import create_app as create_serving
-    from stream.ingest_api import create_app as create_ingest
+    from stream.ingest.api import create_app as create_ingest
 
     marker = f"secret-item-{uuid.uuid4().hex}"
     user = f"user-{uuid.uuid4().hex}"

@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 from kafka.partitioner.default import murmur2
 
 from feature_store.settings import Settings
-from stream.ingest_api import create_app
+from stream.ingest.api import create_app
 from tests.support import consume, free_port, wait_until
 
 pytestmark = pytest.mark.integration
@@ -155,7 +155,7 @@ def test_health_and_docs(client: TestClient) -> None:
 def test_broker_down_gives_503_and_retries_arrive_once(settings: Settings, tmp_path: Path) -> None:
     """A private broker (own ports and run dir) is stopped and restarted; other tests keep theirs."""
     from deploy.stack import Stack
-    from stream.kafka_io import ensure_topics
+    from stream.kafka_client import ensure_topics
 
     private = settings.model_copy(update={
         "stack": settings.stack.model_copy(update={"run_dir": tmp_path / "stack"}),

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from feature_store.settings import Settings
-from stream.replay import ReplayOptions, ReplaySource, run_replay
+from stream.replay.runner import ReplayOptions, ReplaySource, run_replay
 from tests.support import consume, repo_root, shared_data, wait_until
 
 pytestmark = pytest.mark.integration

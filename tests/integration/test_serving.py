@@ -22,8 +22,8 @@ from feature_store.ids import item_keys, user_key
 from feature_store.redis_store import RedisOnlineStore
 from feature_store.settings import Settings
 from feature_store.store import HistoryEntry, Trending, UserFeatures
-from model.artifact import write_artifact
-from model.registry import Registry, published_channel
+from model.artifact.files import write_artifact
+from model.artifact.registry import Registry, published_channel
 from tests.support import free_port, repo_root, stop_process, wait_until
 
 pytestmark = pytest.mark.integration

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from feature_store.ids import item_keys, user_key
-from model.artifact import ArtifactError, load_artifact, write_artifact
-from model.registry import Registry, RegistryError, natural_key
+from model.artifact.files import ArtifactError, load_artifact, write_artifact
+from model.artifact.registry import Registry, RegistryError, natural_key
 
 
 def make(directory: Path, version: str = "v1", n: int = 50, seed: int = 0, **kw: object) -> dict:
@@ -275,7 +275,7 @@ def _mlp(layers: list, x: np.ndarray) -> np.ndarray:
 
 @pytest.mark.parametrize("widths", [[], [16], [16, 12]])
 def test_folded_pool_residual_equals_mlp_plus_pool(widths: list[int]) -> None:
-    from model.pooling import fold_pool_residual
+    from model.scoring.pooling import fold_pool_residual
 
     rng = np.random.default_rng(3)
     user_dim, pool_dim = 6, 8
@@ -295,7 +295,7 @@ def test_folded_pool_residual_equals_mlp_plus_pool(widths: list[int]) -> None:
 
 
 def test_folded_pool_residual_refuses_a_pool_of_another_width() -> None:
-    from model.pooling import fold_pool_residual
+    from model.scoring.pooling import fold_pool_residual
 
     layers = [(np.zeros((10, 16), np.float32), np.zeros(16, np.float32), "relu"),
               (np.zeros((16, 8), np.float32), np.zeros(8, np.float32), "linear")]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from model.dedupe import RecentIds
+from model.trainer.dedupe import RecentIds
 
 
 def test_repeats_are_dropped_within_and_across_calls() -> None:

@@ -308,7 +308,7 @@ def test_trending_top_n_decayed_to_common_instant() -> None:
     assert [i for i, _ in trending(state, p).items] == ["a", "b"]
 
 
-# --- the feature job's parser of `events` records (stream/flink_parse.py) --------------------
+# --- the feature job's parser of `events` records (stream/flink/parse.py) --------------------
 
 GOOD = {
     "event_id": "e1",
@@ -324,7 +324,7 @@ GOOD = {
 def test_parse_event_accepts_the_wire_format() -> None:
     import json
 
-    from stream.flink_parse import parse_event
+    from stream.flink.parse import parse_event
 
     e = parse_event(json.dumps(GOOD).encode(), DEFAULT_EVENT_WEIGHTS)
     assert e == Event("e1", "u1", "i1", "rating", T0, 4.5, {"page": "home"})
@@ -345,7 +345,7 @@ def test_parse_event_accepts_the_wire_format() -> None:
 def test_parse_event_names_the_problem(change: dict[str, object], reason: str) -> None:
     import json
 
-    from stream.flink_parse import try_parse
+    from stream.flink.parse import try_parse
 
     parsed = try_parse(json.dumps({**GOOD, **change}), DEFAULT_EVENT_WEIGHTS)
     assert parsed.event is None and parsed.reason is not None
@@ -353,7 +353,7 @@ def test_parse_event_names_the_problem(change: dict[str, object], reason: str) -
 
 
 def test_parse_event_rejects_non_objects() -> None:
-    from stream.flink_parse import try_parse
+    from stream.flink.parse import try_parse
 
     assert try_parse(b"\xff", DEFAULT_EVENT_WEIGHTS).reason is not None
     assert try_parse("[1, 2]", DEFAULT_EVENT_WEIGHTS).reason == "not a JSON object"
@@ -365,7 +365,7 @@ def test_parse_event_reads_what_json_reads_beyond_strict_json() -> None:
     lone surrogates; and the DLQ reason of broken JSON is ``json``'s message."""
     import json
 
-    from stream.flink_parse import parse_event, try_parse
+    from stream.flink.parse import parse_event, try_parse
 
     e = parse_event(json.dumps({**GOOD, "value": float("nan")}), DEFAULT_EVENT_WEIGHTS)
     assert e.value is not None and math.isnan(e.value)

@@ -35,8 +35,8 @@ from feature_store.features import (  # noqa: E402
 )
 from feature_store.redis_store import decode_user  # noqa: E402
 from feature_store.settings import DEFAULT_EVENT_WEIGHTS, load_settings  # noqa: E402
-from stream.cli_features import settings_json  # noqa: E402
-from stream.flink_functions import (  # noqa: E402
+from stream.cli.features import settings_json  # noqa: E402
+from stream.flink.functions import (  # noqa: E402
     KAFKA_ORDER,
     ItemBatchStage,
     StateCache,

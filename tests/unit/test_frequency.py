@@ -1,4 +1,4 @@
-"""Decayed-count item-frequency estimate (``model.frequency``) and the uniform negative sampler."""
+"""Decayed-count item-frequency estimate (``model.towers.frequency``) and the uniform negative sampler."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import math
 import numpy as np
 import pytest
 
-from model.frequency import CountFrequencyEstimator, CountFrequencyNp
-from model.negatives import NegativeSampler
-from model.tf_env import tf
+from model.towers.frequency import CountFrequencyEstimator, CountFrequencyNp
+from model.trainer.negatives import NegativeSampler
+from model.towers.tf_env import tf
 
 
 @pytest.mark.parametrize("half_life", [0.0, 40.0])

@@ -12,7 +12,7 @@ from typing import Any
 from fastapi.testclient import TestClient
 
 from feature_store.settings import load_settings
-from stream.ingest_api import create_app
+from stream.ingest.api import create_app
 
 EVENT = {"user_id": "u", "item_id": "m", "event_type": "click"}
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from model.loss import (
+from model.towers.loss import (
     FrequencyEstimator,
     frequency_update_np,
     in_batch_softmax_loss,
     in_batch_softmax_loss_np,
 )
-from model.tf_env import tf
+from model.towers.tf_env import tf
 
 
 def _batch(rng: np.random.Generator, b: int = 12, d: int = 8) -> tuple[np.ndarray, ...]:

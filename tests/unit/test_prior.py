@@ -1,11 +1,11 @@
-"""Popularity prior in the score (``model.prior``): the extra dimension adds exactly the prior."""
+"""Popularity prior in the score (``model.scoring.prior``): the extra dimension adds exactly the prior."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from model.prior import (
+from model.scoring.prior import (
     check_exportable,
     export_fields,
     exported_layers,
@@ -63,7 +63,7 @@ def test_export_of_the_prior_needs_an_unnormalised_user_vector() -> None:
 def test_export_fields_append_the_constant_after_normalisation(tmp_path) -> None:
     """Served score of the exported artifact == tower/T . item + W * log q (normalised user)."""
     from feature_store.ids import item_keys
-    from model.artifact import load_artifact, write_artifact
+    from model.artifact.files import load_artifact, write_artifact
 
     rng = np.random.default_rng(5)
     layers = [

@@ -8,8 +8,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from feature_store.settings import load_settings
-from stream.ingest_api import create_app
-from stream.ratelimit import TokenBucket
+from stream.ingest.api import create_app
+from stream.ingest.ratelimit import TokenBucket
 
 
 class Clock:

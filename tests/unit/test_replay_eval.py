@@ -10,8 +10,8 @@ import pytest
 
 from feature_store.features import FeatureParams
 from feature_store.settings import FeatureSettings
-from model.baselines import PopularityBaseline, RecentPopularityBaseline
-from model.replay_eval import (
+from model.evaluation.baselines import PopularityBaseline, RecentPopularityBaseline
+from model.evaluation.replay import (
     BaselineLearner,
     EvalOptions,
     Positive,

@@ -17,8 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from feature_store.settings import DEFAULT_EVENT_WEIGHTS
-from stream.replay import ReplayOptions, ReplayReport, ReplaySource, build_plan
-from stream.replay_formats import read_rows
+from stream.replay.runner import ReplayOptions, ReplayReport, ReplaySource, build_plan
+from stream.replay.formats import read_rows
 
 NOW_MS = 1_750_000_000_000
 TYPES = list(DEFAULT_EVENT_WEIGHTS)
@@ -191,7 +191,7 @@ def test_deeply_nested_ndjson_line_is_a_per_line_error(tmp_path: Path) -> None:
 
 
 def test_non_utf8_csv_header_is_a_format_error(tmp_path: Path) -> None:
-    from stream.replay_formats import ReplayFormatError
+    from stream.replay.formats import ReplayFormatError
 
     path = _write(tmp_path, "clicks.csv", b"\xffuid,sku,time", [b"u,i,1700000000"])
     with pytest.raises(ReplayFormatError):

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from feature_store.settings import DEFAULT_EVENT_WEIGHTS, load_settings
-from stream.replay import (
+from stream.replay.runner import (
     ReplayError,
     ReplayOptions,
     ReplayReport,
@@ -22,7 +22,7 @@ from stream.replay import (
     plan_id,
     run_replay,
 )
-from stream.replay_formats import (
+from stream.replay.formats import (
     ReplayFormatError,
     detect_format,
     parse_mapping,

@@ -1,4 +1,4 @@
-"""Sample decoding and batch building on the trainer's hot path (``model.samples``)."""
+"""Sample decoding and batch building on the trainer's hot path (``model.trainer.samples``)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from feature_store.ids import item_key, user_key
-from model.dedupe import RecentIds, id_hash, id_hashes
-from model.samples import (
+from model.trainer.dedupe import RecentIds, id_hash, id_hashes
+from model.trainer.samples import (
     KeyCache,
     Sample,
     SampleError,

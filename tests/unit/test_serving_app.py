@@ -20,8 +20,8 @@ from feature_store.store import (
     Trending,
     UserFeatures,
 )
-from model.artifact import load_artifact, write_artifact
-from model.registry import Registry
+from model.artifact.files import load_artifact, write_artifact
+from model.artifact.registry import Registry
 from serving.app import create_app
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)

@@ -283,7 +283,7 @@ def test_routes_serve_stats_and_the_page(servers) -> None:
 
 def test_the_serving_app_wires_its_own_metrics_model_and_sources(servers, tmp_path) -> None:
     from feature_store.settings import load_settings
-    from model.registry import Registry
+    from model.artifact.registry import Registry
     from serving.app import create_app
     from tests.unit.test_serving_app import MemoryStore
 

@@ -1,5 +1,5 @@
-"""The fetch thread: chunk boundaries, dead letters and offsets (``model.trainer_fetch``), the
-whole-poll decoder it uses (``model.samples.decode_columns``) and the librdkafka source."""
+"""The fetch thread: chunk boundaries, dead letters and offsets (``model.trainer.fetch``), the
+whole-poll decoder it uses (``model.trainer.samples.decode_columns``) and the librdkafka source."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import numpy as np
 import orjson
 import pytest
 
-from model.dedupe import id_hashes
-from model.samples import (
+from model.trainer.dedupe import id_hashes
+from model.trainer.samples import (
     KeyCache,
     Sample,
     SampleError,
@@ -23,7 +23,7 @@ from model.samples import (
     encode_sample,
     to_batch,
 )
-from model.trainer_fetch import Chunk, ChunkFetcher, ConfluentSource, KafkaPythonSource
+from model.trainer.fetch import Chunk, ChunkFetcher, ConfluentSource, KafkaPythonSource
 
 
 class TP(NamedTuple):
@@ -250,7 +250,7 @@ def test_fetch_process_reports_a_failure_of_its_child() -> None:
     import time
 
     from feature_store.settings import KafkaSettings
-    from model.trainer_fetch_process import ProcessFetcher
+    from model.trainer.fetch_process import ProcessFetcher
 
     fetcher = ProcessFetcher(KafkaSettings(), "g", {}, "no-such-client", 10, 4, 4, 0.2, 100)
     fetcher.start()

@@ -1,4 +1,4 @@
-"""Process settings the training loop applies while it runs (``model.trainer_loop``)."""
+"""Process settings the training loop applies while it runs (``model.trainer.loop``)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from model.trainer_loop import LoopOptions, _tuned
+from model.trainer.loop import LoopOptions, _tuned
 
 
 def _blas_threads() -> list[int]:

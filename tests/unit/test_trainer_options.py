@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from model.checkpoint import CheckpointStore
-from model.samples import (
+from model.trainer.checkpoint import CheckpointStore
+from model.trainer.samples import (
     KeyCache,
     SampleError,
     decode_sample,
@@ -18,10 +18,10 @@ from model.samples import (
     sample_digest,
     to_batch,
 )
-from model.synthetic import SyntheticConfig, SyntheticStream
-from model.tf_env import tf
-from model.trainer import Batch, Trainer, TrainOptions
-from model.two_tower import DEFAULT_KEY, ModelConfig
+from model.evaluation.synthetic import SyntheticConfig, SyntheticStream
+from model.towers.tf_env import tf
+from model.trainer.core import Batch, Trainer, TrainOptions
+from model.towers.two_tower import DEFAULT_KEY, ModelConfig
 
 HIST = 5
 CFG = ModelConfig(embedding_dim=8, user_layers=(16, 8), history_len=HIST)
@@ -329,7 +329,7 @@ def test_auxiliary_loss_adds_the_history_pool_softmax(dedup: bool) -> None:
     history, ``ce`` being the main softmax with the normalised history pool (the user
     tower's, decay ``history_decay``) as the query; computed here in numpy from the seeded
     state."""
-    from model.loss import in_batch_softmax_loss_np
+    from model.towers.loss import in_batch_softmax_loss_np
 
     batch = _batches(3, 24, seed=13)[2]
     batch.history[::5] = 0  # rows without history: no auxiliary term

@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 
 from feature_store.ids import item_key, user_key
-from model.artifact import load_artifact
-from model.evaluation import rank_metrics, recall_ndcg, top_k
-from model.export import write_version
-from model.samples import KeyCache, to_batch
-from model.tf_env import tf
-from model.trainer import Trainer, TrainOptions
-from model.two_tower import DEFAULT_KEY, ModelConfig, TwoTower
+from model.artifact.files import load_artifact
+from model.trainer.rolling import rank_metrics, recall_ndcg, top_k
+from model.trainer.export import write_version
+from model.trainer.samples import KeyCache, to_batch
+from model.towers.tf_env import tf
+from model.trainer.core import Trainer, TrainOptions
+from model.towers.two_tower import DEFAULT_KEY, ModelConfig, TwoTower
 from tests.unit.conftest_model import BATCH, HISTORY_LEN, Trained, shared_trainer
 
 
@@ -54,7 +54,7 @@ def test_export_then_load_gives_identical_scores(trained: Trained, tmp_path: Pat
     assert not art.known_users(["nobody"])[0]
     assert art.known_users([picked[0].user_id])[0]
 
-    # the co-visitation term (model.covisit) as served equals the trainer's
+    # the co-visitation term (model.scoring.covisit) as served equals the trainer's
     assert art.manifest["format_version"] == 4
     served_cv = np.zeros_like(scores_served)
     for r, (cols, added) in enumerate(art.covisit_scores(histories)):
@@ -138,7 +138,7 @@ def test_service_export_checkpoints_then_publishes(trained: Trained, tmp_path: P
     from datetime import UTC, datetime
 
     from feature_store.settings import load_settings
-    from model.trainer_loop import TrainerService
+    from model.trainer.loop import TrainerService
 
     base = load_settings()
     settings = base.model_copy(update={"trainer": base.trainer.model_copy(update={
@@ -168,7 +168,7 @@ def test_service_export_checkpoints_then_publishes(trained: Trained, tmp_path: P
     assert restored.state["last_version"] == version
     assert len(restored.arrays["item_ids"]) == len(trained.item_ids)
     # the co-visitation state rides in the checkpoint: a restored copy scores the same
-    from model.covisit import CoVisitation
+    from model.scoring.covisit import CoVisitation
 
     cv = trained.trainer.covisit
     assert cv is not None and cv.samples > 0

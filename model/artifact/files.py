@@ -1,0 +1,464 @@
+"""Model artifact: what serving needs, as plain ``.npy`` files plus ``manifest.json``.
+
+Reading an artifact needs numpy only (this module must never import TensorFlow).
+
+Layout of one version directory ``<registry_dir>/<model_name>/<version>/`` (formats 1-4)::
+
+    manifest.json            see below; the only file not listed in manifest["files"]
+    item_ids.npy             <U*  [N]        external item ids, row i of item_vectors is item_ids[i]
+    item_vectors.npy         f32  [N, d]     item tower output, one row per item
+    item_hist_keys.npy       i64  [H]        ids.item_key() of items with a history embedding,
+                                             strictly increasing (the writer sorts)
+    item_hist_rows.npy       f32  [H, e_h]   history embedding row of item_hist_keys[j]
+    user_keys.npy            i64  [U]        ids.user_key() of known users, strictly increasing
+    user_rows.npy            f32  [U, e_u]   user embedding row of user_keys[j]
+    default_user_row.npy     f32  [e_u]      row used for a user the model does not know
+    layer_<i>_w.npy          f32  [in_i, out_i]  dense layer i of the user tower
+    layer_<i>_b.npy          f32  [out_i]
+    covisit_indptr.npy       i64  [N + 1]    format 4: CSR co-visitation matrix over the items
+    covisit_items.npy        i32  [nnz]      (see "Co-visitation term" below)
+    covisit_weights.npy      f32  [nnz]
+
+User tower (exactly what :meth:`ServingArtifact.user_vectors` computes)::
+
+    h = history[:manifest["history_len"]]  (most recent first; format 2, absent = all of it)
+    K = the entries of h the model knows (in item_hist_keys), at positions p_k of h
+    x = concat(user_row(user_key) or default_user_row,
+               sum_k w_k * item_hist_rows[K_k] or zeros(e_h))
+    w_k = d ** p_k / sum_j d ** p_j,  d = manifest["history_decay"]  (1 = the plain mean)
+    for each layer i:  x = act_i(x @ W_i + b_i)         act_i in {"relu", "linear"}
+                       (a trainer's ``pool_residual`` is folded into these layers:
+                       ``model.scoring.pooling.fold_pool_residual``)
+    if manifest["normalize"]:  x = x / max(||x||_2, 1e-12)
+    if manifest["score_bias"]: x = concat(x, [1])                    (format 2 only)
+
+(``model.scoring.pooling``) so ``in_0 == e_u + e_h`` and the last ``out`` equals ``d`` (with no layers, ``e_u + e_h == d``),
+or ``d - 1`` with ``score_bias``. Scores are ``item_vectors @ x``: with ``score_bias`` the last
+column of ``item_vectors`` is an additive per-item score (e.g. the popularity prior of
+``model.scoring.prior``), which the constant 1 appended *after* the normalisation adds unscaled.
+
+Co-visitation term (format 4, ``model.scoring.covisit``): with ``manifest["covisit"]`` the score of
+item i adds ``weight * log1p(s_i)``, ``s_i = sum_{j < window} decay ** j * C[h_j, i]`` over the
+first ``window`` entries ``h_j`` of the history that are items of this version, ``C`` the CSR
+matrix of ``covisit_indptr.npy`` (i64 [N + 1]), ``covisit_items.npy`` (i32 [nnz], rows of
+``item_vectors``) and ``covisit_weights.npy`` (f32 [nnz], >= 0): row r's neighbours are
+``covisit_items[indptr[r]:indptr[r + 1]]`` (:meth:`ServingArtifact.covisit_scores`).
+
+Format versions: 2 adds ``score_bias`` and ``history_len``; 3 adds ``history_decay``; 4 adds
+``covisit``. The writer writes the lowest version that expresses the artifact (without
+the format-2 keys it stays format 1, without the format-3 keys format 2, and so on, each
+readable by older readers); the reader reads all four.
+
+``manifest.json``::
+
+    {"format": "streamrec-artifact", "format_version": 1 | 2 | 3 | 4,
+     "version": str, "created_at": RFC 3339 UTC str | null,
+     "normalize": bool,
+     "score_bias": bool,                  (format 2; absent = false)
+     "history_len": int,                  (format 2; absent = the whole history)
+     "history_decay": float in (0, 1],    (format 3; absent = 1, the plain mean)
+     "covisit": {"weight": float > 0, "window": int >= 1, "decay": float in (0, 1]},
+                                          (format 4; absent = no co-visitation term)
+     "dims": {"items": N, "d": d, "hist_items": H, "hist_dim": e_h, "users": U, "user_dim": e_u},
+     "layers": [{"w": "layer_0_w.npy", "b": "layer_0_b.npy", "activation": "relu"}, ...],
+     "files": {"<name>.npy": {"sha256": hex, "bytes": int, "shape": [...], "dtype": str}, ...},
+     ...manifest_extra}
+
+``manifest_extra`` is merged at top level (it may not override the keys above). Keys serving
+reads when present: ``trained_through_ms`` (int, epoch ms: event time of the newest sample the
+version learnt from), ``kafka_offsets`` (``{"<topic>:<partition>": next_offset}``), ``metrics``
+(dict), ``feature_schema_hash`` (str).
+
+Writer: :func:`write_artifact` (into an empty or new directory; the registry stages it in a
+temp dir and renames it into place). Reader: :func:`load_artifact` (verifies every checksum,
+shape and dtype; raises :class:`ArtifactError`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from feature_store.ids import item_keys, user_key
+from model.artifact.manifest import (
+    ACTIVATIONS,
+    COVISIT_FILES,
+    FORMAT,
+    FORMAT_VERSION,
+    MANIFEST,
+    READABLE_VERSIONS,
+    RESERVED,
+    ArtifactError,
+    check_covisit_arrays,
+    check_covisit_params,
+    check_dims,
+    format_version,
+    read_manifest,
+)
+from model.scoring.covisit import accumulate, history_rows, position_weights, term
+from model.scoring.pooling import pool_history
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "ACTIVATIONS", "FORMAT", "FORMAT_VERSION", "MANIFEST", "READABLE_VERSIONS", "ArtifactError",
+    "ServingArtifact", "load_artifact", "read_manifest", "write_artifact",
+]
+_CHUNK = 1 << 20
+
+
+Layer = tuple[np.ndarray, np.ndarray, str]
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _sorted_table(keys: np.ndarray, rows: np.ndarray, what: str) -> tuple[np.ndarray, np.ndarray]:
+    keys = np.asarray(keys, dtype=np.int64).reshape(-1)
+    rows = np.asarray(rows, dtype=np.float32)
+    if rows.ndim != 2 or rows.shape[0] != keys.shape[0]:
+        raise ArtifactError(f"{what}: rows {rows.shape} do not match {keys.shape[0]} keys")
+    order = np.argsort(keys, kind="stable")
+    keys, rows = keys[order], rows[order]
+    if keys.size > 1 and not np.all(keys[1:] > keys[:-1]):
+        raise ArtifactError(f"{what}: duplicate keys")
+    return keys, rows
+
+
+def write_artifact(
+    directory: str | Path,
+    *,
+    version: str,
+    item_ids: Sequence[str] | np.ndarray,
+    item_vectors: np.ndarray,
+    item_hist_keys: np.ndarray,
+    item_hist_rows: np.ndarray,
+    user_keys: np.ndarray,
+    user_rows: np.ndarray,
+    default_user_row: np.ndarray,
+    layers: Sequence[Layer] = (),
+    normalize: bool = False,
+    score_bias: bool = False,
+    history_len: int | None = None,
+    history_decay: float = 1.0,
+    covisit: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
+    covisit_params: Mapping[str, Any] | None = None,
+    manifest_extra: Mapping[str, Any] | None = None,
+    created_at: datetime | None = None,
+) -> dict[str, Any]:
+    """Write one artifact into ``directory`` and return its manifest (see the module doc)."""
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    extra = dict(manifest_extra or {})
+    clash = RESERVED & extra.keys()
+    if clash:
+        raise ArtifactError(f"manifest_extra may not set {sorted(clash)}")
+    if created_at is not None and created_at.tzinfo is None:
+        raise ArtifactError("created_at must be timezone-aware")
+
+    ids = np.asarray([str(i) for i in item_ids], dtype=np.str_)
+    vectors = np.ascontiguousarray(item_vectors, dtype=np.float32)
+    if vectors.ndim != 2 or vectors.shape[0] != ids.shape[0]:
+        raise ArtifactError(f"item_vectors {vectors.shape} do not match {ids.shape[0]} item ids")
+    if len(set(ids.tolist())) != ids.shape[0]:
+        raise ArtifactError("duplicate item ids")
+    hist_keys, hist_rows = _sorted_table(item_hist_keys, item_hist_rows, "item_hist")
+    ukeys, urows = _sorted_table(user_keys, user_rows, "users")
+    default = np.asarray(default_user_row, dtype=np.float32).reshape(-1)
+    if default.shape[0] != urows.shape[1]:
+        raise ArtifactError(f"default_user_row has {default.shape[0]} dims, users {urows.shape[1]}")
+
+    arrays: dict[str, np.ndarray] = {
+        "item_ids.npy": ids,
+        "item_vectors.npy": vectors,
+        "item_hist_keys.npy": hist_keys,
+        "item_hist_rows.npy": hist_rows,
+        "user_keys.npy": ukeys,
+        "user_rows.npy": urows,
+        "default_user_row.npy": default,
+    }
+    if (covisit is None) != (covisit_params is None):
+        raise ArtifactError("covisit and covisit_params go together")
+    if covisit is not None and covisit_params is not None:
+        check_covisit_params(dict(covisit_params))
+        indptr, neighbours, weights = covisit
+        cv = (np.asarray(indptr, np.int64), np.asarray(neighbours, np.int32),
+              np.asarray(weights, np.float32))
+        check_covisit_arrays(*cv, n=int(ids.shape[0]))
+        arrays.update(zip(COVISIT_FILES, cv, strict=True))
+    layer_specs = []
+    for i, (w, b, act) in enumerate(layers):
+        if act not in ACTIVATIONS:
+            raise ArtifactError(f"layer {i}: activation {act!r} not in {ACTIVATIONS}")
+        wn, bn = f"layer_{i}_w.npy", f"layer_{i}_b.npy"
+        arrays[wn] = np.ascontiguousarray(w, dtype=np.float32)
+        arrays[bn] = np.asarray(b, dtype=np.float32).reshape(-1)
+        layer_specs.append({"w": wn, "b": bn, "activation": act})
+
+    files: dict[str, dict[str, Any]] = {}
+    for name, arr in arrays.items():
+        path = out / name
+        np.save(path, arr, allow_pickle=False)
+        files[name] = {
+            "sha256": _sha256(path),
+            "bytes": path.stat().st_size,
+            "shape": list(arr.shape),
+            "dtype": arr.dtype.str,
+        }
+    manifest: dict[str, Any] = {
+        "format": FORMAT,
+        "format_version": format_version(
+            score_bias, history_len, history_decay, covisit is not None
+        ),
+        "version": version,
+        "created_at": created_at.isoformat() if created_at else None,
+        "normalize": bool(normalize),
+        "dims": {
+            "items": int(ids.shape[0]),
+            "d": int(vectors.shape[1]),
+            "hist_items": int(hist_keys.shape[0]),
+            "hist_dim": int(hist_rows.shape[1]),
+            "users": int(ukeys.shape[0]),
+            "user_dim": int(urows.shape[1]),
+        },
+        "layers": layer_specs,
+        "files": files,
+        **extra,
+    }
+    if score_bias:
+        manifest["score_bias"] = True
+    if history_len is not None:
+        if history_len < 1:
+            raise ArtifactError(f"history_len must be >= 1, got {history_len}")
+        manifest["history_len"] = int(history_len)
+    if not 0.0 < history_decay <= 1.0:
+        raise ArtifactError(f"history_decay must be in (0, 1], got {history_decay}")
+    if history_decay != 1.0:
+        manifest["history_decay"] = float(history_decay)
+    if covisit_params is not None:
+        manifest["covisit"] = {
+            "weight": float(covisit_params["weight"]),
+            "window": int(covisit_params["window"]),
+            "decay": float(covisit_params["decay"]),
+        }
+    check_dims(manifest, arrays)
+    (out / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
+    log.info("wrote artifact %s (%d items) to %s", version, ids.shape[0], out)
+    return manifest
+
+
+@dataclass(frozen=True, eq=False)
+class ServingArtifact:
+    """One loaded, verified version; immutable once built (arrays are read-only)."""
+
+    path: Path
+    manifest: Mapping[str, Any]
+    item_ids: np.ndarray
+    item_vectors: np.ndarray
+    item_hist_keys: np.ndarray
+    item_hist_rows: np.ndarray
+    user_keys: np.ndarray
+    user_rows: np.ndarray
+    default_user_row: np.ndarray
+    layers: tuple[Layer, ...]
+    normalize: bool
+    item_index: Mapping[str, int] = field(repr=False)
+    #: CSR co-visitation matrix over the items (format 4): (indptr, neighbours, weights).
+    covisit: tuple[np.ndarray, np.ndarray, np.ndarray] | None = field(default=None, repr=False)
+
+    @property
+    def history_len(self) -> int | None:
+        """Most recent history items the user tower pools (None: all)."""
+        value = self.manifest.get("history_len")
+        return None if value is None else int(value)
+
+    @property
+    def history_decay(self) -> float:
+        """Recency decay of the history pool (1.0: plain mean; see the module doc)."""
+        return float(self.manifest.get("history_decay", 1.0))
+
+    @property
+    def score_bias(self) -> bool:
+        """Whether the last item-vector column is an additive score (see the module doc)."""
+        return bool(self.manifest.get("score_bias", False))
+
+    def covisit_scores(
+        self, histories: Sequence[Sequence[str]]
+    ) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Per history (most recent first): ``(item rows, added scores)`` of the co-visitation
+        term (``model.scoring.covisit``: ``weight * log1p(s)``, only rows with ``s > 0``); empty
+        arrays for every history when the version has no such term (formats 1-3)."""
+        empty = (np.zeros(0, np.int64), np.zeros(0, np.float32))
+        if self.covisit is None:
+            return [empty] * len(histories)
+        params = self.manifest["covisit"]
+        window, weight = int(params["window"]), float(params["weight"])
+        scale = position_weights(window, float(params["decay"]))
+        indptr, neighbours, weights = self.covisit
+        out = []
+        for hist in histories:
+            rows = np.asarray(history_rows(self.item_index, hist, window), np.int64)
+            pos = np.flatnonzero(rows >= 0)
+            if not pos.size:
+                out.append(empty)
+                continue
+            cols, sums = accumulate(
+                indptr[rows[pos]], indptr[rows[pos] + 1], scale[pos], neighbours, weights
+            )
+            out.append((cols, term(sums, weight)))
+        return out
+
+    @property
+    def version(self) -> str:
+        return str(self.manifest["version"])
+
+    @property
+    def dim(self) -> int:
+        return int(self.item_vectors.shape[1])
+
+    def _lookup(self, keys: np.ndarray, table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Positions of ``keys`` in the sorted ``table`` and whether each was found."""
+        if table.size == 0:
+            return np.zeros(keys.shape, np.int64), np.zeros(keys.shape, bool)
+        pos = np.searchsorted(table, keys)
+        pos = np.minimum(pos, table.size - 1)
+        return pos, table[pos] == keys
+
+    def known_users(self, user_ids: Sequence[str]) -> np.ndarray:
+        """Boolean mask: which users have their own row in this version."""
+        keys = np.fromiter((user_key(u) for u in user_ids), np.int64, len(user_ids))
+        return self._lookup(keys, self.user_keys)[1]
+
+    def user_vectors(
+        self, user_ids: Sequence[str], histories: Sequence[Sequence[str]]
+    ) -> np.ndarray:
+        """User tower output, float32 ``[B, d]``; unknown users get the default row, the
+        history (most recent first) is cut to ``history_len``, the items of it the model
+        does not know are skipped and the known ones pooled (``model.scoring.pooling``: recency
+        weights). With ``score_bias`` the last
+        column is the constant 1 that adds each item's bias to its score."""
+        if len(user_ids) != len(histories):
+            raise ValueError("user_ids and histories differ in length")
+        b = len(user_ids)
+        keys = np.fromiter((user_key(u) for u in user_ids), np.int64, b)
+        pos, found = self._lookup(keys, self.user_keys)
+        urows = np.empty((b, self.default_user_row.shape[0]), np.float32)
+        urows[:] = self.default_user_row
+        if found.any():
+            urows[found] = self.user_rows[pos[found]]
+        hrows = np.zeros((b, self.item_hist_rows.shape[1]), np.float32)
+        window, decay = self.history_len, self.history_decay
+        for i, hist in enumerate(histories):
+            hist = hist[:window] if window is not None else hist
+            if not hist:
+                continue
+            hpos, hfound = self._lookup(item_keys(hist), self.item_hist_keys)
+            if hfound.any():
+                hrows[i] = pool_history(hpos, hfound, self.item_hist_rows, decay)
+        x = np.concatenate([urows, hrows], axis=1)
+        for w, bias, act in self.layers:
+            x = x @ w + bias
+            if act == "relu":
+                np.maximum(x, 0.0, out=x)
+        if self.normalize:
+            x = x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+        if self.score_bias:
+            x = np.concatenate([x, np.ones((b, 1), x.dtype)], axis=1)
+        return np.ascontiguousarray(x, dtype=np.float32)
+
+
+def _load_npy(directory: Path, name: str, spec: Mapping[str, Any], verify: bool) -> np.ndarray:
+    path = directory / name
+    if not path.is_file():
+        raise ArtifactError(f"{path}: missing")
+    if path.stat().st_size != spec.get("bytes"):
+        raise ArtifactError(f"{path}: {path.stat().st_size} bytes, manifest says {spec.get('bytes')}")
+    if verify and _sha256(path) != spec.get("sha256"):
+        raise ArtifactError(f"{path}: sha256 mismatch")
+    try:
+        arr = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise ArtifactError(f"{path}: {exc}") from exc
+    if list(arr.shape) != list(spec.get("shape", [])) or arr.dtype.str != spec.get("dtype"):
+        raise ArtifactError(f"{path}: {arr.dtype.str}{arr.shape} differs from the manifest")
+    arr.setflags(write=False)
+    return arr
+
+
+def load_artifact(directory: str | Path, *, verify: bool = True) -> ServingArtifact:
+    """Load a version directory, verifying every file's size, sha256, shape and dtype."""
+    path = Path(directory)
+    manifest = read_manifest(path)
+    files = manifest["files"]
+    if not isinstance(files, dict):
+        raise ArtifactError(f"{path}: files is not a mapping")
+    arrays: dict[str, np.ndarray] = {}
+    for name, spec in files.items():
+        if "/" in name or name.startswith("."):
+            raise ArtifactError(f"{path}: bad file name {name!r}")
+        arrays[name] = _load_npy(path, name, spec, verify)
+    needed = {
+        "item_ids.npy", "item_vectors.npy", "item_hist_keys.npy", "item_hist_rows.npy",
+        "user_keys.npy", "user_rows.npy", "default_user_row.npy",
+    }
+    for spec in manifest["layers"]:
+        needed |= {spec.get("w"), spec.get("b")}
+        if spec.get("activation") not in ACTIVATIONS:
+            raise ArtifactError(f"{path}: activation {spec.get('activation')!r}")
+    missing = needed - arrays.keys()
+    if missing:
+        raise ArtifactError(f"{path}: manifest lacks {sorted(str(m) for m in missing)}")
+    try:
+        check_dims(manifest, arrays)
+    except KeyError as exc:
+        raise ArtifactError(f"{path}: dims lack {exc}") from exc
+    ids = arrays["item_ids.npy"]
+    vectors = arrays["item_vectors.npy"]
+    if vectors.ndim != 2 or vectors.shape[0] != ids.shape[0] or not np.isfinite(vectors).all():
+        raise ArtifactError(f"{path}: item vectors are malformed or not finite")
+    for keys_name in ("item_hist_keys.npy", "user_keys.npy"):
+        keys = arrays[keys_name]
+        if keys.size > 1 and not np.all(keys[1:] > keys[:-1]):
+            raise ArtifactError(f"{path}: {keys_name} not strictly increasing")
+    layers = tuple(
+        (arrays[s["w"]], arrays[s["b"]], str(s["activation"])) for s in manifest["layers"]
+    )
+    covisit: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+    if "covisit" in manifest:
+        lacking = [name for name in COVISIT_FILES if name not in arrays]
+        if lacking:
+            raise ArtifactError(f"{path}: covisit lacks {lacking}")
+        indptr, neighbours, weights = (arrays[name] for name in COVISIT_FILES)
+        try:
+            check_covisit_arrays(indptr, neighbours, weights, n=int(ids.shape[0]))
+        except ArtifactError as exc:
+            raise ArtifactError(f"{path}: {exc}") from exc
+        covisit = (indptr, neighbours, weights)
+    return ServingArtifact(
+        path=path,
+        manifest=manifest,
+        item_ids=ids,
+        item_vectors=vectors,
+        item_hist_keys=arrays["item_hist_keys.npy"],
+        item_hist_rows=arrays["item_hist_rows.npy"],
+        user_keys=arrays["user_keys.npy"],
+        user_rows=arrays["user_rows.npy"],
+        default_user_row=arrays["default_user_row.npy"],
+        layers=layers,
+        normalize=bool(manifest.get("normalize", False)),
+        item_index={str(item): i for i, item in enumerate(ids.tolist())},
+        covisit=covisit,
+    )

@@ -1,0 +1,120 @@
+"""The artifact manifest: format constants, validation and dimension checks (numpy only).
+
+The format itself is documented in ``model.artifact.files`` (which re-exports these names).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+FORMAT = "streamrec-artifact"
+FORMAT_VERSION = 4
+#: Versions the reader accepts (see the module doc).
+READABLE_VERSIONS = (1, 2, 3, 4)
+MANIFEST = "manifest.json"
+ACTIVATIONS = ("relu", "linear")
+RESERVED = frozenset(
+    {
+        "format", "format_version", "version", "created_at", "normalize", "score_bias",
+        "history_len", "history_decay", "covisit", "dims", "layers", "files",
+    }
+)
+
+
+class ArtifactError(Exception):
+    """An artifact is missing, malformed, or fails its checksums."""
+
+
+def format_version(
+    score_bias: bool, history_len: int | None, history_decay: float, covisit: bool = False
+) -> int:
+    if covisit:
+        return 4
+    if history_decay != 1.0:
+        return 3
+    return 2 if score_bias or history_len is not None else 1
+
+
+def check_dims(manifest: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> None:
+    dims = manifest["dims"]
+    width = dims["user_dim"] + dims["hist_dim"]
+    for i, spec in enumerate(manifest["layers"]):
+        w, b = arrays[spec["w"]], arrays[spec["b"]]
+        if w.ndim != 2 or w.shape[0] != width or b.shape != (w.shape[1],):
+            raise ArtifactError(f"layer {i}: W {w.shape} b {b.shape} after width {width}")
+        width = w.shape[1]
+    if manifest.get("score_bias", False):
+        width += 1
+    if width != dims["d"]:
+        raise ArtifactError(f"user tower outputs {width} dims, item vectors have {dims['d']}")
+
+
+def read_manifest(directory: str | Path) -> dict[str, Any]:
+    """Parse and sanity-check ``manifest.json`` (no checksum verification)."""
+    path = Path(directory) / MANIFEST
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ArtifactError(f"cannot read {path}: {exc}") from exc
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise ArtifactError(f"{path}: not a {FORMAT} manifest")
+    version = manifest.get("format_version")
+    if version not in READABLE_VERSIONS:
+        raise ArtifactError(f"{path}: unsupported format_version {version}")
+    bias = manifest.get("score_bias", False)
+    if not isinstance(bias, bool) or (bias and version < 2):
+        raise ArtifactError(f"{path}: score_bias {bias!r} is not valid in format {version}")
+    hist_len = manifest.get("history_len")
+    if hist_len is not None and (
+        version < 2 or isinstance(hist_len, bool) or not isinstance(hist_len, int) or hist_len < 1
+    ):
+        raise ArtifactError(f"{path}: history_len {hist_len!r} is not valid in format {version}")
+    decay = manifest.get("history_decay", 1.0)
+    if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0.0 < decay <= 1.0:
+        raise ArtifactError(f"{path}: history_decay {decay!r} is not in (0, 1]")
+    if version < 3 and "history_decay" in manifest:
+        raise ArtifactError(f"{path}: history_decay is not valid in format {version}")
+    if "covisit" in manifest:
+        check_covisit_params(manifest["covisit"], f"{path}: ", version)
+    for key in ("version", "dims", "layers", "files"):
+        if key not in manifest:
+            raise ArtifactError(f"{path}: missing {key!r}")
+    return manifest
+
+
+#: Files of the co-visitation term (format 4; ``model.scoring.covisit``).
+COVISIT_FILES = ("covisit_indptr.npy", "covisit_items.npy", "covisit_weights.npy")
+
+
+def check_covisit_params(params: Any, where: str = "", version: int = FORMAT_VERSION) -> None:
+    """Raise unless ``params`` is a valid ``covisit`` manifest entry (format 4)."""
+    if version < 4:
+        raise ArtifactError(f"{where}covisit is not valid in format {version}")
+    if not isinstance(params, dict) or set(params) != {"weight", "window", "decay"}:
+        raise ArtifactError(f"{where}covisit must hold exactly weight, window and decay")
+    weight, window, decay = params["weight"], params["window"], params["decay"]
+    if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight > 0:
+        raise ArtifactError(f"{where}covisit weight {weight!r} is not > 0")
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise ArtifactError(f"{where}covisit window {window!r} is not an int >= 1")
+    if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0.0 < decay <= 1.0:
+        raise ArtifactError(f"{where}covisit decay {decay!r} is not in (0, 1]")
+
+
+def check_covisit_arrays(indptr: np.ndarray, items: np.ndarray, weights: np.ndarray, n: int) -> None:
+    """Raise unless the CSR arrays are a valid co-visitation matrix over ``n`` items."""
+    if indptr.shape != (n + 1,) or indptr.dtype.kind != "i" or items.dtype.kind != "i":
+        raise ArtifactError(f"covisit: indptr {indptr.shape} is not [{n + 1}] ints")
+    if items.ndim != 1 or weights.shape != items.shape or weights.dtype.kind != "f":
+        raise ArtifactError(f"covisit: items {items.shape} and weights {weights.shape} differ")
+    if indptr[0] != 0 or indptr[-1] != items.size or np.any(np.diff(indptr) < 0):
+        raise ArtifactError("covisit: indptr is not a non-decreasing 0..nnz")
+    if items.size and (items.min() < 0 or items.max() >= n):
+        raise ArtifactError(f"covisit: neighbour rows outside [0, {n})")
+    if not np.isfinite(weights).all() or (weights < 0).any():
+        raise ArtifactError("covisit: weights must be finite and >= 0")

@@ -1,0 +1,327 @@
+"""Subcommand: evaluate (registered into ``streamrec`` by deploy.cli).
+
+``streamrec evaluate PATH [PATH ...]`` replays a log test-then-train through the model
+in-process and prints Recall/NDCG next to two baselines; the protocol is in
+``model.evaluation.replay`` (and in ``--help``). TensorFlow is imported only by the handler.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+FORMATS = ("movielens", "ml-1m", "ml-100k", "ndjson", "csv")
+PROTOCOL = """\
+Protocol (test-then-train):
+  * The log is read, validated and ordered exactly as `streamrec replay` sends it
+    (event time, then file order); every event goes through the feature functions of
+    the Flink job, which give each positive event its point-in-time sample.
+  * Positives: events with weight > 0; for MovieLens, ratings >= --like-threshold (4.0)
+    (lower ratings are interactions, not positives).
+  * The first --warmup (10%) of the positives are learned from, not scored.
+  * Micro-batches of --batch-size (128) consecutive positives: each is scored with every
+    method as it was before the batch, then every method learns from it (the model:
+    --epochs optimizer steps of the live trainer's step on the batch).
+  * Scoring an event: rank every item seen before its micro-batch, minus the items the
+    user interacted with before the event; a hit at K if the event's item is in the top K.
+  * Baselines on the same stream/batches/candidates/exclusions: popularity (all-time
+    positive counts so far) and recent popularity (counts decayed with a half-life of
+    --recent-half-life-days in event time).
+Output: overall Recall@10/20 and NDCG@10/20 and the same per time chunk (--chunks).
+"""
+
+
+def register(sub: Any) -> None:
+    """Add these subcommands to the ``streamrec`` parser."""
+    p = sub.add_parser(
+        "evaluate",
+        help="test-then-train replay of a log: Recall/NDCG vs popularity baselines",
+        description=PROTOCOL,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("paths", nargs="+", type=Path, metavar="PATH", help="log file(s), in order")
+    p.add_argument("--format", choices=FORMATS, default=None, help="default: detected")
+    p.add_argument("--map", default=None, help="csv: user_id=COL,item_id=COL,ts=COL[,...]")
+    p.add_argument("--like-threshold", type=float, default=4.0)
+    p.add_argument("--event-type", default=None, help="csv: event type of every row")
+    p.add_argument("--limit", type=int, default=None, help="only the first N events (in order)")
+    p.add_argument("--batch-size", type=int, default=128, help="micro-batch of positives")
+    p.add_argument("--warmup", type=float, default=0.1, help="fraction of positives not scored")
+    p.add_argument("--chunks", type=int, default=10, help="time chunks of the over-time figures")
+    p.add_argument("--recent-half-life-days", type=float, default=365.0)
+    g = p.add_argument_group("model (ModelConfig / TrainOptions)")
+    g.add_argument("--epochs", type=int, default=10, help="optimizer steps per micro-batch")
+    g.add_argument("--learning-rate", type=float, default=1.0, help="tables (Adagrad)")
+    g.add_argument("--dense-lr", type=float, default=0.1, help="user-tower dense layers")
+    g.add_argument(
+        "--temperature", type=float, default=None, help="softmax temperature (default: ModelConfig's)"
+    )
+    g.add_argument("--embedding-dim", type=int, default=None, help="default: trainer setting")
+    g.add_argument("--user-layers", default=None, help="e.g. 64,32 (last = embedding dim)")
+    g.add_argument("--history-len", type=int, default=None, help="history items the model pools (default: ModelConfig)")
+    g.add_argument(
+        "--history-decay", type=float, default=None,
+        help="recency weight decay of the history pool per position (1 = mean; default: ModelConfig)",
+    )
+    g.add_argument(
+        "--pool-residual", type=float, default=None,
+        help="weight of the history pool added to the user tower's output (0 = none; default: ModelConfig)",
+    )
+    g.add_argument(
+        "--covisit-weight", type=float, default=None,
+        help="weight of the item co-visitation term (0 = towers only; default: ModelConfig)",
+    )
+    g.add_argument("--covisit-window", type=int, default=None, help="default: ModelConfig")
+    g.add_argument("--covisit-decay", type=float, default=None, help="default: ModelConfig")
+    g.add_argument(
+        "--covisit-half-life", type=float, default=None,
+        help="half-life of co-visitation weights in samples (0 = none; default: ModelConfig)",
+    )
+    g.add_argument(
+        "--history-grad", type=int, choices=(0, 1), default=None,
+        help="0: history rows learn only as targets/negatives (default: ModelConfig.train_history)",
+    )
+    g.add_argument("--admit-after", type=int, default=1)
+    g.add_argument("--no-normalize", action="store_true", help="no L2 normalisation")
+    g.add_argument("--seed", type=int, default=None, help="default: trainer setting")
+    g.add_argument(
+        "--prior-weight",
+        type=float,
+        default=None,
+        help="popularity prior in the score: <u,v>/T + W * log q (model.scoring.prior); 0 = none; "
+        "default: ModelConfig's",
+    )
+    g.add_argument(
+        "--user-admit-after", type=int, default=None, help="user-table admission (default: --admit-after)"
+    )
+    g.add_argument(
+        "--no-normalize-user", action="store_true", help="L2-normalise item vectors only"
+    )
+    g.add_argument(
+        "--negatives", type=int, default=None, help="sampled uniform negatives per step"
+    )
+    g.add_argument(
+        "--mask-same-user", type=int, choices=(0, 1), default=None,
+        help="1: in-batch positives of the row's own user are no negatives",
+    )
+    g.add_argument(
+        "--aux-weight", type=float, default=None,
+        help="weight of the history-pool item-item loss; 0 = none (default: TrainOptions')",
+    )
+    g.add_argument("--logq", choices=("gap", "count"), default=None, help="frequency estimate")
+    g.add_argument("--logq-half-life", type=float, default=None, help="count estimate, samples")
+    p.add_argument("--json", type=Path, default=None, help="write the figures as JSON")
+    p.add_argument("--plot", type=Path, default=None, help="draw the figures over time (PNG)")
+    p.add_argument("--progress", action="store_true", help="show a progress bar")
+    p.set_defaults(func=_handle)
+
+
+def _handle(args: argparse.Namespace) -> int:
+    from feature_store.settings import load_settings
+    from stream.replay.runner import ReplayError
+    from stream.replay.formats import ReplayFormatError, parse_mapping
+
+    settings = load_settings()
+    now_ms = time.time_ns() // 1_000_000
+    started = time.monotonic()
+    try:
+        from model.evaluation.replay import load_stream
+
+        stream, replay_report = load_stream(
+            args.paths,
+            args.format,
+            settings.features,
+            now_ms,
+            mapping=parse_mapping(args.map),
+            like_threshold=args.like_threshold,
+            event_type=args.event_type,
+            limit=args.limit,
+        )
+    except (ReplayError, ReplayFormatError) as exc:
+        print(f"evaluate: {exc}")
+        return 2
+    if not stream.positives:
+        print("evaluate: no positive events in the log")
+        return 1
+    result = _run(args, settings, stream)
+    doc = result.report("model", args.chunks)
+    doc["seconds"] = round(time.monotonic() - started, 1)
+    doc["rejected_rows"] = replay_report["rejected"]
+    doc["config"] = _config(args, settings)
+    print(_table(doc))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(doc, indent=2))
+    if args.plot:
+        plot_over_time(doc, args.plot)
+    return 0
+
+
+def _config(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
+    dim = args.embedding_dim or settings.trainer.embedding_dim
+    layers = args.user_layers or f"{2 * dim},{dim}"
+    return {
+        "batch_size": args.batch_size,
+        "warmup": args.warmup,
+        "epochs": args.epochs,
+        "learning_rate": args.learning_rate,
+        "dense_lr": args.dense_lr,
+        "temperature": _default(args.temperature, "temperature"),
+        "embedding_dim": dim,
+        "user_layers": [int(x) for x in layers.split(",")],
+        "history_len": _default(args.history_len, "history_len"),
+        "history_decay": _default(args.history_decay, "history_decay"),
+        "pool_residual": _default(args.pool_residual, "pool_residual"),
+        "covisit_weight": _default(args.covisit_weight, "covisit_weight"),
+        "covisit_window": _default(args.covisit_window, "covisit_window"),
+        "covisit_decay": _default(args.covisit_decay, "covisit_decay"),
+        "covisit_half_life": _default(args.covisit_half_life, "covisit_half_life"),
+        "train_history": bool(_default(args.history_grad, "train_history")),
+        "admit_after": args.admit_after,
+        "normalize": not args.no_normalize,
+        "normalize_user": not args.no_normalize_user,
+        "prior_weight": _default(args.prior_weight, "prior_weight"),
+        "user_admit_after": args.user_admit_after,
+        "seed": settings.trainer.seed if args.seed is None else args.seed,
+        "recent_half_life_days": args.recent_half_life_days,
+        "sampled_negatives": _default(args.negatives, "sampled_negatives"),
+        "mask_same_user": bool(_default(args.mask_same_user, "mask_same_user")),
+        "logq_estimator": _default(args.logq, "logq_estimator"),
+        "logq_half_life": _default(args.logq_half_life, "logq_half_life"),
+        "aux_weight": _default(args.aux_weight, "aux_weight"),
+    }
+
+
+def _default(value: Any, name: str) -> Any:
+    """``value`` if given, else the ``ModelConfig``/``TrainOptions`` default (the live
+    trainer's)."""
+    if value is not None:
+        return value
+    from dataclasses import fields
+
+    from model.trainer.options import TrainOptions
+    from model.towers.two_tower import ModelConfig
+
+    defaults = {f.name: f.default for cls in (ModelConfig, TrainOptions) for f in fields(cls)}
+    return defaults[name]
+
+
+def _run(args: argparse.Namespace, settings: Any, stream: Any) -> Any:
+    from model.evaluation.baselines import DAY_MS, PopularityBaseline, RecentPopularityBaseline
+    from model.evaluation.replay import (
+        BaselineLearner,
+        EvalOptions,
+        Learner,
+        TwoTowerLearner,
+        evaluate,
+    )
+    from model.trainer.core import Trainer, TrainOptions
+    from model.towers.two_tower import ModelConfig
+
+    cfg = _config(args, settings)
+    trainer = Trainer(
+        ModelConfig(
+            embedding_dim=cfg["embedding_dim"],
+            user_layers=tuple(cfg["user_layers"]),
+            history_len=cfg["history_len"],
+            history_decay=cfg["history_decay"],
+            pool_residual=cfg["pool_residual"],
+            covisit_weight=cfg["covisit_weight"],
+            covisit_window=cfg["covisit_window"],
+            covisit_decay=cfg["covisit_decay"],
+            covisit_half_life=cfg["covisit_half_life"],
+            train_history=cfg["train_history"],
+            temperature=cfg["temperature"],
+            normalize=cfg["normalize"],
+            admit_after=cfg["admit_after"],
+            user_admit_after=cfg["user_admit_after"],
+            normalize_user=cfg["normalize_user"],
+            prior_weight=cfg["prior_weight"],
+            seed=cfg["seed"],
+        ),
+        TrainOptions(
+            batch_size=args.batch_size,
+            learning_rate=cfg["learning_rate"],
+            dense_lr=cfg["dense_lr"],
+            aux_weight=cfg["aux_weight"],
+            eval_rows=0,
+            sampled_negatives=cfg["sampled_negatives"],
+            mask_same_user=cfg["mask_same_user"],
+            logq_estimator=cfg["logq_estimator"],
+            logq_half_life=cfg["logq_half_life"],
+        ),
+        tag="eval",
+    )
+    learners: list[Learner] = [
+        TwoTowerLearner(trainer, cfg["history_len"], cfg["epochs"]).bind(stream.item_ids),
+        BaselineLearner(PopularityBaseline()),
+        BaselineLearner(RecentPopularityBaseline(int(args.recent_half_life_days * DAY_MS))),
+    ]
+    options = EvalOptions(
+        batch_size=args.batch_size, warmup_fraction=args.warmup, chunks=args.chunks
+    )
+    bar = None
+    if args.progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=0, unit="batch")
+
+    def progress(done: int, total: int) -> None:
+        if bar is not None:
+            bar.total = total
+            bar.update(done - bar.n)
+
+    try:
+        return evaluate(stream, learners, options, progress)
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+def _table(doc: dict[str, Any]) -> str:
+    keys = [k for k in doc if k.startswith(("recall@", "ndcg@"))]
+    rows = [("model", doc)] + list(doc["baselines"].items())
+    lines = [
+        f"events {doc['events']}, scored {doc['scored']}, warm-up {doc['warmup']}, "
+        f"{doc['seconds']} s"
+    ]
+    lines.append(f"{'method':<20}" + "".join(f"{k:>12}" for k in keys))
+    for name, figs in rows:
+        lines.append(f"{name:<20}" + "".join(f"{figs[k]:>12.4f}" for k in keys))
+    pop = doc["baselines"].get("popularity", {}).get("recall@10", 0.0)
+    if pop:
+        lines.append(f"model / popularity Recall@10: {doc['recall@10'] / pop:.2f}x")
+    return "\n".join(lines)
+
+
+def plot_over_time(doc: dict[str, Any], path: Path) -> None:
+    """One panel per figure (Recall/NDCG @10/@20), one line per method, x = chunk end time."""
+    from datetime import UTC, datetime
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = [k for k in doc if k.startswith(("recall@", "ndcg@"))]
+    fig, axes = plt.subplots(len(keys), 1, figsize=(9, 2.6 * len(keys)), sharex=True)
+    for ax, key in zip(axes, keys, strict=True):
+        for name, chunks in doc["over_time"].items():
+            x = [datetime.fromtimestamp(c["last_ts"] / 1000, UTC) for c in chunks]
+            overall = doc[key] if name == "model" else doc["baselines"][name][key]
+            ax.plot(x, [c[key] for c in chunks], marker="o", label=f"{name} ({overall:.3f})")
+        ax.set_ylabel(key)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, loc="upper left")
+    axes[-1].set_xlabel("event time (end of chunk)")
+    fig.suptitle(f"test-then-train: {doc['scored']} scored of {doc['events']} events")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

@@ -1,0 +1,149 @@
+"""Subcommands: train (registered into ``streamrec`` by deploy.cli).
+
+Keep imports here light: heavy modules are imported inside the handlers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+EPILOG = """\
+The trainer consumes the samples topic from the offsets saved in its newest checkpoint
+(STREAMREC_TRAINER__CHECKPOINT_DIR), trains test-then-train, and every --export-every-s
+seconds or --export-every-samples samples checkpoints and publishes a model version to
+STREAMREC_TRAINER__REGISTRY_DIR. GET /health and /metrics on STREAMREC_TRAINER__METRICS_PORT.
+
+examples:
+  streamrec train
+  streamrec train --grad-accum 4 --mixed-precision --item-lr 0.1 --evict-every 500
+"""
+
+
+def register(sub: Any) -> None:
+    """Add these subcommands to the ``streamrec`` parser."""
+    p = sub.add_parser(
+        "train",
+        help="run the incremental TFRA trainer (samples topic -> model versions)",
+        description="Train the two-tower model continuously from the samples topic, exactly "
+        "once across restarts, and publish versions to the model registry.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--port", type=int, help="health/metrics port (default: trainer.metrics_port)")
+    p.add_argument("--batch-size", type=int, help="samples per step (default: trainer.batch_size)")
+    p.add_argument("--export-every-s", type=float, help="default: trainer.export_every_s")
+    p.add_argument("--export-every-samples", type=int, help="default: trainer.export_every_samples")
+    p.add_argument("--batch-timeout-s", type=float, default=0.2,
+                   help="train a partial batch after this wait (default 0.2)")
+    p.add_argument("--max-samples", type=int, help="stop after this many trained samples")
+    p.add_argument("--admit-after", type=int, default=1,
+                   help="sightings before an id gets its own row (default 1)")
+    p.add_argument("--max-user-rows", type=int, default=2_000_000, help="eviction cap of users")
+    p.add_argument("--max-item-rows", type=int, default=1_000_000, help="eviction cap of items")
+    p.add_argument("--evict-every", type=int, default=1000,
+                   help="evict every N steps (0 = never; default 1000)")
+    p.add_argument("--grad-accum", type=int, default=1,
+                   help="accumulate gradients over N micro-batches per step (default 1)")
+    p.add_argument("--mixed-precision", action="store_true",
+                   help="bfloat16 compute, float32 master weights")
+    p.add_argument("--user-lr", type=float, help="learning rate of the user table")
+    p.add_argument("--item-lr", type=float, help="learning rate of the item table")
+    p.add_argument("--dense-lr", type=float, help="learning rate of the dense layers")
+    p.add_argument("--no-history-grad", action="store_true",
+                   help="history rows learn only as targets (faster steps)")
+    p.add_argument("--aux-weight", type=float,
+                   help="weight of the item-to-item history-pool term of the loss (0 = off, "
+                        "faster steps; default: TrainOptions.aux_weight)")
+    p.add_argument("--eval-rows", type=int, default=128,
+                   help="rows per batch scored test-then-train (0 = off; default 128)")
+    p.set_defaults(func=run_train)
+
+
+def run_train(args: argparse.Namespace) -> int:
+    from datetime import UTC, datetime
+
+    from feature_store.settings import load_settings
+    from model.trainer.metrics import HealthServer, TrainerMetrics
+
+    settings = load_settings()
+    tcfg = settings.trainer
+    port = args.port if args.port is not None else tcfg.metrics_port
+    metrics = TrainerMetrics()
+    holder: dict[str, Any] = {}
+
+    def status() -> dict[str, Any]:
+        service = holder.get("service")
+        return service.status() if service else {"status": "starting"}
+
+    server = HealthServer(settings.stack.bind_host, port, metrics, status).start()
+    try:
+        from model.trainer.core import TrainOptions
+        from model.trainer.loop import LoopOptions, TrainerService
+        from model.towers.two_tower import ModelConfig
+
+        config = ModelConfig(
+            embedding_dim=tcfg.embedding_dim,
+            user_layers=(2 * tcfg.embedding_dim, tcfg.embedding_dim),
+            # the model's own window of the (longer) point-in-time history it is sent
+            history_len=min(ModelConfig.history_len, settings.features.history_len),
+            seed=tcfg.seed,
+            admit_after=args.admit_after,
+            compute_dtype="bfloat16" if args.mixed_precision else "float32",
+            train_history=not args.no_history_grad,
+        )
+        options = TrainOptions(
+            batch_size=args.batch_size or tcfg.batch_size,
+            learning_rate=tcfg.learning_rate,
+            user_lr=args.user_lr,
+            item_lr=args.item_lr,
+            dense_lr=args.dense_lr,
+            grad_accum_steps=args.grad_accum,
+            mixed_precision=args.mixed_precision,
+            evict_every_steps=args.evict_every,
+            max_user_rows=args.max_user_rows,
+            max_item_rows=args.max_item_rows,
+            eval_rows=args.eval_rows,
+            **({} if args.aux_weight is None else {"aux_weight": args.aux_weight}),
+        )
+        loop = LoopOptions(
+            batch_timeout_s=args.batch_timeout_s,
+            export_every_s=args.export_every_s or tcfg.export_every_s,
+            export_every_samples=args.export_every_samples or tcfg.export_every_samples,
+            max_samples=args.max_samples,
+        )
+        from model.trainer.core import Trainer
+
+        service = TrainerService(
+            settings,
+            Trainer(config, options),
+            loop,
+            clock=lambda: datetime.now(UTC),
+            metrics=metrics,
+            redis_client=_redis_client(settings),
+        )
+        holder["service"] = service
+
+        def stop(signum: int, _frame: Any) -> None:
+            log.info("signal %d: finishing the current batch, then checkpoint + export", signum)
+            service.stop_event.set()
+
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
+        state = service.run()
+        log.info("trainer stopped: %d samples trained", state.samples_trained)
+        return 0
+    finally:
+        server.stop()
+
+
+def _redis_client(settings: Any) -> Any:
+    import redis
+
+    r = settings.redis
+    password = r.password.get_secret_value() if r.password else None
+    return redis.Redis(host=r.host, port=r.port, db=r.db, password=password, socket_timeout=2.0)

@@ -1,0 +1,101 @@
+"""Popularity prior in the retrieval score, exported through the plain dot product.
+
+The in-batch softmax is trained with the logQ correction (``model.towers.loss``): its logits
+``<u, v> / T - log q`` make the towers learn a score *without* the popularity prior
+(Yi et al. 2019: the correction removes the sampling bias of in-batch negatives, and with
+it the prior ``log q`` that a full softmax would carry in its logits). Ranking by
+``<u, v>`` alone therefore under-ranks popular items. The score served instead is::
+
+    score(u, i) = <u, v_i> / T + prior_weight * log q_i
+
+where ``log q_i`` is the trainer's streaming frequency estimate of item i
+(``model.towers.loss.FrequencyEstimator``: a recency-weighted popularity, learnt from the same
+samples as the towers; nothing from the future enters it).
+
+Serving keeps computing ``item_vectors @ x`` in numpy: the prior rides on one extra
+dimension, item ``[v_i / T, prior_weight * log q_i]`` and user ``[u, 1]``. The user side's
+constant 1 follows the user tower's L2 normalisation: the artifact's ``score_bias`` flag
+(format 2, ``model.artifact.files``) appends it; :func:`export_fields` gives the arguments.
+
+``log q_i`` comes from the trainer's estimator (``TrainOptions.logq_estimator``): by default
+the decayed counts of ``model.towers.frequency`` (a recent popularity, in occurrences per batch).
+
+Format-1 path (kept for artifacts without the flag): :func:`exported_layers` carries the
+constant as an extra output of the last linear layer, which is exact only when the user
+vector is not normalised (:func:`check_exportable`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+Layer = tuple[np.ndarray, np.ndarray, str]
+
+
+def user_scoring_vectors(vectors: np.ndarray, prior_weight: float) -> np.ndarray:
+    """User tower output ``[B, d]`` -> scoring vectors (``[B, d + 1]`` with the prior)."""
+    vectors = np.asarray(vectors, np.float32)
+    if not prior_weight:
+        return vectors
+    ones = np.ones((vectors.shape[0], 1), np.float32)
+    return np.concatenate([vectors, ones], axis=1)
+
+
+def item_scoring_vectors(
+    vectors: np.ndarray, log_q: np.ndarray, temperature: float, prior_weight: float
+) -> np.ndarray:
+    """Item tower output ``[N, d]`` -> scoring vectors (``[N, d + 1]`` with the prior)."""
+    vectors = np.asarray(vectors, np.float32)
+    if not prior_weight:
+        return vectors
+    bias = (prior_weight * np.asarray(log_q, np.float32)).reshape(-1, 1)
+    return np.concatenate([vectors / np.float32(temperature), bias], axis=1).astype(np.float32)
+
+
+def export_fields(
+    layers: Sequence[Layer],
+    prior_weight: float,
+    normalize_user_vector: bool,
+    history_len: int | None = None,
+    history_decay: float = 1.0,
+) -> dict[str, object]:
+    """``layers``/``normalize``/``score_bias``/``history_len``/``history_decay`` arguments of ``model.artifact.files.write_artifact`` for the user tower (its dense ``layers``):
+    with the prior, the constant 1 is appended after the (optional) normalisation by the
+    artifact's ``score_bias``; ``history_len`` is the model's history window,
+    ``history_decay`` its history pooling (``ModelConfig``)."""
+    out = [(np.asarray(w, np.float32), np.asarray(b, np.float32), act) for w, b, act in layers]
+    return {
+        "layers": out,
+        "normalize": bool(normalize_user_vector),
+        "score_bias": bool(prior_weight),
+        "history_len": history_len,
+        "history_decay": float(history_decay),
+    }
+
+
+def check_exportable(prior_weight: float, normalized_user: bool) -> None:
+    """Raise ``ValueError`` if the artifact format cannot express the scoring vectors: the
+    user side's constant 1 would have to follow the L2 normalisation, which format 1
+    applies last (``model.artifact.files``)."""
+    if prior_weight and normalized_user:
+        raise ValueError(
+            "prior_weight with an L2-normalised user vector is not exportable in artifact "
+            "format 1; export through model.scoring.prior.export_fields (format 2 score_bias)"
+        )
+
+
+def exported_layers(layers: Sequence[Layer], prior_weight: float) -> list[Layer]:
+    """The user tower's dense layers as exported: with the prior, the last (linear) layer
+    gets one more output, constant 1 (zero weights, bias 1)."""
+    out = [(np.asarray(w, np.float32), np.asarray(b, np.float32), act) for w, b, act in layers]
+    if not prior_weight:
+        return out
+    if not out or out[-1][2] != "linear":
+        raise ValueError("the prior needs a last linear dense layer to carry its constant")
+    w, b, act = out[-1]
+    w1 = np.concatenate([w, np.zeros((w.shape[0], 1), np.float32)], axis=1)
+    b1 = np.concatenate([b, np.ones(1, np.float32)])
+    out[-1] = (w1, b1, act)
+    return out

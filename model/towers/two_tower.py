@@ -1,0 +1,347 @@
+"""Two-tower retrieval model on TFRA dynamic embeddings.
+
+* User tower: ``x = concat(user_row, pool(history item rows the model knows) or zeros)``
+  then dense layers (relu, last linear), plus ``pool_residual`` times the pool, optionally
+  L2-normalised — exactly the tower
+  ``model.artifact.files.ServingArtifact.user_vectors`` recomputes in numpy. The pool is the
+  recency-weighted mean of :func:`pool_weights` (``ModelConfig.history_decay``; 1 = mean).
+* Item tower: the item's row of the item table (the table the history shares), optionally
+  L2-normalised. Score = dot product (divided by the temperature in the loss).
+* Every sparse id goes through a ``tfra.dynamic_embedding`` table (no vocabulary, no hashing
+  into a fixed size).
+* Admission: a per-table stats hash table holds ``(sightings, last_step)`` per key. An id
+  counts as *known* once it was seen ``admit_after`` times as a training user / target item;
+  before that it uses the shared default row (key :data:`DEFAULT_KEY`) and, in a history,
+  it is skipped (as serving skips items it has no row for).
+* Eviction: :meth:`TwoTower.evict` keeps the ``max_rows`` most recently trained rows of a
+  table (by the trainer's step counter, not a wall clock), removing the evicted keys from
+  the table, the optimizer slots and the stats (so an evicted id must be re-admitted).
+
+* Training lookups (:meth:`TwoTower.plan` / :meth:`TwoTower.planned_towers`): each table is
+  read once per step for the batch's *distinct* keys (targets plus known history items share
+  one read of the item table); rows are then gathered, and the history pool is a sparse
+  ``[B, distinct items]`` matrix (the pool weights at the known entries only: padding and
+  unknown items cost nothing) times the distinct rows. The gradient with respect to the
+  distinct rows is thus already summed per key, so each optimizer touches every row once.
+
+All heavy lifting is TF; the class holds no global state and is checkpointed with
+``tf.train.Checkpoint`` (tables, stats, dense weights).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import numpy as np
+
+from model.towers.config import ModelConfig
+from model.towers.tables import EmbeddingTable
+from model.towers.tf_env import de, tf, tf_keras
+
+log = logging.getLogger(__name__)
+
+#: Key of the shared default row in both tables (the 64-bit id hash hits it w.p. 2**-64).
+DEFAULT_KEY = int(np.iinfo(np.int64).min)
+PAD_KEY = 0
+
+
+def pool_weights(known: tf.Tensor, decay: float) -> tf.Tensor:
+    """``[B, L]`` weights of the history pool: ``decay ** position`` at the known entries,
+    normalised per row to sum 1 (all zero for a row without known entries).
+
+    The numpy twin is ``model.artifact.files.pool_weights``; both define the served user tower.
+    """
+    w = tf.cast(known, tf.float32)
+    if decay != 1.0:
+        pos = tf.cast(tf.range(tf.shape(known)[1]), tf.float32)
+        w = w * tf.pow(tf.constant(decay, tf.float32), pos)[None, :]
+    total = tf.reduce_sum(w, axis=1, keepdims=True)
+    return w / tf.where(total > 0.0, total, 1.0)
+
+
+class LookupPlan(NamedTuple):
+    """Distinct keys of one training batch and where each use of a key reads its row.
+
+    ``item_keys`` holds the batch's target items followed by its known history items (only
+    targets when history rows are frozen: then ``hist_keys`` holds the history's own distinct
+    keys, read without gradients). ``pool`` is the ``[B, len(hist_keys)]`` sparse matrix
+    whose row b holds the :func:`pool_weights` of b's known history entries (repeats add
+    up): ``pool @ rows(hist_keys)`` is the (recency-weighted) mean of the known rows.
+    """
+
+    user_keys: tf.Tensor  # [U] distinct effective user keys
+    user_idx: tf.Tensor  # [B] row of each batch user in user_keys
+    item_keys: tf.Tensor  # [I] distinct keys read (with gradients) from the item table
+    target_idx: tf.Tensor  # [B] row of each target item in item_keys
+    hist_keys: tf.Tensor  # [H] distinct keys the history rows are read from
+    pool: tf.SparseTensor  # [B, H] history pooling weights (``pool_weights``)
+
+
+class TwoTower(tf.Module):
+    """The model; see the module doc. ``towers`` is the one place the math lives."""
+
+    def __init__(self, config: ModelConfig, tag: str = "", name: str = "two_tower") -> None:
+        super().__init__(name=name)
+        self.config = config
+        e = config.embedding_dim
+        # TFRA tables with equal names share one resource within a process, and TFRA
+        # checkpoints match tables by name: a process holding several models gives each a
+        # distinct ``tag``; a restarted trainer must use the tag it saved with.
+        sfx = f"_{tag}" if tag else ""
+        self.users = EmbeddingTable(
+            f"user{sfx}", e, config.init_stddev, config.seed, config.init_capacity
+        )
+        self.items = EmbeddingTable(
+            f"item{sfx}", e, config.init_stddev, config.seed + 1, config.init_capacity
+        )
+        init = tf_keras.initializers.GlorotUniform(seed=config.seed + 2)
+        self.kernels: list[tf.Variable] = []
+        self.biases: list[tf.Variable] = []
+        width = 2 * e
+        for i, out in enumerate(config.user_layers):
+            self.kernels.append(tf.Variable(init([width, out]), name=f"user_w{i}"))
+            self.biases.append(tf.Variable(tf.zeros([out]), name=f"user_b{i}"))
+            width = out
+        self.compute_dtype = tf.as_dtype(config.compute_dtype)
+
+    # -- variables ------------------------------------------------------------------------
+    @property
+    def dense_variables(self) -> list[tf.Variable]:
+        return [v for pair in zip(self.kernels, self.biases, strict=True) for v in pair]
+
+    @property
+    def activations(self) -> list[str]:
+        n = len(self.kernels)
+        return ["relu" if i < n - 1 else "linear" for i in range(n)]
+
+    # -- ids --------------------------------------------------------------------------------
+    def admit(
+        self, table: EmbeddingTable, keys: tf.Tensor, step: tf.Tensor | None
+    ) -> tf.Tensor:
+        """Keys with a row of their own, else DEFAULT_KEY; counts a sighting if ``step``."""
+        counts = table.observe(keys, step) if step is not None else table.sightings(keys)
+        admitted = counts >= self.threshold(table)
+        return tf.where(admitted, keys, tf.constant(DEFAULT_KEY, tf.int64))
+
+    def threshold(self, table: EmbeddingTable) -> int:
+        """Sightings an id of ``table`` needs for a row of its own."""
+        user = self.config.user_admit_after
+        return user if user is not None and table is self.users else self.config.admit_after
+
+    def known_history(self, history: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        """(history keys with unknown/pad entries replaced by DEFAULT_KEY, known mask)."""
+        uniq, idx = tf.unique(tf.reshape(history, [-1]))  # one stats probe per distinct key
+        admitted = tf.gather(self.items.sightings(uniq) >= self.config.admit_after, idx)
+        known = tf.logical_and(tf.not_equal(history, PAD_KEY), tf.reshape(admitted, tf.shape(history)))
+        return tf.where(known, history, tf.constant(DEFAULT_KEY, tf.int64)), known
+
+    def prepare(
+        self,
+        user_keys: tf.Tensor,
+        item_keys: tf.Tensor,
+        history: tf.Tensor,
+        step: tf.Tensor | None,
+    ) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor]:
+        """Effective keys ``(user, item, history, history_known)``; counts sightings if ``step``."""
+        u_eff = self.admit(self.users, user_keys, step)
+        i_eff = self.admit(self.items, item_keys, step)
+        h_eff, known = self.known_history(history)
+        return u_eff, i_eff, h_eff, known
+
+    # -- lookups ------------------------------------------------------------------------------
+    def lookup(
+        self, u_eff: tf.Tensor, i_eff: tf.Tensor, h_eff: tf.Tensor, extra: tf.Tensor | None = None
+    ) -> tuple[tf.Tensor, ...]:
+        """Trainable lookups through the TFRA shadow variables (gradients reach the tables):
+        ``(user rows, target rows, history rows)``, plus the rows of the ``extra`` item keys
+        (e.g. sampled negatives) when given — read in the same single shadow lookup."""
+        u_rows = self.users.layer(u_eff)
+        b = tf.shape(i_eff)[0]
+        n_extra = 0 if extra is None else tf.size(extra)
+        tail = [] if extra is None else [extra]
+        if not self.config.train_history:
+            # History rows are read past the shadow variable: the optimizer then touches
+            # only the batch's target rows (it rewrites every row a shadow lookup holds).
+            rows = self.items.layer(tf.concat([i_eff, *tail], axis=0))
+            out = (u_rows, rows[:b], self.read_rows(self.items, h_eff))
+            return out if extra is None else (*out, rows[b:])
+        flat = tf.reshape(h_eff, [-1])
+        rows = self.items.layer(tf.concat([i_eff, flat, *tail], axis=0))
+        n_hist = tf.size(flat)
+        h_rows = tf.reshape(rows[b : b + n_hist], [b, -1, self.config.embedding_dim])
+        if extra is None:
+            return u_rows, rows[:b], h_rows
+        return u_rows, rows[:b], h_rows, rows[b + n_hist : b + n_hist + n_extra]
+
+    def read_rows(self, table: EmbeddingTable, keys: tf.Tensor) -> tf.Tensor:
+        """Plain table read (no gradient path, no shadow update); unknown keys get random rows."""
+        uniq, idx = tf.unique(tf.reshape(keys, [-1]))
+        rows = tf.gather(table.params.lookup(uniq), idx)
+        return tf.reshape(rows, tf.concat([tf.shape(keys), [self.config.embedding_dim]], 0))
+
+    def plan(
+        self, u_eff: tf.Tensor, i_eff: tf.Tensor, history: tf.Tensor, known: tf.Tensor
+    ) -> LookupPlan:
+        """Distinct keys per table and gather indices (see :class:`LookupPlan`)."""
+        b = tf.shape(i_eff)[0]
+        user_keys, user_idx = tf.unique(u_eff)
+        coords = tf.where(known)  # [K, 2] (row, position) of each known history entry
+        rows = coords[:, 0]
+        weights = tf.gather_nd(pool_weights(known, self.config.history_decay), coords)
+        if self.config.train_history:
+            hist = tf.gather_nd(history, coords)
+            item_keys, idx = tf.unique(tf.concat([i_eff, hist], axis=0))
+            target_idx, hist_idx, hist_keys = idx[:b], idx[b:], item_keys
+        else:
+            item_keys, target_idx = tf.unique(i_eff)
+            # The distinct keys of the whole effective history, as read_rows reads them (an
+            # id first seen in this batch has no row yet: its random first row depends on them).
+            h_eff = tf.where(known, history, tf.constant(DEFAULT_KEY, tf.int64))
+            hist_keys, idx = tf.unique(tf.reshape(h_eff, [-1]))
+            hist_idx = tf.gather_nd(tf.reshape(idx, tf.shape(history)), coords)
+        pool = tf.SparseTensor(
+            tf.stack([rows, tf.cast(hist_idx, tf.int64)], axis=1),
+            weights,
+            tf.cast(tf.stack([b, tf.size(hist_keys)]), tf.int64),
+        )
+        return LookupPlan(user_keys, user_idx, item_keys, target_idx, hist_keys, pool)
+
+    def widen_pool(self, plan: LookupPlan, n_rows: tf.Tensor) -> LookupPlan:
+        """``plan`` whose pool reads the first of ``n_rows`` item rows (``item_keys`` then
+        more keys) when the history rows are the trained item rows; else ``plan``."""
+        if not self.config.train_history:
+            return plan
+        shape = tf.stack([plan.pool.dense_shape[0], tf.cast(n_rows, tf.int64)])
+        return plan._replace(pool=tf.SparseTensor(plan.pool.indices, plan.pool.values, shape))
+
+    def shadow_rows(self, table: EmbeddingTable, keys: tf.Tensor) -> tf.Tensor:
+        """Rows of distinct ``keys`` through the table's TFRA shadow variable: the gradient
+        with respect to the result is the (per key summed) gradient of the table rows."""
+        return de.shadow_ops.embedding_lookup(table.shadow, keys)
+
+    def planned_towers(
+        self, plan: LookupPlan, u_uniq: tf.Tensor, i_uniq: tf.Tensor
+    ) -> tuple[tf.Tensor, tf.Tensor]:
+        """:meth:`towers` from the distinct rows of :meth:`plan` (``u_uniq``/``i_uniq`` are the
+        rows of ``plan.user_keys``/``plan.item_keys``)."""
+        u_rows, pooled = self.planned_inputs(plan, u_uniq, i_uniq)
+        return self.user_mlp(u_rows, pooled), self.item_tower(tf.gather(i_uniq, plan.target_idx))
+
+    def planned_inputs(
+        self, plan: LookupPlan, u_uniq: tf.Tensor, i_uniq: tf.Tensor
+    ) -> tuple[tf.Tensor, tf.Tensor]:
+        """The user MLP's inputs from the distinct rows of :meth:`plan`: (user rows, pool).
+        ``i_uniq`` may continue past ``plan.item_keys`` if the pool was widened to it
+        (:meth:`widen_pool`)."""
+        if self.config.train_history:
+            h_uniq = i_uniq
+        else:
+            h_uniq = tf.stop_gradient(self.items.params.lookup(plan.hist_keys))
+        pooled = tf.sparse.sparse_dense_matmul(plan.pool, h_uniq)
+        return tf.gather(u_uniq, plan.user_idx), pooled
+
+    # -- math -----------------------------------------------------------------------------------
+    def user_tower(self, u_rows: tf.Tensor, h_rows: tf.Tensor, known: tf.Tensor) -> tf.Tensor:
+        return self.user_mlp(u_rows, self.history_pool(h_rows, known))
+
+    def history_pool(self, h_rows: tf.Tensor, known: tf.Tensor) -> tf.Tensor:
+        """The (recency-weighted) pool of dense ``[B, L, d]`` history rows: ``[B, d]``."""
+        weights = pool_weights(known, self.config.history_decay)[..., None]
+        return tf.reduce_sum(h_rows * weights, axis=1)
+
+    def user_mlp(self, u_rows: tf.Tensor, pooled: tf.Tensor) -> tf.Tensor:
+        """Dense layers on ``concat(user row, history pool)`` plus ``pool_residual`` times
+        the pool (float32 inputs)."""
+        x = tf.cast(tf.concat([u_rows, pooled], axis=-1), self.compute_dtype)
+        for w, b, act in zip(self.kernels, self.biases, self.activations, strict=True):
+            x = tf.matmul(x, tf.cast(w, self.compute_dtype)) + tf.cast(b, self.compute_dtype)
+            if act == "relu":
+                x = tf.nn.relu(x)
+        if self.config.pool_residual:
+            x = x + tf.cast(self.config.pool_residual * pooled, self.compute_dtype)
+        return self._finish(x) if self.config.normalize_user else x
+
+    def item_tower(self, i_rows: tf.Tensor) -> tf.Tensor:
+        return self._finish(tf.cast(i_rows, self.compute_dtype))
+
+    def _finish(self, x: tf.Tensor) -> tf.Tensor:
+        if self.config.normalize:
+            x32 = tf.cast(x, tf.float32)
+            x32 = x32 / tf.maximum(tf.norm(x32, axis=-1, keepdims=True), 1e-12)
+            x = tf.cast(x32, self.compute_dtype)
+        return x
+
+    def towers(
+        self, u_rows: tf.Tensor, i_rows: tf.Tensor, h_rows: tf.Tensor, known: tf.Tensor
+    ) -> tuple[tf.Tensor, tf.Tensor]:
+        return self.user_tower(u_rows, h_rows, known), self.item_tower(i_rows)
+
+    def user_vectors(self, user_keys: tf.Tensor, history: tf.Tensor) -> tf.Tensor:
+        """Inference user vectors (float32), no admission counting, no gradients."""
+        u_eff = self.admit(self.users, user_keys, None)
+        h_eff, known = self.known_history(history)
+        u_rows = self.read_rows(self.users, u_eff)
+        h_rows = self.read_rows(self.items, h_eff)
+        return tf.cast(self.user_tower(u_rows, h_rows, known), tf.float32)
+
+    # -- table maintenance ---------------------------------------------------------------------
+    def known_rows(self, table: EmbeddingTable) -> tuple[np.ndarray, np.ndarray]:
+        """(keys, rows) of the ids with an own row (admitted, excluding the default row)."""
+        keys, rows = table.params.export()
+        keys, rows = keys.numpy(), rows.numpy()
+        keep = keys != DEFAULT_KEY
+        if self.threshold(table) > 1 and keys.size:
+            counts = table.sightings(tf.constant(keys)).numpy()
+            keep &= counts >= self.threshold(table)
+        return keys[keep], rows[keep]
+
+    def init_default_rows(self) -> None:
+        """Zero default rows, so an unknown id starts at the origin (and serving's default
+        user row exists from the first export on)."""
+        key = tf.constant([DEFAULT_KEY], tf.int64)
+        zeros = tf.zeros([1, self.config.embedding_dim])
+        for table in (self.users, self.items):
+            table.params.upsert(key, zeros)
+
+    def default_row(self, table: EmbeddingTable) -> np.ndarray:
+        row, exists = table.params.lookup(
+            tf.constant([DEFAULT_KEY], tf.int64), return_exists=True
+        )
+        if not bool(exists.numpy()[0]):
+            return np.zeros([self.config.embedding_dim], np.float32)
+        return row.numpy()[0]
+
+    def evict(self, table: EmbeddingTable, max_rows: int, slot_tables: Sequence[object] = ()) -> int:
+        """Keep the ``max_rows`` most recently trained rows; returns how many were removed.
+
+        Also drops never-admitted stats entries older than the oldest kept row, so the stats
+        table stays within a small multiple of ``max_rows``.
+        """
+        keys = table.params.export()[0].numpy()
+        keys = keys[keys != DEFAULT_KEY]
+        removed = 0
+        if keys.size > max_rows:
+            last = table.stats.lookup(tf.constant(keys)).numpy()[:, 1]
+            drop = keys[np.argsort(last, kind="stable")[: keys.size - max_rows]]
+            drop_t = tf.constant(drop)
+            table.params.remove(drop_t)
+            table.stats.remove(drop_t)
+            for slot in slot_tables:
+                slot.remove(drop_t)  # type: ignore[attr-defined]
+            removed = int(drop.size)
+        n_stats = int(table.stats.size())
+        if n_stats > 4 * max(max_rows, 1):
+            skeys, svals = table.stats.export()
+            skeys, svals = skeys.numpy(), svals.numpy()
+            cold = svals[:, 0] < self.threshold(table)
+            order = np.argsort(np.where(cold, svals[:, 1], np.iinfo(np.int64).max), kind="stable")
+            excess = n_stats - 2 * max(max_rows, 1)
+            victims = order[:excess]
+            victims = victims[cold[victims]]
+            if victims.size:
+                table.stats.remove(tf.constant(skeys[victims]))
+        if removed:
+            log.info("evicted %d rows from %s (max %d)", removed, table.name, max_rows)
+        return removed

@@ -1,0 +1,16 @@
+"""The trainer service: ``samples`` from Kafka -> train step -> checkpoints -> versions.
+
+* ``options`` — :class:`TrainOptions` (no TensorFlow).
+* ``samples`` — decoding ``samples`` records into batches.
+* ``dedupe`` — dropping samples already trained.
+* ``fetch`` / ``fetch_process`` — Kafka poll and decode off the training thread / in a child.
+* ``negatives`` — the uniform negative sampler.
+* ``rolling`` — Recall/NDCG@K, top-k and the trainer's rolling test-then-train figures.
+* ``core`` — :class:`Trainer`: the compiled train step, scoring, eviction (TensorFlow).
+* ``checkpoint`` — model checkpoint and consumed offsets saved together.
+* ``export`` — tables -> artifact -> registry.
+* ``loop`` — the service loop (exactly once), ``metrics`` — its metric names and HTTP server.
+
+Importing this package loads nothing; ``core``, ``checkpoint``, ``export`` and ``loop`` load
+TensorFlow.
+"""

@@ -1,0 +1,119 @@
+"""Model checkpoint and consumed Kafka offsets, saved together atomically.
+
+Layout under ``checkpoint_dir``::
+
+    ckpt-0000000042/        one complete checkpoint (never modified once renamed into place)
+        tf.index, tf.data-*   tf.train.Checkpoint of tables, stats, dense weights, optimizer
+                              slots (TFRA's Keras save keeps no slots, so we resume from this)
+        state.json            offsets {"<topic>:<partition>": next offset}, counters, digest
+        arrays.npz            auxiliary arrays (e.g. item key -> external item id, the
+                              co-visitation state of ``model.scoring.covisit``)
+    LATEST                  name of the newest complete checkpoint (temp file + rename)
+    .tmp-*                  a checkpoint being written (ignored, removed on the next save)
+
+A checkpoint is written into a temp directory, fsynced, renamed to ``ckpt-N`` and only then
+``LATEST`` moves, so a crash at any point leaves the previous checkpoint — model state and
+offsets of the same moment — as the one a restart resumes from.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from model.towers.tf_env import tf
+
+log = logging.getLogger(__name__)
+
+LATEST = "LATEST"
+PREFIX = "ckpt-"
+
+
+@dataclass(frozen=True)
+class Restored:
+    path: Path
+    state: dict[str, Any]
+    arrays: dict[str, np.ndarray]
+
+
+def _fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class CheckpointStore:
+    """Writes and reads checkpoints of one trainer (see the module doc)."""
+
+    def __init__(self, directory: str | Path, trackables: Mapping[str, Any], keep: int = 2) -> None:
+        self.directory = Path(directory)
+        self.keep = max(1, keep)
+        self._ckpt = tf.train.Checkpoint(**trackables)
+
+    def _complete(self) -> list[Path]:
+        if not self.directory.is_dir():
+            return []
+        return sorted(
+            p for p in self.directory.iterdir()
+            if p.is_dir() and p.name.startswith(PREFIX) and (p / "state.json").is_file()
+        )
+
+    def latest(self) -> Path | None:
+        try:
+            name = (self.directory / LATEST).read_text().strip()
+        except FileNotFoundError:
+            return None
+        path = self.directory / name
+        return path if (path / "state.json").is_file() else None
+
+    def save(self, state: Mapping[str, Any], arrays: Mapping[str, np.ndarray] | None = None) -> Path:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        for stale in self.directory.glob(".tmp-*"):
+            shutil.rmtree(stale, ignore_errors=True)
+        done = self._complete()
+        seq = int(done[-1].name[len(PREFIX):]) + 1 if done else 1
+        tmp = self.directory / f".tmp-{seq}-{uuid.uuid4().hex[:8]}"
+        tmp.mkdir()
+        self._ckpt.write(str(tmp / "tf"))
+        (tmp / "state.json").write_text(json.dumps(dict(state), sort_keys=True))
+        np.savez(tmp / "arrays.npz", **dict(arrays or {}))
+        for f in tmp.iterdir():
+            with f.open("rb") as fh:
+                os.fsync(fh.fileno())
+        _fsync_path(tmp)
+        target = self.directory / f"{PREFIX}{seq:010d}"
+        os.rename(tmp, target)
+        pointer = self.directory / f".{LATEST}.{uuid.uuid4().hex[:8]}"
+        with pointer.open("w") as fh:
+            fh.write(target.name + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(pointer, self.directory / LATEST)
+        _fsync_path(self.directory)
+        for old in self._complete()[: -self.keep]:
+            shutil.rmtree(old, ignore_errors=True)
+        log.info("checkpoint %s saved", target.name)
+        return target
+
+    def restore(self) -> Restored | None:
+        """Load the newest complete checkpoint into the trackables; None if there is none."""
+        path = self.latest()
+        if path is None:
+            return None
+        self._ckpt.read(str(path / "tf")).expect_partial()
+        state = json.loads((path / "state.json").read_text())
+        with np.load(path / "arrays.npz", allow_pickle=False) as data:
+            arrays = {k: data[k] for k in data.files}
+        log.info("restored checkpoint %s", path.name)
+        return Restored(path, state, arrays)

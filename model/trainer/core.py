@@ -1,0 +1,507 @@
+"""The incremental trainer core: compiled train step, options, test-then-train, eviction.
+
+Kafka, checkpoints and exports live in ``model.trainer.loop``; this module trains on
+in-memory :class:`Batch` objects, so tests and benchmarks drive it directly.
+
+Options: :class:`model.trainer.options.TrainOptions` (each documented there).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from model.scoring.covisit import CoVisitation
+from model.scoring.covisit import term as covisit_term
+from model.trainer.rolling import Evaluator
+from model.towers.frequency import CountFrequencyEstimator
+from model.towers.loss import (
+    FrequencyEstimator,
+    group_ids,
+    history_pool_query,
+    in_batch_softmax_loss,
+)
+from model.trainer.negatives import NegativeSampler
+from model.scoring.prior import item_scoring_vectors, user_scoring_vectors
+from model.trainer.samples import Batch
+from model.towers.tf_env import de, tf, tf_keras
+from model.trainer.options import TrainOptions
+from model.towers.two_tower import DEFAULT_KEY, ModelConfig, TwoTower
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Batch", "Trainer", "TrainOptions"]
+
+
+_SIG = [
+    tf.TensorSpec([None], tf.int64),
+    tf.TensorSpec([None], tf.int64),
+    tf.TensorSpec([None, None], tf.int64),
+    tf.TensorSpec([None], tf.float32),
+    tf.TensorSpec([None], tf.int64),  # sampled negative item keys
+    tf.TensorSpec([], tf.float32),  # log of their per-step sampling probability
+    tf.TensorSpec([], tf.bool),  # record the batch's items in the frequency estimate first
+]
+
+
+def _pick(value: float | None, default: float) -> float:
+    return default if value is None else value
+
+
+def _adagrad(lr: float) -> Any:
+    return tf_keras.optimizers.legacy.Adagrad(learning_rate=lr)
+
+
+class Trainer:
+    """A TwoTower model with its optimizers, logQ estimator and evaluation state."""
+
+    def __init__(
+        self, config: ModelConfig, options: TrainOptions | None = None, tag: str = ""
+    ) -> None:
+        """``tag`` names the TFRA tables (distinct per trainer in one process; see TwoTower)."""
+        self.options = options or TrainOptions()
+        opts = self.options
+        if opts.mixed_precision and config.compute_dtype != "bfloat16":
+            config = replace(config, compute_dtype="bfloat16")
+        self.config = config
+        self.model = TwoTower(config, tag=tag)
+        self.freq: FrequencyEstimator | CountFrequencyEstimator
+        if opts.logq_estimator == "count":
+            self.freq = CountFrequencyEstimator(opts.logq_buckets, opts.logq_half_life)
+        else:
+            self.freq = FrequencyEstimator(opts.logq_buckets, opts.logq_alpha)
+        lr = opts.learning_rate
+        self.opt_user = de.DynamicEmbeddingOptimizer(_adagrad(_pick(opts.user_lr, lr)))
+        self.opt_item = de.DynamicEmbeddingOptimizer(_adagrad(_pick(opts.item_lr, lr)))
+        self.opt_dense = _adagrad(_pick(opts.dense_lr, lr))
+        self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
+        self.model.init_default_rows()
+        self.evaluator = Evaluator(opts.eval_k, opts.eval_window)
+        self._eval_pool: ThreadPoolExecutor | None = None
+        self._evict_in: int | None = None
+        self._eval_pending: Future[None] | None = None
+        self._since_refresh = opts.eval_refresh_steps
+        self._head_vectors: np.ndarray | None = None
+        self.negatives = NegativeSampler(opts.sampled_negatives, config.seed)
+        self.covisit = (
+            CoVisitation(
+                config.covisit_window,
+                config.covisit_decay,
+                config.covisit_half_life,
+                config.covisit_max_pairs,
+            )
+            if config.covisit_weight
+            else None
+        )
+        single = self._dedup_step if opts.dedup_lookups else self._single_step
+        self._step_fn = tf.function(single, input_signature=_SIG)
+        self._step_concrete: Any = None
+        self._accum_fn = tf.function(self._accum_step, input_signature=_SIG)
+        self._user_vec_fn = tf.function(
+            self.model.user_vectors,
+            input_signature=[tf.TensorSpec([None], tf.int64), tf.TensorSpec([None, None], tf.int64)],
+        )
+
+    # -- checkpointable state ---------------------------------------------------------------
+    def trackables(self) -> dict[str, object]:
+        """Objects a tf.train.Checkpoint must hold to resume exactly (slots included)."""
+        return {
+            "model": self.model,
+            "freq": self.freq,
+            "opt_user": self.opt_user,
+            "opt_item": self.opt_item,
+            "opt_dense": self.opt_dense,
+            "step": self.step,
+        }
+
+    # -- the compiled steps -------------------------------------------------------------------
+    def _apply(self, g_user: tf.Tensor, g_item: tf.Tensor, g_dense: list[tf.Tensor]) -> None:
+        self.opt_user.apply_gradients([(g_user, self.model.users.shadow)])
+        self.opt_item.apply_gradients([(g_item, self.model.items.shadow)])
+        self.opt_dense.apply_gradients(zip(g_dense, self.model.dense_variables, strict=True))
+
+    def _begin(
+        self, uk: tf.Tensor, ik: tf.Tensor, hist: tf.Tensor, count: tf.Tensor
+    ) -> tuple[tf.Tensor, ...]:
+        if count:  # a tf.cond: the update runs before log_q reads the estimate
+            self.freq.update(ik)
+        step = self.step.assign_add(1)
+        u_eff, i_eff, h_eff, known = self.model.prepare(uk, ik, hist, step)
+        return u_eff, i_eff, h_eff, known, self.freq.log_q(ik)
+
+    def _negatives(self, neg: tf.Tensor, neg_lq: tf.Tensor) -> dict[str, tf.Tensor]:
+        """Loss arguments of the sampled negatives except their vectors (``neg_vecs``):
+        ids without an own row read the default row and are masked."""
+        valid = self.model.items.sightings(neg) >= self.config.admit_after
+        keys = tf.where(valid, neg, tf.constant(DEFAULT_KEY, tf.int64))
+        return {
+            "neg_keys": keys,
+            "neg_valid": valid,
+            "neg_log_q": tf.fill(tf.shape(neg), neg_lq),
+        }
+
+    def _loss_extra(self, uk: tf.Tensor) -> dict[str, tf.Tensor]:
+        return {"user_keys": uk} if self.options.mask_same_user else {}
+
+    def _loss(
+        self,
+        uv: tf.Tensor,
+        pooled: tf.Tensor,
+        known: tf.Tensor,
+        targets: tuple[tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor],
+        neg_vecs: tf.Tensor,
+        negs: dict[str, tf.Tensor],
+        uk: tf.Tensor,
+        total_w: tf.Tensor | None = None,
+    ) -> tf.Tensor:
+        """The training loss: the in-batch softmax plus ``TrainOptions.aux_weight`` times
+        the history-pool term (``model.towers.loss.history_pool_query``: its queries are stacked
+        below the user vectors, one softmax for both). ``targets`` is
+        ``(item vectors, item keys, log q, weights)``. ``total_w`` given: a micro-batch's
+        share (``sum(w * ce) / total_w``, own block negatives), else the mean over the batch
+        with ``loss_groups`` blocks."""
+        iv, ik, log_q, w = targets
+        accum = total_w is not None
+        groups = 1 if accum else self.options.loss_groups
+        total = total_w if accum else tf.maximum(tf.reduce_sum(w), 1e-12)
+        kwargs = {"neg_vecs": neg_vecs, **negs, **self._loss_extra(uk)}
+        if self.options.aux_weight:
+            query, w_aux = history_pool_query(pooled, known, w, uv.dtype)
+            uv = tf.concat([uv, query], axis=0)
+            w = tf.concat([tf.cast(w, tf.float32), self.options.aux_weight * w_aux], axis=0)
+        temp = self.config.temperature
+        loss = in_batch_softmax_loss(uv, iv, ik, log_q, w, temp, groups, "sum", **kwargs) / total
+        return loss
+
+    def _single_step(
+        self,
+        uk: tf.Tensor,
+        ik: tf.Tensor,
+        hist: tf.Tensor,
+        w: tf.Tensor,
+        neg: tf.Tensor,
+        neg_lq: tf.Tensor,
+        count: tf.Tensor,
+    ) -> tuple[tf.Tensor, tf.Tensor]:
+        """Returns the loss and the user vectors of the first ``eval_rows`` rows as computed
+        before the update (the test-then-train vectors, at no extra lookup cost)."""
+        u_eff, i_eff, h_eff, known, log_q = self._begin(uk, ik, hist, count)
+        negs = self._negatives(neg, neg_lq)
+        with tf.GradientTape() as tape:
+            u_rows, i_rows, h_rows, n_rows = self.model.lookup(
+                u_eff, i_eff, h_eff, negs["neg_keys"]
+            )
+            pooled = self.model.history_pool(h_rows, known)
+            uv = self.model.user_mlp(u_rows, pooled)
+            iv = self.model.item_tower(i_rows)
+            targets = (iv, ik, log_q, w)
+            loss = self._loss(uv, pooled, known, targets, self.model.item_tower(n_rows), negs, uk)
+        dense = self.model.dense_variables
+        grads = tape.gradient(loss, [self.model.users.shadow, self.model.items.shadow, *dense])
+        self._apply(grads[0], grads[1], grads[2:])
+        return loss, tf.cast(uv[: max(self.options.eval_rows, 0)], tf.float32)
+
+    def _dedup_step(
+        self,
+        uk: tf.Tensor,
+        ik: tf.Tensor,
+        hist: tf.Tensor,
+        w: tf.Tensor,
+        neg: tf.Tensor,
+        neg_lq: tf.Tensor,
+        count: tf.Tensor,
+    ) -> tuple[tf.Tensor, tf.Tensor]:
+        """:meth:`_single_step` with one read per distinct key (see ``dedup_lookups``)."""
+        u_eff, i_eff, _, known, log_q = self._begin(uk, ik, hist, count)
+        negs = self._negatives(neg, neg_lq)
+        model = self.model
+        plan = model.plan(u_eff, i_eff, hist, known)
+        # The plan's distinct item keys stay first (tf.unique keeps first occurrences).
+        n_plan = tf.size(plan.item_keys)
+        all_keys, all_idx = tf.unique(tf.concat([plan.item_keys, negs["neg_keys"]], 0))
+        neg_idx = all_idx[n_plan:]
+        # The pool reads the history rows straight from all_keys' rows (the plan's keys come
+        # first): no slice of them, whose gradient would be a dense copy.
+        plan = model.widen_pool(plan, tf.size(all_keys))
+        dense = model.dense_variables
+        with tf.GradientTape() as tape:
+            u_uniq = model.shadow_rows(model.users, plan.user_keys)
+            i_all = model.shadow_rows(model.items, all_keys)
+            u_rows, pooled = model.planned_inputs(plan, u_uniq, i_all)
+            uv = model.user_mlp(u_rows, pooled)
+            iv = model.item_tower(tf.gather(i_all, plan.target_idx))
+            neg_vecs = model.item_tower(tf.gather(i_all, neg_idx))
+            loss = self._loss(uv, pooled, known, (iv, ik, log_q, w), neg_vecs, negs, uk)
+        g_user, g_item, *g_dense = tape.gradient(loss, [u_uniq, i_all, *dense])
+        # Gradients w.r.t. the distinct rows, summed per key: dense [U, d] / [I, d] updates
+        # of the shadow buffers, which hold exactly those keys in that order.
+        self._apply(tf.convert_to_tensor(g_user), tf.convert_to_tensor(g_item), g_dense)
+        return loss, tf.cast(uv[: max(self.options.eval_rows, 0)], tf.float32)
+
+    def _materialize(self, params: object, keys: tf.Tensor) -> None:
+        """Give every key a row now, so all micro-batches read the same initial values."""
+        uniq, _ = tf.unique(tf.reshape(keys, [-1]))
+        vals, exists = params.lookup(uniq, return_exists=True)  # type: ignore[attr-defined]
+        missing = tf.logical_not(exists)
+        params.upsert(tf.boolean_mask(uniq, missing), tf.boolean_mask(vals, missing))  # type: ignore[attr-defined]
+
+    def _accum_step(
+        self,
+        uk: tf.Tensor,
+        ik: tf.Tensor,
+        hist: tf.Tensor,
+        w: tf.Tensor,
+        neg: tf.Tensor,
+        neg_lq: tf.Tensor,
+        count: tf.Tensor,
+    ) -> tf.Tensor:
+        n = self.options.grad_accum_steps
+        e = self.config.embedding_dim
+        u_eff, i_eff, h_eff, known, log_q = self._begin(uk, ik, hist, count)
+        negs = self._negatives(neg, neg_lq)
+        neg_keys = negs["neg_keys"]
+        users, items = self.model.users, self.model.items
+        self._materialize(users.params, u_eff)
+        self._materialize(
+            items.params, tf.concat([i_eff, tf.reshape(h_eff, [-1]), neg_keys], 0)
+        )
+        total_w = tf.maximum(tf.reduce_sum(w), 1e-12)
+        group = group_ids(tf.shape(ik)[0], n)
+        parts = [
+            tf.dynamic_partition(x, group, n) for x in (u_eff, i_eff, h_eff, known, ik, log_q, w, uk)
+        ]
+        dense = self.model.dense_variables
+        u_keys, u_grads, i_keys, i_grads = [], [], [], []
+        d_grads = [tf.zeros_like(v) for v in dense]
+        loss_total = tf.constant(0.0)
+        for g in range(n):
+            ue, ie, he, kn, ikg, lq, wg, ukg = (p[g] for p in parts)
+            uu, uidx = tf.unique(ue)
+            iu, iidx = tf.unique(tf.concat([ie, tf.reshape(he, [-1]), neg_keys], 0))
+            with tf.GradientTape() as tape:
+                u_uniq = users.params.lookup(uu)
+                i_uniq = items.params.lookup(iu)
+                tape.watch([u_uniq, i_uniq])
+                bg = tf.shape(ie)[0]
+                rows = tf.gather(i_uniq, iidx)
+                n_hist = tf.size(he)
+                h_rows = tf.reshape(rows[bg : bg + n_hist], [bg, -1, e])
+                if not self.config.train_history:
+                    h_rows = tf.stop_gradient(h_rows)
+                pooled = self.model.history_pool(h_rows, kn)
+                uv = self.model.user_mlp(tf.gather(u_uniq, uidx), pooled)
+                targets = (self.model.item_tower(rows[:bg]), ikg, lq, wg)
+                neg_vecs = self.model.item_tower(rows[bg + n_hist :])
+                loss = self._loss(uv, pooled, kn, targets, neg_vecs, negs, ukg, total_w)
+            gu, gi, *gd = tape.gradient(loss, [u_uniq, i_uniq, *dense])
+            u_keys.append(uu)
+            u_grads.append(gu)
+            i_keys.append(iu)
+            i_grads.append(gi)
+            d_grads = [a + b for a, b in zip(d_grads, gd, strict=True)]
+            loss_total += loss
+        uu, uidx = tf.unique(tf.concat(u_keys, 0))
+        iu, iidx = tf.unique(tf.concat(i_keys, 0))
+        gu = tf.math.unsorted_segment_sum(tf.concat(u_grads, 0), uidx, tf.size(uu))
+        gi = tf.math.unsorted_segment_sum(tf.concat(i_grads, 0), iidx, tf.size(iu))
+        with tf.GradientTape() as tape:
+            surrogate = tf.reduce_sum(users.layer(uu) * gu) + tf.reduce_sum(items.layer(iu) * gi)
+        g_user, g_item = tape.gradient(surrogate, [users.shadow, items.shadow])
+        self._apply(g_user, g_item, d_grads)
+        return loss_total
+
+    # -- public API ---------------------------------------------------------------------------
+    def train_step(self, batch: Batch, *, count: bool = True, covisit: bool = True) -> float:
+        """One optimizer update on ``batch`` (accumulated if ``grad_accum_steps`` > 1).
+
+        ``count``: record the batch's items in the frequency estimate (logQ correction and
+        prior) first; False for further passes over the same batch (the evaluation's epochs),
+        so that an item counts once per sample however often it is trained on. With ``count``
+        and ``covisit`` the co-visitation term (``model.scoring.covisit``) learns the batch too, after
+        the step; :meth:`fit_batch` passes ``covisit=False`` and has it learnt in order on the
+        evaluation thread instead.
+        """
+        if self.negatives.count and not self.negatives.ready:
+            self.negatives.reset(self.model.known_rows(self.model.items)[0])
+        self.negatives.add(batch.item_keys)
+        neg, neg_lq = self.negatives.draw()
+        args = (
+            tf.constant(batch.user_keys, tf.int64),
+            tf.constant(batch.item_keys, tf.int64),
+            tf.constant(self._history(batch.history), tf.int64),
+            tf.constant(batch.weights, tf.float32),
+            tf.constant(neg, tf.int64),
+            tf.constant(neg_lq, tf.float32),
+            tf.constant(count),
+        )
+        self._head_vectors = None
+        if self._accumulates(batch):
+            loss = float(self._accum_fn(*args))
+        else:
+            if self._step_concrete is None:  # traced on first use (calls skip the dispatch)
+                self._step_concrete = self._step_fn.get_concrete_function()
+            loss_t, head = self._step_concrete(*args)
+            loss = float(loss_t)
+            self._head_vectors = user_scoring_vectors(head.numpy(), self.config.prior_weight)
+        if count and covisit and self.covisit is not None:
+            self.covisit.learn(batch.history, batch.item_keys, batch.weights)
+        self.maybe_evict()
+        return loss
+
+    def _history(self, history: np.ndarray) -> np.ndarray:
+        """The model's window of a (most recent first) history: ``ModelConfig.history_len``."""
+        return history[:, : self.config.history_len]
+
+    def _accumulates(self, batch: Batch) -> bool:
+        n = self.options.grad_accum_steps
+        return n > 1 and len(batch) >= n
+
+    def user_vectors(self, user_keys: np.ndarray, history: np.ndarray) -> np.ndarray:
+        """Scoring vectors of users (the user tower, plus the prior's 1: ``model.scoring.prior``)."""
+        vectors = self._user_vec_fn(
+            tf.constant(user_keys, tf.int64), tf.constant(self._history(history), tf.int64)
+        ).numpy()
+        return user_scoring_vectors(vectors, self.config.prior_weight)
+
+    def covisit_scores(self, history: np.ndarray, item_keys: np.ndarray) -> np.ndarray:
+        """``[B, N]`` float32: the co-visitation term (``model.scoring.covisit``) of each history row
+        (item keys, most recent first) for each of ``item_keys``; zeros without the term."""
+        self.wait_evaluation()
+        if self.covisit is None:
+            return np.zeros((len(history), len(item_keys)), np.float32)
+        return covisit_term(self.covisit.sums(history, item_keys), self.config.covisit_weight)
+
+    def item_vectors(self) -> tuple[np.ndarray, np.ndarray]:
+        """(keys, scoring vectors float32) of every known item: the item tower output, with
+        the popularity prior when ``ModelConfig.prior_weight`` (``model.scoring.prior``)."""
+        return self._scoring_items(*self._item_rows())
+
+    def _item_rows(self) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """What :meth:`item_vectors` reads of the model now: (keys, rows, log q or None)."""
+        keys, rows = self.model.known_rows(self.model.items)
+        if not self.config.prior_weight:
+            return keys, rows, None
+        return keys, rows, self.freq.log_q(tf.constant(keys, tf.int64)).numpy()
+
+    def _scoring_items(
+        self, keys: np.ndarray, rows: np.ndarray, log_q: np.ndarray | None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`item_vectors` from :meth:`_item_rows` (numpy only: any thread)."""
+        if self.config.normalize and rows.size:
+            rows = rows / np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-12)
+        if log_q is None:
+            return keys, rows.astype(np.float32)
+        return keys, item_scoring_vectors(
+            rows, log_q, self.config.temperature, self.config.prior_weight
+        )
+
+    def _refresh_candidates(
+        self, keys: np.ndarray, rows: np.ndarray, log_q: np.ndarray | None
+    ) -> None:
+        self.evaluator.set_candidates(*self._scoring_items(keys, rows, log_q))
+
+    def _observe_and_score(
+        self, vectors: np.ndarray | None, targets: np.ndarray, trained: Batch
+    ) -> None:
+        """Evaluation-thread work of one trained batch, in training order: score its head
+        (``vectors``; None = not evaluated), count its items for the popularity baseline,
+        then let the co-visitation term learn it (off the training thread)."""
+        if vectors is not None:
+            self.evaluator.evaluate(vectors, targets)
+        self.evaluator.popularity.observe(trained.item_keys)
+        if self.covisit is not None:
+            self.covisit.learn(trained.history, trained.item_keys, trained.weights)
+
+    def fit_batch(self, batch: Batch) -> float:
+        """Test-then-train: score the first ``eval_rows`` rows with the model as it was
+        before this batch, then train on the batch; returns the training loss.
+
+        The single-step path scores the user vectors its own forward pass computed before
+        the update (ids first seen in this batch have just been admitted there, so they
+        score with their fresh row rather than the default row: both are untrained).
+        """
+        opts = self.options
+        evaluating = opts.eval_rows > 0
+        head = batch.rows(slice(0, opts.eval_rows))
+        vectors = None
+        if evaluating:
+            if self._since_refresh >= opts.eval_refresh_steps:
+                # the rows as the model holds them now; the scoring matrix is built on the
+                # evaluation thread while this batch trains
+                self._evaluation(self._refresh_candidates, *self._item_rows())
+                self._since_refresh = 0
+            if self._accumulates(batch):
+                vectors = self.user_vectors(head.user_keys, head.history)
+        loss = self.train_step(batch, covisit=False)
+        if evaluating:
+            if vectors is None:
+                vectors = self._head_vectors
+            self._evaluation(self._observe_and_score, vectors, head.item_keys, batch)
+        else:
+            self._evaluation(self._observe_and_score, None, head.item_keys, batch)
+        self._since_refresh += 1
+        return loss
+
+    def _evaluation(self, fn: Callable[..., None], *args: Any) -> None:
+        """Run evaluation work (a candidate refresh; a head's scoring, then the batch's
+        popularity counts) on the evaluation thread (``eval_async``) once the previous
+        piece finished, else inline: the pieces run in training order, at most one behind
+        the training, and each batch is scored against the candidates of its own refresh
+        and the popularity counts of the batches before it."""
+        if not self.options.eval_async:
+            fn(*args)
+            return
+        self.wait_evaluation()
+        if self._eval_pool is None:
+            self._eval_pool = ThreadPoolExecutor(1, thread_name_prefix="trainer-eval")
+        self._eval_pending = self._eval_pool.submit(fn, *args)
+
+    def wait_evaluation(self) -> None:
+        """Block until every batch handed to the evaluation is scored (errors re-raised)."""
+        pending, self._eval_pending = self._eval_pending, None
+        if pending is not None:
+            pending.result()
+
+    def quality(self) -> dict[str, float]:
+        """The evaluation's figures (``Evaluator.summary``) with every trained batch scored."""
+        self.wait_evaluation()
+        return self.evaluator.summary()
+
+    def maybe_evict(self) -> int:
+        every = self.options.evict_every_steps
+        if not every:
+            return 0
+        # Reads the step variable only when a multiple of ``every`` is due (a countdown in
+        # between; a checkpoint restore is caught up with at the next read).
+        if self._evict_in is not None and self._evict_in > 1:
+            self._evict_in -= 1
+            return 0
+        due = int(self.step.numpy()) % every
+        self._evict_in = every - due
+        if due:
+            return 0
+        removed = 0
+        for table, opt, cap in (
+            (self.model.users, self.opt_user, self.options.max_user_rows),
+            (self.model.items, self.opt_item, self.options.max_item_rows),
+        ):
+            removed += self.model.evict(table, cap, self._slot_tables(opt, table))
+        if removed and self.negatives.count:
+            self.negatives.reset(self.model.known_rows(self.model.items)[0])
+        return removed
+
+    @staticmethod
+    def _slot_tables(opt: object, table: object) -> list[object]:
+        try:
+            slot = opt.get_slot(table.shadow, "accumulator")  # type: ignore[attr-defined]
+        except (KeyError, AttributeError, ValueError):
+            return []
+        return [slot.params]
+
+    def table_sizes(self) -> dict[str, int]:
+        return {"user_rows": self.model.users.size(), "item_rows": self.model.items.size()}

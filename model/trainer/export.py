@@ -1,0 +1,128 @@
+"""Turn the trained tables into a serving artifact and publish it through the registry.
+
+Choice of format (issue 5): exported weights and table rows as ``.npy`` files
+(``model.artifact.files``), not a SavedModel carrying the TFRA ops — serving then needs numpy
+only, loads a version in milliseconds (no TF import, no graph load), and knows exactly
+which ids the model has rows for (TFRA returns a fresh random row for an unknown key).
+Figures: ``bench/train.py`` (export time and size for 100k and 1M ids).
+
+What is exported (see ``model/artifact/files.py`` for the format):
+
+* ``user_keys``/``user_rows``: every user with an own row; ``default_user_row``: the shared
+  row of users without one;
+* ``item_hist_keys``/``item_hist_rows``: every item with an own row (the history pool);
+* ``item_ids``/``item_vectors``: the item tower output of each known item whose external id
+  the trainer saw (ids come from the samples; the trainer keeps ``key -> item_id``);
+* the user tower's dense layers, the L2-normalisation flag of the user vector, the
+  model's history window (``ModelConfig.history_len``) and its history pooling
+  (``history_decay``: artifact format 3); the pool's residual (``pool_residual``) is folded
+  into the dense layers (``model.scoring.pooling.fold_pool_residual``);
+* with ``ModelConfig.prior_weight``, the popularity prior as one more dimension of both
+  sides (``model.scoring.prior``: the artifact's ``score_bias``);
+* with ``ModelConfig.covisit_weight``, the trainer's co-visitation pairs among the exported
+  items (``model.scoring.covisit``: artifact format 4).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from model.artifact.files import write_artifact
+from model.scoring.pooling import fold_pool_residual
+from model.scoring.prior import export_fields
+from model.artifact.registry import Registry
+from model.trainer.core import Trainer
+
+log = logging.getLogger(__name__)
+
+
+def artifact_arrays(trainer: Trainer, item_ids: Mapping[int, str]) -> dict[str, Any]:
+    """Keyword arguments of :func:`model.artifact.files.write_artifact` for the current state."""
+    trainer.wait_evaluation()  # the co-visitation term learns on the evaluation thread
+    model = trainer.model
+    ukeys, urows = model.known_rows(model.users)
+    hkeys, hrows = model.known_rows(model.items)
+    vkeys, vecs = trainer.item_vectors()
+    named = np.fromiter((int(k) in item_ids for k in vkeys), bool, vkeys.size)
+    config = model.config
+    layers = [
+        (w.numpy(), b.numpy(), act)
+        for w, b, act in zip(model.kernels, model.biases, model.activations, strict=True)
+    ]
+    tower = export_fields(
+        fold_pool_residual(layers, config.embedding_dim, config.pool_residual),
+        config.prior_weight,
+        config.normalize and config.normalize_user,
+        config.history_len,
+        config.history_decay,
+    )
+    covisit: dict[str, Any] = {}
+    if trainer.covisit is not None:
+        covisit = {
+            "covisit": trainer.covisit.csr(vkeys[named]),
+            "covisit_params": {
+                "weight": config.covisit_weight,
+                "window": config.covisit_window,
+                "decay": config.covisit_decay,
+            },
+        }
+    return {
+        **covisit,
+        "item_ids": [item_ids[int(k)] for k in vkeys[named]],
+        "item_vectors": vecs[named],
+        "item_hist_keys": hkeys,
+        "item_hist_rows": hrows,
+        "user_keys": ukeys,
+        "user_rows": urows,
+        "default_user_row": model.default_row(model.users),
+        **tower,
+    }
+
+
+def write_version(
+    directory: str | Path,
+    trainer: Trainer,
+    item_ids: Mapping[int, str],
+    version: str,
+    manifest_extra: Mapping[str, Any] | None = None,
+    created_at: datetime | None = None,
+) -> dict[str, Any]:
+    """Write the current model as one artifact directory; returns the manifest."""
+    return write_artifact(
+        directory,
+        version=version,
+        manifest_extra=manifest_extra,
+        created_at=created_at,
+        **artifact_arrays(trainer, item_ids),
+    )
+
+
+def publish_version(
+    registry: Registry,
+    trainer: Trainer,
+    item_ids: Mapping[int, str],
+    version: str,
+    manifest_extra: Mapping[str, Any] | None = None,
+    created_at: datetime | None = None,
+) -> str:
+    """Stage, write, verify and publish one version (atomic: temp dir + rename + pointer)."""
+    arrays = artifact_arrays(trainer, item_ids)
+
+    def write(path: Path) -> None:
+        write_artifact(
+            path,
+            version=version,
+            manifest_extra=manifest_extra,
+            created_at=created_at,
+            **arrays,
+        )
+
+    published = registry.publish(version, write)
+    log.info("published version %s (%d items)", published, len(arrays["item_ids"]))
+    return published

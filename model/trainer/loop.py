@@ -1,0 +1,421 @@
+"""The trainer service: ``samples`` from Kafka -> test-then-train -> checkpoints -> versions.
+
+Exactly once. The consumer is assigned every partition of the samples topic manually, with
+auto-commit off; it never commits to Kafka. The offsets of the samples a model state has
+trained on are saved *inside* the checkpoint of that state (``model.trainer.checkpoint``). On start
+the newest checkpoint is restored and every partition is sought to its saved offset (or to
+the beginning). A crash loses only work done after the last checkpoint — model state and
+offsets together — so those samples are trained again from the restored state, and the
+surviving model has trained each sample exactly once. ``samples_trained`` and an
+order-independent digest of the trained sample ids are part of the checkpoint (and of
+every manifest) to prove it.
+
+A record that does not decode goes to the dead-letter topic with the reason; its offset
+counts as consumed (in order with the trained ones) and training continues.
+
+Every ``export_every_s`` seconds or ``export_every_samples`` samples (whichever first) the
+trainer checkpoints and then publishes a version whose manifest carries the offsets, the
+event time it is trained through, the rolling test-then-train metrics and the digest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import numpy as np
+
+from feature_store.settings import Settings
+from model.artifact.files import ArtifactError
+from model.trainer.checkpoint import CheckpointStore
+from model.trainer.dedupe import RecentIds
+from model.trainer.export import publish_version
+from model.artifact.registry import Registry, RegistryError
+from model.trainer.samples import digest_of_hashes
+from model.trainer.core import Trainer, TrainOptions
+from model.trainer.fetch import Chunk, ChunkFetcher, RecordSource, Rejected, open_source
+from model.trainer.fetch_process import ProcessFetcher
+from model.trainer.metrics import TrainerMetrics
+from model.towers.two_tower import ModelConfig
+
+log = logging.getLogger(__name__)
+
+Clock = Callable[[], datetime]
+
+
+@dataclass
+class LoopState:
+    """What a checkpoint stores besides the TF objects."""
+
+    offsets: dict[str, int] = field(default_factory=dict)
+    samples_trained: int = 0
+    digest: int = 0
+    dlq_records: int = 0
+    trained_through_ms: int | None = None
+    export_seq: int = 0
+    last_version: str | None = None
+    #: Samples skipped because their sample_id was trained already (model.trainer.dedupe).
+    duplicates_dropped: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.__dict__, "digest": str(self.digest)}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> LoopState:
+        data = dict(data)
+        data["digest"] = int(data.get("digest", 0))
+        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+
+
+@dataclass(frozen=True)
+class LoopOptions:
+    batch_timeout_s: float = 0.2
+    poll_timeout_ms: int = 100
+    export_every_s: float = 30.0
+    export_every_samples: int = 200_000
+    max_samples: int | None = None
+    #: GIL switch interval while ``run()`` trains (``sys.setswitchinterval``, restored on
+    #: return; None = leave it). The training thread releases the GIL at every TF and numpy
+    #: call; while the fetch thread decodes, Python's default 5 ms interval can keep it
+    #: waiting that long each time it wants the GIL back (measured: test-then-train steps
+    #: ~14% faster at 0.5 ms next to a thread running Python half of the time).
+    gil_switch_interval_s: float | None = 0.0005
+    #: numpy's BLAS threads while ``run()`` trains (``threadpoolctl``; restored on return;
+    #: None = leave them). OpenBLAS workers busy-wait after each call (the evaluation's
+    #: scoring matmul), taking CPU from the TF step and the fetch thread: one thread costs
+    #: the matmul little and the process about a third of its CPU (``bench/train.py`` e2e).
+    blas_threads: int | None = 1
+    #: Kafka client of the samples consumer: "confluent" (librdkafka, parses record batches
+    #: in C: ~1 us of CPU per record against ~7 us for kafka-python, measured with
+    #: ``bench/train.py``), "kafka-python", or "auto" (confluent if installed). Both are
+    #: assigned every partition at the checkpointed offsets and never commit.
+    consumer: str = "auto"
+    #: Poll and decode in a child process (``model.trainer.fetch_process``): its Python
+    #: then takes neither the GIL nor the training process's cores; False = a thread.
+    fetch_process: bool = True
+    #: Most records one poll returns (the fetch thread decodes a poll as a whole); None =
+    #: four batches, at least 2000.
+    max_poll_records: int | None = None
+
+
+def feature_schema_hash(history_len: int, config: ModelConfig) -> str:
+    spec = {
+        "ids": "blake2b-8(kind\\x1fid)",
+        "history_len": history_len,
+        "embedding_dim": config.embedding_dim,
+        "user_layers": list(config.user_layers),
+        "admit_after": config.admit_after,
+        "history_decay": config.history_decay,
+    }
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
+
+
+@contextmanager
+def _tuned(loop: LoopOptions) -> Iterator[None]:
+    """The process settings of ``LoopOptions`` while the loop trains, restored after."""
+    previous_switch = sys.getswitchinterval()
+    if loop.gil_switch_interval_s is not None:
+        sys.setswitchinterval(loop.gil_switch_interval_s)
+    blas = None
+    if loop.blas_threads is not None:
+        try:
+            from threadpoolctl import threadpool_limits
+        except ImportError:
+            log.warning("threadpoolctl is not installed: numpy's BLAS threads left as they are")
+        else:
+            blas = threadpool_limits(limits=loop.blas_threads, user_api="blas")
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(previous_switch)
+        if blas is not None:
+            blas.restore_original_limits()
+
+
+class TrainerService:
+    """Consumes samples, trains, checkpoints and publishes; see the module doc."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        trainer: Trainer,
+        loop: LoopOptions | None = None,
+        *,
+        clock: Clock,
+        monotonic: Callable[[], float] = time.monotonic,
+        metrics: TrainerMetrics | None = None,
+        redis_client: Any | None = None,
+    ) -> None:
+        self.settings = settings
+        self.trainer = trainer
+        self.loop = loop or LoopOptions(
+            export_every_s=settings.trainer.export_every_s,
+            export_every_samples=settings.trainer.export_every_samples,
+        )
+        self.clock = clock
+        self.monotonic = monotonic
+        self.metrics = metrics or TrainerMetrics(trainer.options.eval_k)
+        self.history_len = settings.features.history_len
+        tcfg = settings.trainer
+        self.checkpoints = CheckpointStore(tcfg.checkpoint_dir, trainer.trackables())
+        self.registry = Registry(
+            tcfg.registry_dir, tcfg.model_name, redis_client, settings.redis.key_prefix,
+            tcfg.keep_versions,
+        )
+        self.state = LoopState()
+        self.item_ids: dict[int, str] = {}
+        self.recent_ids = RecentIds()
+        self.stop_event = threading.Event()
+        self.running = False
+        self._source: RecordSource | None = None
+        self._producer: Any = None
+        self._last_loss = float("nan")
+        self._batches_done = 0
+
+    # -- state ---------------------------------------------------------------------------------
+    def restore(self) -> bool:
+        restored = self.checkpoints.restore()
+        if restored is None:
+            log.info("no checkpoint in %s: starting fresh", self.checkpoints.directory)
+            return False
+        self.state = LoopState.from_json(restored.state)
+        keys = restored.arrays.get("item_keys", np.zeros(0, np.int64))
+        ids = restored.arrays.get("item_ids", np.zeros(0, str))
+        self.item_ids = dict(zip(keys.tolist(), ids.tolist(), strict=True))
+        self.recent_ids = RecentIds.from_array(
+            restored.arrays.get("recent_sample_ids", np.zeros(0, np.int64))
+        )
+        if self.trainer.covisit is not None:
+            self.trainer.covisit.load_arrays(restored.arrays)
+        self.metrics.samples_total.set(self.state.samples_trained)
+        log.info(
+            "resuming at %s (%d samples trained)", self.state.offsets, self.state.samples_trained
+        )
+        return True
+
+    def checkpoint(self) -> None:
+        self.trainer.wait_evaluation()  # the co-visitation state is complete up to the offsets
+        keys = np.fromiter(self.item_ids.keys(), np.int64, len(self.item_ids))
+        ids = np.array(list(self.item_ids.values()), dtype=np.str_)
+        covisit = self.trainer.covisit.to_arrays() if self.trainer.covisit is not None else {}
+        self.checkpoints.save(
+            self.state.to_json(),
+            {
+                "item_keys": keys,
+                "item_ids": ids,
+                "recent_sample_ids": self.recent_ids.to_array(),
+                **covisit,
+            },
+        )
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "status": "ok" if self.running else "starting",
+            "samples_trained": self.state.samples_trained,
+            "duplicates_dropped": self.state.duplicates_dropped,
+            "digest": str(self.state.digest),
+            "dlq_records": self.state.dlq_records,
+            "offsets": dict(self.state.offsets),
+            "last_version": self.state.last_version,
+            "trained_through_ms": self.state.trained_through_ms,
+            "metrics": self.trainer.evaluator.summary(),  # at most one batch behind
+        }
+
+    # -- kafka ---------------------------------------------------------------------------------
+    def _fetcher(self) -> ChunkFetcher | ProcessFetcher:
+        """Create the topics if needed and the samples fetcher (a child process, or a
+        thread with ``LoopOptions.fetch_process`` False), reading from the restored offsets.
+        The dead-letter producer is made when a first record needs it (connecting one
+        took 0.07-0.3 s of every start)."""
+        from stream.kafka_client import ensure_topics
+
+        kafka = self.settings.kafka
+        ensure_topics(kafka, [kafka.samples_topic, kafka.dlq_topic])
+        source_args = (
+            kafka, self.settings.trainer.group_id, self.state.offsets, self.loop.consumer,
+            self.loop.max_poll_records or max(4 * self.trainer.options.batch_size, 2000),
+        )
+        fetch_args = (
+            self.trainer.options.batch_size,
+            # only the model's window is hashed into keys (a sample carries the features'
+            # longer history: 50 entries against the model's 10 by default)
+            min(self.history_len, self.trainer.config.history_len),
+            self.loop.batch_timeout_s,
+            self.loop.poll_timeout_ms,
+        )
+        if self.loop.fetch_process:
+            return ProcessFetcher(*source_args, *fetch_args)
+        self._source = open_source(*source_args, self.monotonic, self.stop_event.wait)
+        return ChunkFetcher(self._source, *fetch_args, self.monotonic)
+
+    def _dead_letter(self, record: Rejected, reason: str) -> None:
+        from stream.kafka_client import dlq_record, make_producer
+
+        log.warning(
+            "dead-lettering %s:%d@%d: %s", record.topic, record.partition, record.offset, reason
+        )
+        value = dlq_record(reason, "trainer", record.topic, record.partition, record.offset, record.value)
+        if self._producer is None:
+            self._producer = make_producer(self.settings.kafka)
+        self._producer.send(self.settings.kafka.dlq_topic, key=record.key, value=value)
+        self.state.dlq_records += 1
+        self.metrics.dlq.inc()
+
+    # -- main loop -----------------------------------------------------------------------------
+    def run(self) -> LoopState:
+        """Train until ``stop_event`` is set (or ``max_samples``); returns the final state."""
+        self.restore()
+        fetcher = self._fetcher()
+        last_export = self.monotonic()
+        since_export = 0
+        with _tuned(self.loop):
+            fetcher.start()
+            self.running = True
+            try:
+                while not self.stop_event.is_set() and not self._limit_reached():
+                    chunk = fetcher.get(timeout_s=0.1)
+                    if chunk is not None:
+                        since_export += self._train(chunk)
+                    now = self.monotonic()
+                    if since_export > 0 and (
+                        now - last_export >= self.loop.export_every_s
+                        or since_export >= self.loop.export_every_samples
+                    ):
+                        self._export_logged()
+                        last_export, since_export = self.monotonic(), 0
+                if since_export > 0:
+                    self._export_logged()
+                return self.state
+            finally:
+                self.running = False
+                fetcher.stop()
+                self.close()
+
+    def _export_logged(self) -> None:
+        """Export; a failed publication is logged and retried at the next export (the
+        checkpoint it follows is already safe, so training goes on)."""
+        try:
+            self.export()
+        except (RegistryError, ArtifactError, OSError) as exc:
+            log.error("export of version %s failed: %s", self.state.last_version, exc)
+
+    def _limit_reached(self) -> bool:
+        cap = self.loop.max_samples
+        return cap is not None and self.state.samples_trained >= cap
+
+    def _train(self, chunk: Chunk) -> int:
+        for record, reason in chunk.rejected:
+            self._dead_letter(record, reason)
+        sample_ids, item_ids, st = chunk.sample_ids, chunk.item_ids, self.state
+        batch, hashes, ts = chunk.batch, chunk.id_hashes, chunk.ts_ms
+        if batch is not None:
+            fresh = self.recent_ids.admit_hashes(hashes)
+            if not fresh.all():
+                dropped = int((~fresh).sum())
+                st.duplicates_dropped += dropped
+                self.metrics.duplicates.inc(dropped)
+                log.info("dropped %d samples trained before (same sample_id)", dropped)
+                keep = fresh.tolist()
+                sample_ids = [s for s, k in zip(sample_ids, keep, strict=True) if k]
+                item_ids = [s for s, k in zip(item_ids, keep, strict=True) if k]
+                batch = batch.rows(fresh) if sample_ids else None
+                hashes, ts = hashes[fresh], ts[fresh]
+        if batch is not None:
+            started = self.monotonic()
+            self._last_loss = self.trainer.fit_batch(batch)
+            self.item_ids.update(zip(batch.item_keys.tolist(), item_ids, strict=True))
+            st.samples_trained += len(sample_ids)
+            st.digest = (st.digest + digest_of_hashes(hashes)) % (1 << 64)
+            newest = int(ts.max())
+            st.trained_through_ms = max(newest, st.trained_through_ms or newest)
+            m = self.metrics
+            m.samples.inc(len(sample_ids))
+            m.samples_total.set(st.samples_trained)
+            m.batches.inc()
+            m.loss.set(self._last_loss)
+            m.trained_through.set(st.trained_through_ms)
+            m.step_seconds.observe(self.monotonic() - started)
+            self._batches_done += 1
+            if self._batches_done % 20 == 0:
+                m.set_quality(self.trainer.evaluator.summary())  # at most one batch behind
+        st.offsets.update(chunk.offsets)
+        return len(sample_ids) if batch is not None else 0
+
+    def export(self) -> str:
+        """Checkpoint (model + offsets), then publish a version of the same state."""
+        started = self.monotonic()
+        if self._producer is not None:
+            self._producer.flush()  # dead letters reach Kafka before their offsets are saved
+        st = self.state
+        st.export_seq += 1
+        now = self.clock()
+        version = f"{now.strftime('%Y%m%dT%H%M%SZ')}-{st.export_seq:06d}"
+        st.last_version = version
+        sizes = self.trainer.table_sizes()
+        if len(self.item_ids) > 2 * sizes["item_rows"] + 1000:  # rows were evicted
+            live = set(self.trainer.model.known_rows(self.trainer.model.items)[0].tolist())
+            self.item_ids = {k: v for k, v in self.item_ids.items() if k in live}
+        self.checkpoint()
+        summary = self.trainer.quality()
+        extra = {
+            "trained_through_ms": st.trained_through_ms,
+            "kafka_offsets": dict(st.offsets),
+            "metrics": {**summary, "loss": self._last_loss, **sizes},
+            "feature_schema_hash": feature_schema_hash(self.history_len, self.trainer.config),
+            "samples_trained": st.samples_trained,
+            "sample_digest": str(st.digest),
+            "dlq_records": st.dlq_records,
+            "model": {
+                "embedding_dim": self.trainer.config.embedding_dim,
+                "user_layers": list(self.trainer.config.user_layers),
+                "admit_after": self.trainer.config.admit_after,
+                "temperature": self.trainer.config.temperature,
+            },
+        }
+        publish_version(self.registry, self.trainer, self.item_ids, version, extra, created_at=now)
+        self.metrics.exports.inc()
+        self.metrics.set_quality(summary)
+        for table, rows in sizes.items():
+            self.metrics.table_rows.labels(table).set(rows)
+        self.metrics.export_seconds.observe(self.monotonic() - started)
+        return version
+
+    def close(self) -> None:
+        if self._source is not None:
+            self._source.close()
+            self._source = None
+        if self._producer is not None:
+            self._producer.flush()
+            self._producer.close()
+            self._producer = None
+
+
+def build_service(
+    settings: Settings,
+    model_config: ModelConfig | None = None,
+    options: TrainOptions | None = None,
+    loop: LoopOptions | None = None,
+    *,
+    clock: Clock,
+    redis_client: Any | None = None,
+) -> TrainerService:
+    """A service with its trainer built from settings (explicit configs win)."""
+    tcfg = settings.trainer
+    config = model_config or ModelConfig(
+        embedding_dim=tcfg.embedding_dim,
+        user_layers=(2 * tcfg.embedding_dim, tcfg.embedding_dim),
+        # the model's own window of the (longer) point-in-time history it is sent
+        history_len=min(ModelConfig.history_len, settings.features.history_len),
+        seed=tcfg.seed,
+    )
+    opts = options or TrainOptions(batch_size=tcfg.batch_size, learning_rate=tcfg.learning_rate)
+    return TrainerService(settings, Trainer(config, opts), loop, clock=clock, redis_client=redis_client)

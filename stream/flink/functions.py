@@ -1,0 +1,379 @@
+"""PyFlink operator functions of the feature job: thin adapters around ``feature_store.features``.
+
+Each keyed Python stage is called once per *batch*: the JVM collects the records of a key
+bucket over a short processing-time window (``ARRAY_AGG`` in SQL, ``--window-ms``, default
+100 ms) and hands the stage one array (the graph is in ``stream/flink/job.py``):
+
+* :class:`UserBatchStage` (keyed by a user bucket, :data:`USER_BUCKET_SQL`): per record, parse +
+  validate (``stream/flink_parse``), dedupe, user features and the point-in-time sample, in
+  Kafka order (partition, offset) within the batch; it returns one row of three string arrays
+  (:data:`USER_BATCH_OUTPUT`): ``samples`` JSON, ``events.dlq`` JSON and item updates
+  (:func:`item_row`), which the JVM unnests into one Kafka record / item-stage row each;
+* :class:`ItemBatchStage` (keyed by an item bucket, :func:`item_bucket`): decayed score and
+  counts; each batch sends its ``(item_id, score, as_of)`` list to :class:`TrendingStage`
+  (one key, parallelism 1) as ONE record.
+
+Why batches: every record crossing between the JVM and the Python interpreter, every state
+read or write and every output row is a Python<->Java call with a conversion; one call per
+record with a ``ValueState`` read and write cost ~4 of them per event, more than the feature
+functions themselves (measurements in ``stream/flink/job.py``). Per batch: one call in,
+one ``put_all`` of the touched states, one row out, one Redis pipeline.
+
+State: one ``MapState`` per stage (user_id / item_id -> packed state, :func:`pack_user` /
+``pack_item``), under the bucket key, written through at the end of every batch, so a
+checkpoint (taken between two calls) always holds every state the Redis writes before it
+reflect. A :class:`StateCache` of unpacked states sits in front of it: a state is read from
+Flink (and unpacked) only the first time this subtask touches its key.
+
+Redis: every batch is written in one pipeline before the call returns (so no checkpoint
+precedes a write it covers); a Redis error fails the task and Flink restarts it from the last
+checkpoint. Records are full snapshots written "only if newer (as_of, seq)"
+(``feature_store/FORMAT.md``): records re-emitted after a restart rewrite identical values and
+nothing is counted twice. Metric counters are added up locally and published once per batch
+(each is a Java call); the watermark (used only to count late events) is read once per batch.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import operator
+import time
+import zlib
+from collections.abc import Iterator
+from typing import Any
+
+from pyflink.common import Row
+from pyflink.common.time import Time
+from pyflink.common.typeinfo import Types
+from pyflink.datastream import KeyedProcessFunction, RuntimeContext
+from pyflink.datastream.state import MapStateDescriptor, StateTtlConfig, ValueStateDescriptor
+
+from feature_store.features import (
+    Event,
+    FeatureParams,
+    ItemState,
+    TrendingState,
+    UserState,
+    item_features,
+    pack_item,
+    pack_user,
+    trending,
+    unpack_item,
+    unpack_user,
+    update_item,
+    update_trending,
+    update_user,
+    user_counts,
+    user_history,
+)
+from feature_store.redis_store import RedisOnlineStore, encode_user_values
+from feature_store.settings import Settings
+from stream.flink.parse import try_parse
+from stream.gc_tuning import tune_gc
+from stream.kafka_client import dlq_record
+
+log = logging.getLogger(__name__)
+
+#: SQL of the user stage's key: one hex digit of MD5(user_id), 16 buckets (the JVM computes
+#: it before the shuffle; it spreads users over up to 16 subtasks).
+USER_BUCKET_SQL = "SUBSTR(MD5(`user_key`), 1, 1)"
+#: SQL building :func:`user_input` from the Kafka table's columns (the same format).
+USER_INPUT_SQL = (
+    "CONCAT(`user_key`, CHR(0), CAST(`partition` AS STRING), ':', CAST(`offset` AS STRING),"
+    " ':', COALESCE(`value`, ''))"
+)
+#: Input of a batched stage (after the JVM key): the batch's records, in arrival order.
+BATCH_INPUT = Types.BASIC_ARRAY(Types.STRING())
+#: Output of the user stage: ``samples`` JSON, ``events.dlq`` JSON, item rows
+#: (:func:`item_row`), one row per batch.
+USER_BATCH_OUTPUT = Types.ROW_NAMED(
+    ["samples", "dlq", "items"], [Types.BASIC_ARRAY(Types.STRING())] * 3
+)
+#: Output of the item stage: ``(key, batch)`` for the trending stage (one key, ``"0"``).
+ITEM_BATCH_OUTPUT = Types.ROW([Types.STRING(), Types.PICKLED_BYTE_ARRAY()])
+#: The item stage's key is the first character of an item row: one hex digit of crc32.
+ITEM_BUCKET_BITS = 4
+
+
+def user_input(user_key: str, partition: int, offset: int, raw: str) -> str:
+    """``user_key NUL partition:offset:raw`` (built by :data:`USER_INPUT_SQL` in the job)."""
+    return f"{user_key}\x00{partition}:{offset}:{raw}"
+
+
+def parse_user_input(value: str) -> tuple[str, int, int, str]:
+    """``(user_key, partition, offset, raw)`` of a :func:`user_input` value. A key holding NUL
+    splits early: it then differs from the parsed user_id, and the record goes to the DLQ."""
+    key, rest = value.split("\x00", 1)
+    partition, offset, raw = rest.split(":", 2)
+    return key, int(partition), int(offset), raw
+
+
+#: Sort key of parsed :func:`user_input` values: ``(partition, offset)``, the order a batch is
+#: applied in (a user's events share a partition, so this is each user's arrival order).
+KAFKA_ORDER = operator.itemgetter(1, 2)
+
+
+def item_bucket(item_id: str) -> str:
+    """Key of the item stage for ``item_id``: deterministic in every process (not ``hash``)."""
+    return "%x" % (zlib.crc32(item_id.encode()) & ((1 << ITEM_BUCKET_BITS) - 1))
+
+
+def item_row(item_id: str, event_type: str, ts_ms: int) -> str:
+    """An item row of the user stage's output: ``bucket event_type TAB ts_ms TAB item_id``
+    (the JVM keys it by its first character, :func:`item_bucket`)."""
+    return f"{item_bucket(item_id)}{event_type}\t{ts_ms}\t{item_id}"
+
+
+def parse_item_row(value: str) -> tuple[str, str, int]:
+    """``(item_id, event_type, ts_ms)`` of an :func:`item_row` value."""
+    event_type, ts, item_id = value[1:].split("\t", 2)
+    return item_id, event_type, int(ts)
+
+
+class StateCache:
+    """This subtask's unpacked states by id, in front of a keyed ``MapState``.
+
+    Only this subtask writes the keys of its buckets, and every batch writes the states it
+    touched through (``put_all``), so an entry equals what the ``MapState`` holds, except where
+    the state's TTL expired it there (processing time since its last write): an entry older
+    than ``ttl_s`` is dropped when next used. At most ``capacity`` entries; when full, the
+    least recently used half goes. A new function instance (restart, restore) starts empty.
+    """
+
+    def __init__(self, capacity: int, ttl_s: int) -> None:
+        if capacity < 1:
+            raise ValueError("capacity must be >= 1")
+        self.capacity = capacity
+        self.ttl_s = ttl_s
+        self._entries: dict[str, tuple[Any, float]] = {}
+
+    def get(self, key: str, now_s: float) -> Any:
+        """The state of ``key``, or ``None`` if not cached (or expired)."""
+        entry = self._entries.pop(key, None)
+        if entry is None or (self.ttl_s > 0 and now_s - entry[1] > self.ttl_s):
+            return None
+        self._entries[key] = entry  # most recently used last
+        return entry[0]
+
+    def put_all(self, states: dict[str, Any], now_s: float) -> None:
+        """Cache ``states`` as written at ``now_s``."""
+        entries = self._entries
+        for key, state in states.items():
+            entries.pop(key, None)
+            entries[key] = (state, now_s)
+        if len(entries) > self.capacity:
+            for key in list(itertools.islice(entries, len(entries) - self.capacity // 2)):
+                del entries[key]
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+def _ttl_descriptor(descriptor: Any, ttl_s: int) -> Any:
+    if ttl_s > 0:
+        # State of a key idle for the Redis TTL is dropped too (processing time, as Redis).
+        # Explicit incremental cleanup: PyFlink's default background cleanup builds a
+        # RocksDB filter config through a Py4J gateway, which a TaskManager does not have.
+        ttl = (
+            StateTtlConfig.new_builder(Time.seconds(ttl_s))
+            .disable_cleanup_in_background()
+            .cleanup_incrementally(10, False)
+            .build()
+        )
+        descriptor.enable_time_to_live(ttl)
+    return descriptor
+
+
+class _Stage(KeyedProcessFunction):
+    """What the stages share: settings, feature parameters, the store, local metric counts."""
+
+    def __init__(self, settings_json: str, bucket_ms: int, cache_size: int = 0) -> None:
+        self._settings_json = settings_json
+        self._bucket_ms = bucket_ms
+        self._cache_size = cache_size
+
+    def _setup(self, runtime_context: RuntimeContext) -> None:
+        tune_gc()
+        settings = Settings(**json.loads(self._settings_json))
+        self.params = FeatureParams.from_settings(settings.features, bucket_ms=self._bucket_ms)
+        self.store = RedisOnlineStore(settings.redis, settings.features)
+        self.metrics = runtime_context.get_metrics_group()
+        self._counters: dict[str, Any] = {}
+        self._counts: dict[str, int] = {}
+
+    def _keyed_states(
+        self, runtime_context: RuntimeContext, name: str, ttl_s: int, unpack: Any, new: Any
+    ) -> None:
+        """The stage's ``MapState`` (id -> packed state) and the cache in front of it."""
+        descriptor = MapStateDescriptor(name, Types.STRING(), Types.PICKLED_BYTE_ARRAY())
+        self.states = runtime_context.get_map_state(_ttl_descriptor(descriptor, ttl_s))
+        self.cache = StateCache(self._cache_size, ttl_s)
+        self._unpack, self._new = unpack, new
+
+    def _touch(self, touched: dict[str, Any], key: str, now_s: float) -> Any:
+        """The state of ``key``, entered in ``touched`` (the batch's states): from the batch,
+        else the cache, else Flink's ``MapState`` (unpacked), else a new one."""
+        state = touched.get(key)
+        if state is None:
+            state = self.cache.get(key, now_s)
+            if state is None:
+                packed = self.states.get(key)
+                state = self._unpack(packed) if packed is not None else self._new()
+            touched[key] = state
+        return state
+
+    def _write_back(self, touched: dict[str, Any], pack: Any, now_s: float) -> None:
+        self.states.put_all({key: pack(state) for key, state in touched.items()})
+        self.cache.put_all(touched, now_s)
+
+    def _counter(self, name: str) -> None:
+        self._counters[name] = self.metrics.counter(name)
+        self._counts[name] = 0
+
+    def _publish_metrics(self) -> None:
+        for name, n in self._counts.items():
+            if n:
+                self._counters[name].inc(n)
+                self._counts[name] = 0
+
+    def _ttl(self, field: str) -> int:
+        return int(json.loads(self._settings_json)["features"][field])
+
+    def close(self) -> None:
+        self._publish_metrics()
+        self.store.close()
+
+
+class UserBatchStage(_Stage):
+    """Keyed by a user bucket: parse, dedupe, user features, samples; positives on to the items."""
+
+    def __init__(self, settings_json: str, bucket_ms: int, topic: str, cache_size: int) -> None:
+        super().__init__(settings_json, bucket_ms, cache_size)
+        self._topic = topic
+
+    def open(self, runtime_context: RuntimeContext) -> None:
+        self._setup(runtime_context)
+        self._keyed_states(runtime_context, "users", self._ttl("user_ttl_s"), unpack_user, UserState)
+        self._types = frozenset(self.params.event_weights)
+        for name in ("events_bad", "events_duplicate", "events_late", "events_applied",
+                     "samples_emitted"):
+            self._counter(name)
+
+    def process_element(self, values: list[str], ctx: KeyedProcessFunction.Context) -> Iterator[Any]:
+        watermark = ctx.timer_service().current_watermark()
+        params, counts, types = self.params, self._counts, self._types
+        now_s = time.time()
+        states: dict[str, UserState] = {}
+        samples: list[str] = []
+        dlq: list[str] = []
+        items: list[str] = []
+        for key, partition, offset, raw in sorted(map(parse_user_input, values), key=KAFKA_ORDER):
+            parsed = try_parse(raw, types)
+            event = parsed.event
+            if event is None or event.user_id != key:
+                reason = parsed.reason or "user_id: the JVM read another key from this record"
+                dlq.append(self._bad(raw, partition, offset, reason))
+                continue
+            outcome = update_user(self._touch(states, key, now_s), event, params)
+            if outcome.duplicate:
+                counts["events_duplicate"] += 1
+                continue
+            counts["events_applied"] += 1
+            if event.ts_ms <= watermark:
+                counts["events_late"] += 1  # late against the watermark at the batch's start
+            if outcome.sample is not None:
+                samples.append(outcome.sample.to_json())
+                items.append(item_row(event.item_id, event.event_type, event.ts_ms))
+        counts["samples_emitted"] += len(samples)
+        if states:
+            # A batch with only duplicates rewrites unchanged states: harmless, and rare.
+            self._write_back(states, pack_user, now_s)
+            # user_features, encoded from its parts (no UserFeatures/HistoryEntry objects)
+            self.store.write_encoded(users=[
+                (uid, s.as_of_ms, s.seq,
+                 encode_user_values(user_history(s), user_counts(s, params), s.last_seen_ms))
+                for uid, s in states.items()
+            ])
+        self._publish_metrics()
+        if samples or dlq:
+            yield Row(samples, dlq, items)
+
+    def _bad(self, raw: str, partition: int, offset: int, reason: str) -> str:
+        self._counts["events_bad"] += 1
+        log.warning("bad event at %s/%s@%s: %s", self._topic, partition, offset, reason)
+        return dlq_record(reason, "features.parse", self._topic, partition, offset, raw).decode()
+
+
+class ItemBatchStage(_Stage):
+    """Keyed by an item bucket: decayed score and counts per item; each batch's
+    ``(item_id, score, as_of)`` list goes on to the trending stage as one record."""
+
+    def __init__(self, settings_json: str, bucket_ms: int, cache_size: int) -> None:
+        super().__init__(settings_json, bucket_ms, cache_size)
+
+    def open(self, runtime_context: RuntimeContext) -> None:
+        self._setup(runtime_context)
+        self._keyed_states(runtime_context, "items", self._ttl("item_ttl_s"), unpack_item, ItemState)
+
+    def process_element(self, values: list[str], ctx: KeyedProcessFunction.Context) -> Iterator[Any]:
+        params, now_s = self.params, time.time()
+        states: dict[str, ItemState] = {}
+        dirty: dict[str, ItemState] = {}
+        for value in values:
+            item_id, event_type, ts_ms = parse_item_row(value)
+            state = self._touch(states, item_id, now_s)
+            if update_item(state, Event("", "", item_id, event_type, ts_ms), params):
+                dirty[item_id] = state
+        if not dirty:
+            return
+        self._write_back(dirty, pack_item, now_s)
+        feats = [item_features(s, iid, params) for iid, s in dirty.items()]
+        self.store.write_batch(items=feats, item_seqs=[s.seq for s in dirty.values()])
+        yield Row("0", [(f.item_id, f.score, f.as_of_ms) for f in feats])
+
+
+class TrendingStage(_Stage):
+    """One key (parallelism 1): the global top-N by decayed score, fed batches of items; the
+    top list is written to Redis at most every ``flush_ms`` (a processing-time timer)."""
+
+    def __init__(self, settings_json: str, bucket_ms: int, flush_ms: int) -> None:
+        super().__init__(settings_json, bucket_ms)
+        self._flush_ms = flush_ms
+
+    def open(self, runtime_context: RuntimeContext) -> None:
+        self._setup(runtime_context)
+        self.state = runtime_context.get_state(
+            ValueStateDescriptor("trending", Types.PICKLED_BYTE_ARRAY())
+        )
+        self.pending_state: TrendingState | None = None
+        self._timer_at: int | None = None
+
+    def process_element(self, batch: Any, ctx: KeyedProcessFunction.Context) -> Iterator[Any]:
+        state: TrendingState = self.state.value() or TrendingState()
+        for item_id, score, as_of in batch:
+            update_trending(state, item_id, score, as_of, self.params)
+        self.state.update(state)
+        self.pending_state = state
+        if self._flush_ms <= 0:
+            yield from self.flush()
+        elif self._timer_at is None:
+            at = ctx.timer_service().current_processing_time() + self._flush_ms
+            ctx.timer_service().register_processing_time_timer(at)
+            self._timer_at = at
+
+    def on_timer(self, timestamp: int, ctx: KeyedProcessFunction.OnTimerContext) -> Iterator[Any]:
+        self._timer_at = None
+        yield from self.flush()
+
+    def flush(self) -> Iterator[Any]:
+        if self.pending_state is not None:
+            state, self.pending_state = self.pending_state, None
+            self.store.write_batch(trending=trending(state, self.params), trending_seq=state.seq)
+        yield from ()
+
+    def close(self) -> None:
+        for _ in self.flush():
+            pass  # nothing is emitted; the state is in the last checkpoint
+        super().close()

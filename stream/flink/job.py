@@ -1,0 +1,413 @@
+"""The Flink feature job: ``events`` -> user/item/trending features in Redis + ``samples``.
+
+Graph (SQL where it is cheap, Python ``KeyedProcessFunction``s in ``thread`` mode where the
+feature definitions run, called once per batch; functions in ``stream/flink/functions.py``)::
+
+    Kafka table source (raw value, partition, offset; JVM: user_id and event-time watermarks
+    from SQL JSON functions, a processing-time attribute)
+      -> SQL: user bucket (first hex digit of MD5(user_id)); ARRAY_AGG of the records per
+         bucket and processing-time window (TUMBLE, --window-ms, 100 ms) -> keyBy(bucket)
+      -> [Python] user stage, one call per batch: parse/validate, dedupe, user features,
+         point-in-time samples -> one row of three arrays
+         -> SQL UNNEST: samples -> Kafka, bad records -> events.dlq, item rows -> item
+            bucket, ARRAY_AGG per bucket and window -> keyBy(bucket)
+      -> [Python] item stage, one call per batch: decayed score + counts
+      -> [Python] trending top-N (one key, parallelism 1)
+
+All feature logic is ``feature_store.features``; this module only wires it. Run it three ways:
+
+* submitted to a cluster: ``streamrec features`` (``flink run -py stream/flink/job.py``);
+* in-process MiniCluster for debugging or tests: ``python -m stream.flink.job --local``;
+* restored from a retained checkpoint: add ``--restore <chk dir>`` (``-s`` for ``flink run``).
+  A checkpoint of the job before batching (one call per record, ``ValueState`` per key) does
+  not restore into this one: its operators and state differ, and Flink refuses it by name.
+
+Delivery: state and Kafka source offsets are checkpointed together (exactly-once state; the
+records collected in an open window are window state, checkpointed too). Redis writes are
+idempotent (only-if-newer ``(as_of, seq)``), so the records re-emitted after a restart rewrite
+identical values. The ``samples`` sink is at-least-once: after a restart the samples of the
+events since the last checkpoint are produced again with the same ``sample_id`` (= event_id),
+and consumers drop repeats by ``sample_id``. (An exactly-once transactional sink would delay
+every sample by a checkpoint interval and needs ``read_committed`` consumers; the trainer
+dedupes instead.) Samples carry no Kafka key. Order: a user's events share a Kafka partition,
+hence a source subtask and a bucket; the user stage applies each batch in (partition, offset)
+order, and the windows of a bucket reach it in time order.
+
+Why batches (``bench/features.py``; the figures and commands are in ``README.md`` and below):
+every record crossing between the JVM and the embedded interpreter, every state read or
+write, every output row is a Python<->Java call with a conversion. One call per record (the
+previous job: a ``ValueState`` read and write per event in each stage, one output row per
+sample) cost more than the feature functions themselves: py-spy on the TaskManager put
+~21% of the Python time in state reads alone, and the user stage's task thread spent
+~100 us of CPU per event where the same functions took ~45 us in-process. Now the JVM
+collects a bucket's records for 100 ms (``ARRAY_AGG`` over a processing-time ``TUMBLE``,
+built-in operators), and a stage's call handles the whole array: each touched state read
+once (then cached unpacked: ``StateCache``), written back with one ``put_all``, one Redis
+pipeline, one output row whose arrays SQL unnests. A record waits at most one window per
+Python stage (the freshness figure includes it).
+
+Measured with ``bench/features.py`` (MiniCluster, 100k events preloaded, 5,000 users x 20,000
+items; medians of 3 runs, alternating with the previous job run from a copy of the previous
+tree, the shared 2-core machine at load average 3.5-4.4;
+``python bench/features.py --events 100000 --parallelism 1 2 --skip-freshness``):
+
+=============================================================  ==========  ================
+pipeline                                                       events/s    events per CPU-s
+=============================================================  ==========  ================
+previous job (one Python call per record), p=1                 6.00k       4.42k
+previous job, p=2                                              4.98k       3.64k
+this job (one call per bucket and 100 ms window), p=1          12.13k      7.87k
+this job, p=2                                                  11.84k      7.51k
+earlier: process mode, p=2 (60k events, older revision)        0.52k       0.47k
+earlier: JVM only, Kafka + SQL key/JSON extraction [1]         --          ~90k
+=============================================================  ==========  ================
+
+[1] a one-off experiment job (not kept); ``bench/features.py --sql-events N`` keeps a
+reproducible JVM-only comparison (SQL parse + counts).
+
+What else this revision changed on the way (each found with py-spy on the TaskManager's
+interpreter, or with the stages timed in-process on the bench's events):
+
+* Redis: a pipeline running a registered script asks ``SCRIPT EXISTS`` first, a second round
+  trip per write (16% of the Python samples); writes now call ``EVALSHA`` directly.
+* Feature functions at steady state (full 50-item histories): the user stage's Python cost
+  grew from ~30 to ~114 us per event over a 400k-event run. The duplicate check built a list
+  of the history's ids per event (now only the entries ``seen`` may have forgotten are read),
+  the sample's history was a Python loop (now C-level maps), the bucket pruning listed every
+  bucket per new minute (now only when the oldest bucket is due). In-process, 400k events:
+  80.8 -> 55.9 us per event. Events are parsed with orjson where it reads exactly what ``json``
+  reads (otherwise ``json`` decides, with its DLQ reasons).
+* ``pipeline.object-reuse``: the chained SQL operators after the user stage copied every array
+  row (UNNEST) for the next operator.
+
+Why this shape, and why not more SQL:
+
+* Parsing stays in Python (``stream/flink/parse.py``, one definition with exact DLQ reasons);
+  the key (``JSON_VALUE(user_id)`` -> bucket), the watermarks and the windows are SQL in the
+  JVM, and ``keyed_by_first_field`` keys in the JVM (PyFlink's ``key_by(lambda)`` would add a
+  Python operator per record).
+* Counts and scores stay in the feature functions (``feature_store.features``), defined once for
+  the job, replay evaluation and serving: the decayed score over epoch-ms event time needs a
+  moving reference time, and the windows end at each key's newest event, which SQL window
+  aggregates cannot express. What the JVM does is move records, not compute features.
+* Thread mode runs every Python operator of a JVM under ONE interpreter lock (Flink docs,
+  "Python execution mode"); the lock is why p=2 in one TaskManager is not faster than p=1.
+  Process mode escapes it but costs ~7x more CPU per event (table). Several TaskManager JVMs
+  (``flink.taskmanagers``, one slot each) give one interpreter per subtask; on 2 busy cores
+  they cost more CPU per event than one JVM (measured with the previous job) and only pay off
+  with idle cores.
+* The user stage's own Python (in-process: ~56 us per event over a 400k-event run, ~68 us
+  once histories are full) is now most of the cost: the feature functions, ``marshal`` of the
+  state written back, the Redis payloads.
+
+Thread mode on a standalone cluster needs ``opt/flink-python-*.jar`` on the cluster's own
+classpath (e.g. ``FLINK_LIB_DIR`` = a folder with ``lib/*`` plus that jar) and
+``classloader.parent-first-patterns.additional: "pemja."``; loaded from the job's jar, pemja
+fails with ``NoSuchFieldException: loadedLibraryNames``. A thread-mode TaskManager keeps the
+imported Python modules between jobs: restart it after changing the code. Checkpoints need a
+filesystem checkpoint directory (``--checkpoint-dir`` or the cluster's): the default
+JobManager storage refuses state over 5 MB, and a failed checkpoint restarts the job.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+CONNECTOR_JAR = "deploy/jvm/lib/flink/flink-sql-connector-kafka-5.0.0-2.2.jar"
+
+
+def repo_root() -> Path:
+    return Path(__file__).resolve().parents[2]
+
+
+def connector_jar() -> Path:
+    return repo_root() / CONNECTOR_JAR
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="flink_features", description=__doc__.splitlines()[0])
+    p.add_argument("--settings-json", required=True, help="Settings.model_dump_json()")
+    p.add_argument("--local", action="store_true", help="run in an in-process MiniCluster")
+    p.add_argument("--parallelism", type=int, default=None)
+    p.add_argument("--group-id", default="streamrec-features")
+    p.add_argument("--job-name", default="streamrec-features")
+    p.add_argument("--checkpoint-dir", default=None, help="file:// URI or path for checkpoints")
+    p.add_argument("--restore", default=None, help="checkpoint/savepoint path to resume from")
+    p.add_argument(
+        "--window-ms",
+        type=int,
+        default=100,
+        help="processing-time window the JVM collects a key bucket's records over before "
+        "one call of a Python stage (the most a record waits for its stage)",
+    )
+    p.add_argument("--flush-ms", type=int, default=100, help="max delay of the trending write")
+    p.add_argument("--bucket-ms", type=int, default=60_000, help="window bucket size")
+    p.add_argument("--bundle-ms", type=int, default=100, help="python.fn-execution.bundle.time")
+    p.add_argument(
+        "--python-mode",
+        choices=("thread", "process"),
+        default="thread",
+        help="python.execution-mode (thread on a cluster needs flink-python on its classpath)",
+    )
+    p.add_argument("--bundle-size", type=int, default=1000, help="python.fn-execution.bundle.size")
+    p.add_argument(
+        "--state-cache-size", type=int, default=100_000, help="python.state.cache-size (keys)"
+    )
+    p.add_argument(
+        "--stages",
+        choices=("all", "users"),
+        default="all",
+        help="users: only the user stage (dedupe, user features, samples); for measurements",
+    )
+    p.add_argument("--bounded", action="store_true", help="stop at the offsets seen at start")
+    return p
+
+
+def worker_pythonpath() -> list[str]:
+    import sysconfig
+
+    return [sysconfig.get_paths()["purelib"], str(repo_root())]
+
+
+def _file_uri(path: str) -> str:
+    return path if "://" in path else Path(path).resolve().as_uri()
+
+
+def build_env(args: argparse.Namespace, settings: Any) -> Any:
+    """A configured StreamExecutionEnvironment (checkpoints, Python mode, connector jar)."""
+    from pyflink.common import Configuration
+    from pyflink.datastream import CheckpointingMode, StreamExecutionEnvironment
+    from pyflink.datastream.externalized_checkpoint_retention import (
+        ExternalizedCheckpointRetention,
+    )
+
+    conf = Configuration()
+    conf.set_string("python.execution-mode", args.python_mode)
+    conf.set_string("python.fn-execution.bundle.time", str(args.bundle_ms))
+    conf.set_string("python.fn-execution.bundle.size", str(args.bundle_size))
+    conf.set_string("python.state.cache-size", str(args.state_cache_size))
+    # Chained SQL operators hand rows on without a defensive copy (the UNNEST of the user
+    # stage's arrays copied every array per row); every operator here is reuse-safe: SQL
+    # operators by design, the Python ones convert their input on entry.
+    conf.set_string("pipeline.object-reuse", "true")
+    # The embedded (thread-mode) interpreter starts from the base Python's prefix, not the
+    # venv's: hand it the venv's site-packages and the repo (editable install) explicitly.
+    conf.set_string("python.pythonpath", os.pathsep.join(worker_pythonpath()))
+    # A failing task (e.g. Redis down) restarts from the last checkpoint, backing off to 30 s.
+    conf.set_string("restart-strategy.type", "exponential-delay")
+    conf.set_string("restart-strategy.exponential-delay.initial-backoff", "1 s")
+    conf.set_string("restart-strategy.exponential-delay.max-backoff", "30 s")
+    if args.checkpoint_dir:
+        conf.set_string("execution.checkpointing.dir", _file_uri(args.checkpoint_dir))
+        conf.set_string("state.checkpoints.dir", _file_uri(args.checkpoint_dir))
+    if args.restore:
+        conf.set_string("execution.state-recovery.path", _file_uri(args.restore))
+    if args.local:
+        conf.set_string("python.executable", sys.executable)
+        conf.set_string("python.client.executable", sys.executable)
+    env = StreamExecutionEnvironment.get_execution_environment(conf)
+    # add_jars appends: `flink run -py` has already put flink-python's jar in pipeline.jars.
+    env.add_jars(connector_jar().as_uri())
+    env.set_parallelism(args.parallelism or settings.flink.parallelism)
+    env.enable_checkpointing(settings.flink.checkpoint_interval_ms, CheckpointingMode.EXACTLY_ONCE)
+    cc = env.get_checkpoint_config()
+    cc.set_externalized_checkpoint_retention(ExternalizedCheckpointRetention.RETAIN_ON_CANCELLATION)
+    cc.set_min_pause_between_checkpoints(min(1000, settings.flink.checkpoint_interval_ms))
+    return env
+
+
+def _seconds(ms: int) -> str:
+    return f"{ms / 1000:.3f}"
+
+
+def kafka_source(t_env: Any, args: argparse.Namespace, settings: Any) -> Any:
+    """``events`` as a stream of ``Row(user_id, user_input(...))`` (``stream/flink_functions``).
+
+    The Kafka connector's table source (``raw`` format, metadata columns) is used instead of
+    the DataStream ``KafkaSource`` because PyFlink's KafkaSource only hands Python the value,
+    and a DLQ record must name the partition and offset. The JVM extracts the key (``user_id``,
+    ``''`` if absent: the user stage sends such records to the DLQ) and the event time with SQL
+    JSON functions, and generates the watermarks (bounded out-of-orderness) in the source, so
+    no Python runs before the shuffle. Offsets are checkpointed with the job state; without a
+    checkpoint the job starts from the group's committed offsets, else from the earliest.
+    """
+    from pyflink.common import Types
+
+    from stream.flink.functions import BATCH_INPUT, USER_BUCKET_SQL, USER_INPUT_SQL
+
+    kafka = settings.kafka
+    bounded = "'scan.bounded.mode' = 'latest-offset'," if args.bounded else ""
+    out_of_order = _seconds(settings.features.max_out_of_orderness_ms)
+    ts = "TRY_CAST(JSON_VALUE(`value`, '$.ts') AS BIGINT)"
+    t_env.execute_sql(f"""
+        CREATE TEMPORARY TABLE kafka_events (
+            `value` STRING,
+            `partition` INT METADATA VIRTUAL,
+            `offset` BIGINT METADATA VIRTUAL,
+            `pt` AS PROCTIME(),
+            `user_key` AS COALESCE(JSON_VALUE(`value`, '$.user_id'), ''),
+            `event_time` AS TO_TIMESTAMP_LTZ(
+                CASE WHEN {ts} BETWEEN 0 AND {MAX_TS_MS} THEN {ts} ELSE 0 END, 3),
+            WATERMARK FOR `event_time` AS `event_time` - INTERVAL '{out_of_order}' SECOND
+        ) WITH (
+            'connector' = 'kafka',
+            'topic' = '{kafka.events_topic}',
+            'properties.bootstrap.servers' = '{kafka.bootstrap}',
+            'properties.group.id' = '{args.group_id}',
+            'properties.auto.offset.reset' = 'earliest',
+            'scan.startup.mode' = 'group-offsets',
+            'scan.topic-partition-discovery.interval' = '10 s',
+            {bounded}
+            'format' = 'raw'
+        )""")
+    t_env.execute_sql(f"""
+        CREATE TEMPORARY VIEW user_records AS
+        SELECT {USER_BUCKET_SQL} AS b, {USER_INPUT_SQL} AS v, `pt` FROM kafka_events""")
+    table = t_env.sql_query(window_batches("user_records", args.window_ms))
+    return t_env.to_append_stream(table, Types.ROW([Types.STRING(), BATCH_INPUT]))
+
+
+def window_batches(view: str, window_ms: int) -> str:
+    """SQL: the ``v`` column of ``view`` collected per bucket ``b`` and processing-time
+    window of ``window_ms`` into one array, as rows ``(b, batch)``. ``ARRAY_AGG`` keeps
+    arrival order, and the records of a key reach the window in the order their source
+    subtask read them (the user stage still sorts a batch by partition and offset)."""
+    return f"""
+        SELECT b, ARRAY_AGG(v) AS batch
+        FROM TABLE(TUMBLE(TABLE {view}, DESCRIPTOR(`pt`), INTERVAL '{_seconds(window_ms)}' SECOND))
+        GROUP BY window_start, window_end, b"""
+
+
+def kafka_sink_table(t_env: Any, name: str, topic: str, bootstrap: str) -> None:
+    """A one-column (``v STRING``) table writing each row as one Kafka record value."""
+    t_env.execute_sql(f"""
+        CREATE TEMPORARY TABLE {name} (`v` STRING) WITH (
+            'connector' = 'kafka',
+            'topic' = '{topic}',
+            'properties.bootstrap.servers' = '{bootstrap}',
+            'sink.delivery-guarantee' = 'at-least-once',
+            'format' = 'raw'
+        )""")
+
+
+#: Largest event time the source turns into a watermark (9999-12-31); others count as 0.
+MAX_TS_MS = 253_402_300_799_999
+
+
+def keyed_by_first_field(stream: Any, value_type: Any) -> Any:
+    """``stream`` of ``Row(key: STRING, value)`` keyed by ``key`` in the JVM.
+
+    ``DataStream.key_by`` runs a Python key selector in an extra operator (one more Python
+    call per record); this builds the same ``KeyedStream`` with the Java ``KeyByKeySelector``
+    that PyFlink's ``key_by`` itself uses on its ``Row(key, value)`` output, so the keyed
+    Python function receives ``value`` exactly as after ``key_by``.
+    """
+    from pyflink.common import Types
+    from pyflink.datastream.data_stream import KeyedStream
+    from pyflink.java_gateway import get_gateway
+
+    selector = get_gateway().jvm.KeyByKeySelector()
+    key_type = Types.ROW([Types.STRING()]).get_java_type_info()
+    return KeyedStream(stream._j_data_stream.keyBy(selector, key_type), value_type, stream)
+
+
+def build_job(env: Any, args: argparse.Namespace, settings: Any) -> None:
+    """Add the feature pipeline to ``env`` (graph in the module docstring)."""
+    from pyflink.common import Types
+    from pyflink.table import Schema, StreamTableEnvironment
+
+    from stream.flink.functions import (
+        BATCH_INPUT,
+        ITEM_BATCH_OUTPUT,
+        USER_BATCH_OUTPUT,
+        ItemBatchStage,
+        TrendingStage,
+        UserBatchStage,
+    )
+
+    kafka = settings.kafka
+    t_env = StreamTableEnvironment.create(env)
+    t_env.get_config().set("table.exec.source.idle-timeout", "10 s")
+    # One-phase window aggregation: ARRAY_AGG then appends in arrival order at one operator.
+    t_env.get_config().set("table.optimizer.agg-phase-strategy", "ONE_PHASE")
+    settings_json = args.settings_json
+    users = (
+        keyed_by_first_field(kafka_source(t_env, args, settings), BATCH_INPUT)
+        .process(
+            UserBatchStage(
+                settings_json, args.bucket_ms, kafka.events_topic, args.state_cache_size
+            ),
+            output_type=USER_BATCH_OUTPUT,
+        )
+        .name("user-features")
+        .uid("user-features-batched")
+    )
+    # The user stage's arrays, unnested in the JVM: samples and DLQ records to Kafka (at least
+    # once: consumers dedupe samples by sample_id), item rows on to the item stage's windows.
+    t_env.create_temporary_view(
+        "user_out",
+        t_env.from_data_stream(
+            users, Schema.new_builder().column_by_expression("pt", "PROCTIME()").build()
+        ),
+    )
+    kafka_sink_table(t_env, "samples_sink", kafka.samples_topic, kafka.bootstrap)
+    kafka_sink_table(t_env, "dlq_sink", kafka.dlq_topic, kafka.bootstrap)
+    sinks = t_env.create_statement_set()
+    for sink, column in (("samples_sink", "samples"), ("dlq_sink", "dlq")):
+        sinks.add_insert_sql(
+            f"INSERT INTO {sink} SELECT v FROM user_out CROSS JOIN UNNEST({column}) AS t(v)"
+        )
+    sinks.attach_as_datastream()
+    if args.stages == "users":
+        return
+    t_env.execute_sql("""
+        CREATE TEMPORARY VIEW item_records AS
+        SELECT SUBSTR(v, 1, 1) AS b, v, `pt` FROM user_out CROSS JOIN UNNEST(items) AS t(v)""")
+    item_batches = t_env.to_append_stream(
+        t_env.sql_query(window_batches("item_records", args.window_ms)),
+        Types.ROW([Types.STRING(), BATCH_INPUT]),
+    )
+    items = (
+        keyed_by_first_field(item_batches, BATCH_INPUT)
+        .process(
+            ItemBatchStage(settings_json, args.bucket_ms, args.state_cache_size),
+            output_type=ITEM_BATCH_OUTPUT,
+        )
+        .name("item-features")
+        .uid("item-features-batched")
+    )
+    (
+        keyed_by_first_field(items, Types.PICKLED_BYTE_ARRAY())
+        .process(TrendingStage(settings_json, args.bucket_ms, args.flush_ms))
+        .name("trending")
+        .uid("trending-batched")
+        .set_parallelism(1)
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    from feature_store.settings import Settings
+
+    settings = Settings(**json.loads(args.settings_json))
+    env = build_env(args, settings)
+    build_job(env, args, settings)
+    log.info("submitting %s (events=%s)", args.job_name, settings.kafka.events_topic)
+    env.execute(args.job_name)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

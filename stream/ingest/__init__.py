@@ -1,0 +1,1 @@
+"""The ingest API: ``api`` (``POST /events`` into Kafka), ``ratelimit``, ``metrics``."""

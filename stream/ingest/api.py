@@ -1,0 +1,503 @@
+"""The ingest API: ``POST /events`` into the Kafka ``events`` topic, acknowledged end to end.
+
+``create_app(settings)`` builds the FastAPI app; its lifespan owns one long-lived Kafka
+producer (``acks=all``, idempotent) and closes it on shutdown.
+
+``POST /events`` takes one JSON object, a JSON array of objects, or NDJSON
+(``Content-Type: application/x-ndjson``). The rules of one event are in :mod:`stream.schema`.
+
+* ``202 {"accepted": n, "event_ids": [...]}`` only after Kafka acknowledged every record.
+* ``422 {"detail": ..., "errors": [{"index", "field", "error"}, ...]}`` when any event is
+  invalid; nothing of the batch is written.
+* ``413`` when ``Content-Length`` or the bytes actually read exceed ``ingest.max_body_bytes``,
+  or the batch holds more than ``ingest.max_batch`` events.
+* ``503`` with ``Retry-After`` when Kafka is unreachable or does not acknowledge within
+  ``ingest.produce_timeout_s``. The producer's delivery timeout equals that deadline, so a
+  record that was not acknowledged by then has been given up by the producer, not left to be
+  written later; the client retries with the same ``event_id``s. If some records of a batch
+  were acknowledged before the failure, a retry writes them again — consumers dedupe by
+  ``event_id`` (DESIGN.md).
+* ``415`` for other content types, ``401`` without the configured ``X-API-Key``.
+* ``429`` with ``Retry-After`` when more than ``rate_limit_per_s`` requests per second arrive
+  (a token bucket, :mod:`stream.ingest.ratelimit`; checked before the body is read; 0 = no limit).
+
+``GET /health``, ``GET /metrics`` (Prometheus, names in :mod:`stream.ingest.metrics`), ``/docs``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import itertools
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from kafka.partitioner.abc import Partitioner
+from kafka.partitioner.default import DefaultPartitioner, murmur2
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from feature_store.settings import Settings
+from stream.ingest.metrics import (
+    REASON_INVALID,
+    REASON_TOO_LARGE,
+    REASON_UNAUTHORIZED,
+    REASON_UNAVAILABLE,
+    REASON_UNSUPPORTED,
+    IngestMetrics,
+)
+from stream.ingest.ratelimit import TokenBucket
+from stream.schema import EventIn, EventNormalizer, EventValidationError, decode_events
+
+log = logging.getLogger(__name__)
+
+NDJSON_TYPES = frozenset({"application/x-ndjson", "application/ndjson", "application/jsonl"})
+RETRY_AFTER_S = 2
+#: Extra wait beyond the producer's delivery timeout before a request gives up on its acks.
+ACK_GRACE_S = 2.0
+
+ProducerFactory = Callable[[Settings], Any]
+Clock = Callable[[], int]
+
+
+def wall_clock_ms() -> int:
+    """Current wall-clock time in epoch milliseconds (the default injected clock)."""
+    return time.time_ns() // 1_000_000
+
+
+class IngestError(Exception):
+    """Root of the ingest API's errors; :func:`create_app` maps each to one HTTP answer."""
+
+    status = 500
+    reason = "error"
+
+    def __init__(self, detail: str, errors: list[dict[str, Any]] | None = None) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.errors = errors
+
+
+class InvalidEvents(IngestError):
+    status, reason = 422, REASON_INVALID
+
+
+class PayloadTooLarge(IngestError):
+    status, reason = 413, REASON_TOO_LARGE
+
+
+class UnsupportedMediaType(IngestError):
+    status, reason = 415, REASON_UNSUPPORTED
+
+
+class Unauthorized(IngestError):
+    status, reason = 401, REASON_UNAUTHORIZED
+
+
+class KafkaUnavailable(IngestError):
+    status, reason = 503, REASON_UNAVAILABLE
+
+
+class RateLimited(IngestError):
+    status, reason = 429, "rate_limited"
+
+    def __init__(self, detail: str, retry_after_s: int) -> None:
+        super().__init__(detail)
+        self.retry_after_s = retry_after_s
+
+
+class KeyHashPartitioner(Partitioner):
+    """Kafka's default keyed partitioning (murmur2 of the key over all partitions), cached.
+
+    Same partition as the Java client and kafka-python's ``DefaultPartitioner`` for every key
+    (so all of a user's events stay in one partition); the cache saves the pure-Python murmur2
+    on the hot path. Unkeyed records are delegated to the default partitioner.
+    """
+
+    MAX_CACHED = 200_000
+
+    def __init__(self) -> None:
+        self._default = DefaultPartitioner()
+        self._cache: dict[tuple[str, bytes], int] = {}
+        self._counts: dict[str, int] = {}
+
+    def partition(
+        self,
+        topic: str,
+        key: Any,
+        serialized_key: bytes | None,
+        value: Any,
+        serialized_value: Any,
+        cluster: Any,
+    ) -> int:
+        parts = cluster.partitions_for_topic(topic)
+        if serialized_key is None or not parts:
+            return int(
+                self._default.partition(
+                    topic, key, serialized_key, value, serialized_value, cluster
+                )
+            )
+        if self._counts.get(topic) != len(parts) or len(self._cache) > self.MAX_CACHED:
+            self._cache.clear()
+            self._counts[topic] = len(parts)
+        cached = self._cache.get((topic, serialized_key))
+        if cached is None:
+            ordered = sorted(parts)
+            cached = ordered[(murmur2(serialized_key) & 0x7FFFFFFF) % len(ordered)]
+            self._cache[(topic, serialized_key)] = cached
+        return cached
+
+
+def producer_options(settings: Settings, compression: str | None = None) -> dict[str, Any]:
+    """kafka-python options of the ingest producer (tuned with ``bench/ingest.py``)."""
+    timeout_ms = int(settings.ingest.produce_timeout_s * 1000)
+    linger_ms = 5
+    return {
+        "acks": "all",
+        "enable_idempotence": True,
+        "retries": 2**31 - 1,  # bounded by delivery_timeout_ms
+        "max_in_flight_requests_per_connection": 5,
+        "linger_ms": linger_ms,
+        "batch_size": 256 * 1024,
+        "compression_type": compression,
+        "delivery_timeout_ms": timeout_ms,
+        "request_timeout_ms": max(500, timeout_ms - linger_ms),
+        "max_block_ms": timeout_ms,
+        "reconnect_backoff_max_ms": 1000,
+        "bootstrap_timeout_ms": timeout_ms,
+        "partitioner": KeyHashPartitioner(),
+    }
+
+
+def default_producer_factory(settings: Settings) -> Any:
+    from stream.kafka_client import make_producer
+
+    options = producer_options(settings)
+    if options["request_timeout_ms"] + options["linger_ms"] > options["delivery_timeout_ms"]:
+        options["delivery_timeout_ms"] = options["request_timeout_ms"] + options["linger_ms"]
+    return make_producer(settings.kafka, **options)
+
+
+class EventPublisher:
+    """Owns the producer and turns "send these records" into "all acknowledged, or raise".
+
+    The producer is created lazily (and again after it failed to connect), so the API starts
+    and answers 503 while Kafka is down instead of refusing to start.
+    """
+
+    def __init__(self, settings: Settings, factory: ProducerFactory) -> None:
+        self.settings = settings
+        self.topic = settings.kafka.events_topic
+        self.timeout_s = settings.ingest.produce_timeout_s
+        self._factory = factory
+        self._producer: Any = None
+        self._lock = threading.Lock()
+        self._failed_at: float | None = None
+        #: "none" before the first publish, then "ok" or "failed" (for GET /health).
+        self.last_outcome = "none"
+
+    def producer(self) -> Any:
+        """The producer, created (and warmed with the topic's metadata) on first use.
+
+        Only one caller connects at a time; the others, and every caller shortly after a
+        failed attempt, get :class:`KafkaUnavailable` at once instead of queueing behind a
+        connection timeout.
+        """
+        producer = self._producer
+        if producer is not None:
+            return producer
+        if not self._lock.acquire(blocking=False):
+            raise KafkaUnavailable("connecting to Kafka")
+        try:
+            if self._producer is not None:
+                return self._producer
+            if self._failed_at is not None and time.monotonic() - self._failed_at < RETRY_AFTER_S:
+                raise KafkaUnavailable("Kafka is unavailable (recent connection failure)")
+            try:
+                producer = self._factory(self.settings)
+                producer.partitions_for(self.topic)
+            except Exception as exc:  # kafka-python raises several unrelated types here
+                self._failed_at = time.monotonic()
+                if producer is not None:
+                    producer.close(timeout=0)
+                raise KafkaUnavailable(f"Kafka is unavailable: {exc}") from exc
+            self._failed_at = None
+            self._producer = producer
+            return producer
+        finally:
+            self._lock.release()
+
+    @property
+    def ready(self) -> bool:
+        return self._producer is not None
+
+    async def publish(self, records: list[tuple[bytes, bytes]]) -> None:
+        """Send ``(key, value)`` records; return once every one is acknowledged."""
+        producer = self._producer or await asyncio.to_thread(self.producer)
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
+        total = len(records)
+        acked = itertools.count(1)  # next() is atomic under the GIL
+        failures: list[BaseException] = []
+
+        def finish() -> None:
+            if not done.done():
+                done.set_result(None)
+
+        def on_ack(_metadata: Any) -> None:
+            if next(acked) == total:
+                loop.call_soon_threadsafe(finish)
+
+        def on_error(exc: BaseException) -> None:
+            failures.append(exc)
+            on_ack(None)
+
+        send, topic = producer.send, self.topic
+        try:
+            for key, value in records:
+                future = send(topic, value=value, key=key)
+                future.add_callback(on_ack)
+                future.add_errback(on_error)
+        except Exception as exc:  # a send that cannot even be queued
+            self.last_outcome = "failed"
+            log.warning("the producer refused a record (%s); it will be recreated", exc)
+            await asyncio.to_thread(self._discard, producer)
+            raise KafkaUnavailable(f"Kafka did not take the records: {exc}") from exc
+        try:
+            await asyncio.wait_for(asyncio.shield(done), self.timeout_s + ACK_GRACE_S)
+        except TimeoutError as exc:
+            log.error("no acknowledgement for %d records within %.1f s", total, self.timeout_s)
+            self.last_outcome = "failed"
+            await asyncio.to_thread(self._discard, producer)
+            raise KafkaUnavailable("Kafka did not acknowledge in time") from exc
+        if failures:
+            log.warning("%d of %d records failed: %s", len(failures), total, failures[0])
+            self.last_outcome = "failed"
+            # An idempotent kafka-python producer whose batches expired (e.g. the broker was
+            # killed with records in flight) never sends again, even once the broker is back:
+            # replace it; the next request connects a fresh one (new producer id).
+            await asyncio.to_thread(self._discard, producer)
+            raise KafkaUnavailable(f"Kafka did not acknowledge every record: {failures[0]}")
+        self.last_outcome = "ok"
+
+    def health(self) -> dict[str, Any]:
+        """Producer state and the outcome of the last publish (no extra Kafka round trip)."""
+        return {
+            "producer": "ready" if self._producer is not None else "not connected",
+            "last_publish": self.last_outcome,
+        }
+
+    def _discard(self, producer: Any) -> None:
+        """Drop a producer that refuses or loses records; its pending records fail."""
+        with self._lock:
+            if self._producer is producer:
+                self._producer = None
+        _close_producer(producer, timeout_s=0.0)
+
+    def close(self) -> None:
+        with self._lock:
+            producer, self._producer = self._producer, None
+        if producer is not None:
+            _close_producer(producer, timeout_s=self.timeout_s)
+
+
+def _close_producer(producer: Any, timeout_s: float) -> None:
+    """Close ``producer``, forcing it when records are still pending after ``timeout_s``.
+
+    kafka-python's ``close()`` flushes first and raises ``KafkaTimeoutError`` if the flush
+    does not finish, leaving its sender thread running; the sender is then force-closed.
+    """
+    try:
+        producer.close(timeout=timeout_s)
+    except Exception as exc:  # noqa: BLE001 - kafka-python raises KafkaTimeoutError here
+        log.warning("producer closed with records still pending (%s); forcing it", exc)
+        sender = getattr(producer, "_sender", None)
+        if sender is not None:
+            sender.force_close()
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body, refusing (413) more than ``limit`` bytes, declared or streamed."""
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        try:
+            if int(declared) > limit:
+                raise PayloadTooLarge(f"body of {declared} bytes exceeds {limit} bytes")
+        except ValueError as exc:
+            raise InvalidEvents("Content-Length is not a number") from exc
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(f"body exceeds {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def create_app(
+    settings: Settings,
+    producer_factory: ProducerFactory = default_producer_factory,
+    clock_ms: Clock = wall_clock_ms,
+    rate_limit_per_s: float | None = None,
+    rate_clock: Callable[[], float] = time.monotonic,
+) -> FastAPI:
+    """The ingest API for ``settings``; ``producer_factory`` and ``clock_ms`` are injectable.
+
+    ``rate_limit_per_s`` caps ``POST /events`` requests per second (burst of one second's
+    worth; 0 = no limit); ``rate_clock`` is the limiter's monotonic clock.
+    """
+    ingest = settings.ingest
+    publisher = EventPublisher(settings, producer_factory)
+    normalizer = EventNormalizer(settings.features.event_weights, clock_ms=clock_ms)
+    metrics = IngestMetrics(CollectorRegistry())
+    api_key = ingest.api_key.get_secret_value().encode() if ingest.api_key else None
+    if rate_limit_per_s is None:
+        rate_limit_per_s = settings.ingest.rate_limit_per_s
+    limiter = TokenBucket(rate_limit_per_s, clock=rate_clock)
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        try:
+            await asyncio.to_thread(publisher.producer)
+            log.info("ingest API producing to %s at %s", publisher.topic, settings.kafka.bootstrap)
+        except KafkaUnavailable as exc:
+            log.warning("starting without Kafka (will retry on each request): %s", exc)
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(publisher.close)
+
+    app = FastAPI(
+        title="streamrec ingest",
+        summary="Events into Kafka, acknowledged end to end.",
+        lifespan=lifespan,
+    )
+    app.state.publisher = publisher
+    app.state.metrics = metrics
+
+    @app.exception_handler(IngestError)
+    async def ingest_error(_request: Request, exc: IngestError) -> Response:
+        metrics.requests.labels(str(exc.status)).inc()
+        metrics.rejected.labels(exc.reason).inc(len(exc.errors or ()) or 1)
+        body: dict[str, Any] = {"detail": exc.detail}
+        if exc.errors is not None:
+            body["errors"] = exc.errors
+        headers = {"Retry-After": str(RETRY_AFTER_S)} if exc.status == 503 else None
+        if isinstance(exc, RateLimited):
+            headers = {"Retry-After": str(exc.retry_after_s)}
+        return JSONResponse(body, status_code=exc.status, headers=headers)
+
+    @app.post(
+        "/events",
+        status_code=202,
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {
+                    "application/json": {
+                        "schema": {
+                            "oneOf": [
+                                {"$ref": "#/components/schemas/EventIn"},
+                                {
+                                    "type": "array",
+                                    "items": {"$ref": "#/components/schemas/EventIn"},
+                                    "minItems": 1,
+                                    "maxItems": ingest.max_batch,
+                                },
+                            ]
+                        }
+                    },
+                    "application/x-ndjson": {"schema": {"type": "string"}},
+                },
+            }
+        },
+        responses={
+            202: {"description": "Every event acknowledged by Kafka."},
+            413: {"description": "Body or batch too large."},
+            429: {"description": "Rate limit exceeded; retry after Retry-After seconds."},
+            422: {"description": "Invalid events; nothing written."},
+            503: {"description": "Kafka unavailable; retry after Retry-After seconds."},
+        },
+    )
+    async def post_events(request: Request) -> Response:
+        """Validate a batch and write it to Kafka; answers only after every record is acked."""
+        wait_s = limiter.acquire()
+        if wait_s > 0:
+            raise RateLimited("too many requests", TokenBucket.retry_after_s(wait_s))
+        if api_key is not None:
+            given = request.headers.get("x-api-key", "").encode()
+            if not hmac.compare_digest(given, api_key):
+                raise Unauthorized("missing or wrong X-API-Key")
+        media = request.headers.get("content-type", "application/json").split(";")[0].strip()
+        ndjson = media.lower() in NDJSON_TYPES
+        if (
+            not ndjson
+            and media.lower() not in ("application/json", "")
+            and not media.endswith("+json")
+        ):
+            raise UnsupportedMediaType(f"unsupported Content-Type {media!r}")
+        body = await read_body(request, ingest.max_body_bytes)
+        try:
+            items = decode_events(body, ndjson=ndjson)
+            if len(items) > ingest.max_batch:
+                raise PayloadTooLarge(
+                    f"{len(items)} events exceed the batch limit {ingest.max_batch}"
+                )
+            wire = normalizer.normalize(items)
+        except EventValidationError as exc:
+            errors = [e.as_dict() for e in exc.errors]
+            raise InvalidEvents(f"{len(errors)} invalid field(s); nothing written", errors) from exc
+        except RecursionError as exc:  # json.loads on very deeply nested arrays/objects
+            error = {"index": None, "field": "(json)", "error": "JSON nested too deeply"}
+            raise InvalidEvents("JSON nested too deeply; nothing written", [error]) from exc
+        dumps = orjson.dumps
+        records = [(e["user_id"].encode(), dumps(e)) for e in wire]
+        started = time.perf_counter()
+        await publisher.publish(records)
+        metrics.produce_latency.observe(time.perf_counter() - started)
+        metrics.accepted.inc(len(wire))
+        metrics.batch_size.observe(len(wire))
+        metrics.requests.labels("202").inc()
+        body_out = orjson.dumps({"accepted": len(wire), "event_ids": [e["event_id"] for e in wire]})
+        return Response(body_out, status_code=202, media_type="application/json")
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        """Liveness; ``kafka`` tells whether the producer exists and how the last publish went."""
+        kafka = publisher.health()
+        ok = kafka["producer"] == "ready" and kafka["last_publish"] != "failed"
+        return {"status": "ok" if ok else "degraded", "topic": publisher.topic, "kafka": kafka}
+
+    @app.get("/metrics")
+    async def prometheus_metrics() -> Response:
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    # Publish the event schema in the OpenAPI document (the route reads the raw body itself).
+    original_openapi = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = original_openapi()
+            components = schema.setdefault("components", {}).setdefault("schemas", {})
+            event_in = EventIn.model_json_schema(ref_template="#/components/schemas/{model}")
+            # The accepted types are the configured ones, not any string.
+            event_in["properties"]["event_type"]["enum"] = sorted(normalizer.event_types)
+            components["EventIn"] = event_in
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+    return app
+
+
+def app_from_env() -> FastAPI:
+    """uvicorn factory for multi-worker runs: each worker process reads its own settings."""
+    from feature_store.settings import load_settings
+
+    return create_app(load_settings())

@@ -1,0 +1,450 @@
+"""Replay (backfill) of historical logs into the ``events`` topic, in event-time order.
+
+Every row of every file is read (formats in :mod:`stream.replay.formats`), checked against the
+same schema as the ingest API, and ordered by (event time, file order: position of the file
+on the command line, then line number). ``speed=None`` sends as fast as Kafka takes;
+``speed=N`` keeps the gaps between event times, divided by N.
+
+Resume. A small JSON state file records how many events of the ordered plan Kafka has
+acknowledged (``acked``) and, per partition, the offset after the last acknowledged record.
+It is rewritten after each checkpoint (a producer flush every ``checkpoint_every`` events or
+``checkpoint_interval_s`` seconds). ``resume=True`` skips the acknowledged prefix, then reads
+the topic from the saved offsets to its end and also skips the events found there (sent after
+the last checkpoint, before the crash), so no row is written twice. The state belongs to one
+plan: the same files (name and size), options and topic; anything else starts over.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from feature_store.settings import Settings
+from stream.replay.formats import detect_format, read_rows
+from stream.schema import EventNormalizer, EventValidationError, parse_ts
+
+log = logging.getLogger(__name__)
+
+MAX_SHOWN = 10
+STATE_VERSION = 1
+
+
+class ReplayError(Exception):
+    """Replay stopped: a malformed row under ``strict``, a bad state file, or Kafka failed."""
+
+
+@dataclass(frozen=True)
+class ReplaySource:
+    path: Path
+    fmt: str
+
+    @classmethod
+    def of(cls, path: Path, fmt: str | None = None) -> ReplaySource:
+        if not path.is_file():
+            raise ReplayError(f"{path}: no such file")
+        return cls(path, fmt or detect_format(path))
+
+
+@dataclass(frozen=True)
+class ReplayOptions:
+    speed: float | None = None  # None: as fast as possible
+    limit: int | None = None
+    since_ms: int | None = None  # inclusive
+    until_ms: int | None = None  # exclusive
+    strict: bool = False
+    like_threshold: float = 4.0
+    mapping: dict[str, str] = field(default_factory=dict)
+    event_type: str | None = None
+    checkpoint_every: int = 10_000
+    checkpoint_interval_s: float = 1.0
+
+    def plan_fields(self) -> dict[str, Any]:
+        """What defines the ordered plan (speed and checkpointing do not)."""
+        return {
+            "limit": self.limit,
+            "since_ms": self.since_ms,
+            "until_ms": self.until_ms,
+            "like_threshold": self.like_threshold,
+            "mapping": self.mapping,
+            "event_type": self.event_type,
+        }
+
+
+@dataclass
+class ReplayReport:
+    """Counts of one replay run; :meth:`summary` is the closing line, :meth:`as_dict` the JSON."""
+
+    sent: int = 0
+    planned: int = 0
+    filtered: int = 0  # outside --since/--until or beyond --limit
+    resumed: int = 0  # acknowledged by an earlier run
+    already_in_kafka: int = 0  # found in the topic after the last checkpoint
+    rejected: dict[str, int] = field(default_factory=dict)
+    malformed: list[dict[str, Any]] = field(default_factory=list)
+    seconds: float = 0.0
+    first_ts: int | None = None
+    last_ts: int | None = None
+    topic: str = ""
+
+    @property
+    def rejected_total(self) -> int:
+        return sum(self.rejected.values())
+
+    @property
+    def skipped(self) -> int:
+        return self.filtered + self.resumed + self.already_in_kafka
+
+    def reject(self, file: str, line_no: int, reason: str, detail: str) -> None:
+        self.rejected[reason] = self.rejected.get(reason, 0) + 1
+        if len(self.malformed) < MAX_SHOWN:
+            self.malformed.append({"file": file, "line": line_no, "reason": detail})
+
+    def summary(self) -> str:
+        reasons = ", ".join(f"{k}={v}" for k, v in sorted(self.rejected.items())) or "none"
+        rate = self.sent / self.seconds if self.seconds > 0 else 0.0
+        return (
+            f"replay: sent {self.sent}, skipped {self.skipped} (filtered {self.filtered}, "
+            f"resumed {self.resumed + self.already_in_kafka}), rejected {self.rejected_total} "
+            f"({reasons}), {self.seconds:.2f} s, {rate:,.0f} events/s"
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "sent": self.sent,
+            "planned": self.planned,
+            "skipped": self.skipped,
+            "filtered": self.filtered,
+            "resumed": self.resumed,
+            "already_in_kafka": self.already_in_kafka,
+            "rejected": self.rejected_total,
+            "rejected_by_reason": dict(sorted(self.rejected.items())),
+            "malformed_first": self.malformed,
+            "seconds": round(self.seconds, 3),
+            "events_per_s": round(self.sent / self.seconds, 1) if self.seconds > 0 else 0.0,
+            "first_ts": self.first_ts,
+            "last_ts": self.last_ts,
+            "topic": self.topic,
+        }
+
+
+#: (ts_ms, file index, line number, key, value): sorting the tuples gives the replay order.
+PlanRow = tuple[int, int, int, bytes, bytes]
+
+
+def build_plan(
+    sources: Sequence[ReplaySource],
+    options: ReplayOptions,
+    event_types: Sequence[str],
+    now_ms: int,
+    report: ReplayReport,
+) -> list[PlanRow]:
+    """Read, validate, filter and order every row; malformed rows go to ``report``."""
+    normalizer = EventNormalizer(event_types, clock_ms=lambda: now_ms)
+    dumps, normalize = orjson.dumps, normalizer.normalize_one
+    rows: list[PlanRow] = []
+    for file_index, source in enumerate(sources):
+        name = source.path.name
+        for raw in read_rows(
+            source.path, source.fmt, options.mapping, options.like_threshold, options.event_type
+        ):
+            if raw.event is None:
+                _reject(report, options, name, raw.line_no, "parse", raw.error or "unreadable")
+                continue
+            if raw.event.get("ts") is None:
+                _reject(report, options, name, raw.line_no, "invalid:ts", "ts: missing")
+                continue
+            try:
+                wire = normalize(raw.event, now_ms)
+            except EventValidationError as exc:
+                first = exc.errors[0]
+                detail = "; ".join(f"{e.field}: {e.error}" for e in exc.errors)
+                _reject(report, options, name, raw.line_no, f"invalid:{first.field}", detail)
+                continue
+            ts = wire["ts"]
+            if (options.since_ms is not None and ts < options.since_ms) or (
+                options.until_ms is not None and ts >= options.until_ms
+            ):
+                report.filtered += 1
+                continue
+            rows.append(
+                (
+                    ts,
+                    file_index,
+                    raw.line_no,
+                    wire["user_id"].encode(),
+                    dumps(wire),
+                )
+            )
+    rows.sort()
+    if options.limit is not None and len(rows) > options.limit:
+        report.filtered += len(rows) - options.limit
+        del rows[options.limit :]
+    report.planned = len(rows)
+    if rows:
+        report.first_ts, report.last_ts = rows[0][0], rows[-1][0]
+    return rows
+
+
+def _reject(
+    report: ReplayReport, options: ReplayOptions, file: str, line_no: int, reason: str, detail: str
+) -> None:
+    report.reject(file, line_no, reason, detail)
+    if options.strict:
+        raise ReplayError(f"{file}:{line_no}: {detail} (--strict)")
+
+
+def plan_id(sources: Sequence[ReplaySource], options: ReplayOptions, topic: str) -> str:
+    """Identity of a plan for the resume state: files (name, size, format), options, topic."""
+    ident = {
+        "files": [[s.path.name, s.path.stat().st_size, s.fmt] for s in sources],
+        "options": options.plan_fields(),
+        "topic": topic,
+    }
+    return hashlib.blake2b(json.dumps(ident, sort_keys=True).encode(), digest_size=12).hexdigest()
+
+
+@dataclass
+class ReplayState:
+    """The resume file: acknowledged prefix of the plan and per-partition offsets after it."""
+
+    path: Path
+    plan: str
+    acked: int = 0
+    offsets: dict[int, int] = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, path: Path, plan: str) -> ReplayState | None:
+        """The saved state of ``plan``, or None when there is none (or it is another plan's)."""
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as exc:
+            raise ReplayError(f"cannot read the resume state {path}: {exc}") from exc
+        if data.get("version") != STATE_VERSION or data.get("plan") != plan:
+            log.warning("resume state %s belongs to another plan; starting over", path)
+            return None
+        offsets = {int(p): int(o) for p, o in data.get("offsets", {}).items()}
+        return cls(path, plan, int(data["acked"]), offsets)
+
+    def save(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        payload = {
+            "version": STATE_VERSION,
+            "plan": self.plan,
+            "acked": self.acked,
+            "offsets": {str(p): o for p, o in sorted(self.offsets.items())},
+        }
+        tmp.write_text(json.dumps(payload))
+        os.replace(tmp, self.path)
+
+
+def default_state_path(settings: Settings, plan: str) -> Path:
+    return settings.stack.run_dir / "replay" / f"{plan}.json"
+
+
+def replay_producer_factory(settings: Settings) -> Any:
+    """The replay producer: acks=all, idempotent, large batches."""
+    from stream.kafka_client import make_producer
+
+    return make_producer(
+        settings.kafka,
+        enable_idempotence=True,
+        retries=2**31 - 1,
+        max_in_flight_requests_per_connection=5,
+        linger_ms=20,
+        batch_size=512 * 1024,
+        delivery_timeout_ms=120_000,
+        request_timeout_ms=30_000,
+        max_block_ms=30_000,
+    )
+
+
+def topic_end_offsets(settings: Settings, topic: str) -> dict[int, int]:
+    """Current end offset of every partition of ``topic`` (created first if missing)."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    from stream.kafka_client import ensure_topics
+
+    ensure_topics(settings.kafka, [topic])
+
+    consumer = KafkaConsumer(bootstrap_servers=settings.kafka.bootstrap, enable_auto_commit=False)
+    try:
+        parts = consumer.partitions_for_topic(topic) or set()
+        ends = consumer.end_offsets([TopicPartition(topic, p) for p in parts])
+        return {tp.partition: int(off) for tp, off in ends.items()}
+    finally:
+        consumer.close()
+
+
+def event_ids_after(
+    settings: Settings, topic: str, offsets: dict[int, int], timeout_s: float = 60.0
+) -> set[str]:
+    """``event_id`` of every record from ``offsets`` (per partition) to the current end."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(bootstrap_servers=settings.kafka.bootstrap, enable_auto_commit=False)
+    found: set[str] = set()
+    try:
+        parts = [
+            TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())
+        ]
+        ends = consumer.end_offsets(parts)
+        todo = [tp for tp in parts if ends[tp] > offsets.get(tp.partition, 0)]
+        if not todo:
+            return found
+        consumer.assign(todo)
+        for tp in todo:
+            consumer.seek(tp, offsets.get(tp.partition, 0))
+        deadline = time.monotonic() + timeout_s
+        while any(consumer.position(tp) < ends[tp] for tp in todo):
+            if time.monotonic() > deadline:
+                raise ReplayError(f"could not read the tail of {topic} within {timeout_s} s")
+            for records in consumer.poll(timeout_ms=500).values():
+                for record in records:
+                    try:
+                        found.add(orjson.loads(record.value)["event_id"])
+                    except (orjson.JSONDecodeError, KeyError, TypeError):
+                        log.warning("unreadable record at %s offset %d", tp, record.offset)
+        return found
+    finally:
+        consumer.close()
+
+
+@dataclass
+class ReplayRuntime:
+    """What a replay run talks to; tests swap parts of it."""
+
+    producer_factory: Callable[[Settings], Any] = replay_producer_factory
+    end_offsets: Callable[[Settings, str], dict[int, int]] = topic_end_offsets
+    ids_after: Callable[[Settings, str, dict[int, int]], set[str]] = event_ids_after
+    monotonic: Callable[[], float] = time.monotonic
+    sleep: Callable[[float], None] = time.sleep
+    wall_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000
+
+
+def parse_time_arg(text: str | None, now_ms: int) -> int | None:
+    """``--since``/``--until``: RFC 3339 or epoch seconds/milliseconds (the schema rule)."""
+    if text is None:
+        return None
+    raw: int | float | str = text
+    if text.strip().lstrip("-").replace(".", "", 1).isdigit():
+        raw = float(text) if "." in text else int(text)
+    return parse_ts(raw, now_ms)
+
+
+def run_replay(
+    settings: Settings,
+    sources: Sequence[ReplaySource],
+    options: ReplayOptions,
+    *,
+    resume: bool = False,
+    state_path: Path | None = None,
+    runtime: ReplayRuntime | None = None,
+    progress: bool = False,
+) -> ReplayReport:
+    """Replay ``sources`` into ``settings.kafka.events_topic``; returns the report."""
+    rt = runtime or ReplayRuntime()
+    topic = settings.kafka.events_topic
+    report = ReplayReport(topic=topic)
+    started = rt.monotonic()
+    rows = build_plan(sources, options, list(settings.features.event_weights), rt.wall_ms(), report)
+    plan = plan_id(sources, options, topic)
+    path = state_path or default_state_path(settings, plan)
+    state = ReplayState.load(path, plan) if resume else None
+    skip_ids: set[str] = set()
+    if state is not None:
+        report.resumed = min(state.acked, len(rows))
+        if report.resumed < len(rows):
+            skip_ids = rt.ids_after(settings, topic, dict(state.offsets))
+        log.info(
+            "resuming after %d acknowledged events (%d found after them)",
+            state.acked,
+            len(skip_ids),
+        )
+    else:
+        if resume:
+            log.info("no resume state for this plan at %s; starting from the first row", path)
+        state = ReplayState(path, plan, 0, rt.end_offsets(settings, topic))
+        state.save()
+    producer = rt.producer_factory(settings)
+    try:
+        _send_rows(producer, rows, report.resumed, skip_ids, state, options, rt, report, progress)
+    finally:
+        producer.close(timeout=10)
+    report.seconds = rt.monotonic() - started
+    return report
+
+
+def _send_rows(
+    producer: Any,
+    rows: list[PlanRow],
+    start: int,
+    skip_ids: set[str],
+    state: ReplayState,
+    options: ReplayOptions,
+    rt: ReplayRuntime,
+    report: ReplayReport,
+    progress: bool,
+) -> None:
+    from tqdm import tqdm
+
+    topic = report.topic
+    offsets = state.offsets
+    failures: list[BaseException] = []
+
+    def on_ack(metadata: Any) -> None:
+        if metadata.offset + 1 > offsets.get(metadata.partition, 0):
+            offsets[metadata.partition] = metadata.offset + 1
+
+    def checkpoint(upto: int) -> None:
+        producer.flush()
+        if failures:
+            raise ReplayError(f"Kafka did not acknowledge {len(failures)} record(s): {failures[0]}")
+        state.acked = upto
+        state.save()
+
+    bar = tqdm(
+        total=len(rows) - start, unit="ev", unit_scale=True, disable=not progress, mininterval=0.5
+    )
+    send = producer.send
+    speed = options.speed
+    ts0 = rows[start][0] if start < len(rows) else 0
+    wall0 = rt.monotonic()
+    last_cp_index, last_cp_time, shown = start, wall0, start
+    try:
+        for i in range(start, len(rows)):
+            ts, _, _, key, value = rows[i]
+            if skip_ids and orjson.loads(value)["event_id"] in skip_ids:
+                report.already_in_kafka += 1
+                continue
+            if speed is not None:
+                delay = wall0 + (ts - ts0) / 1000.0 / speed - rt.monotonic()
+                if delay > 0.001:
+                    rt.sleep(delay)
+            future = send(topic, value=value, key=key)
+            future.add_callback(on_ack)
+            future.add_errback(failures.append)
+            report.sent += 1
+            due = i + 1 - last_cp_index >= options.checkpoint_every
+            if due or report.sent & 1023 == 0 or speed is not None:
+                now = rt.monotonic()
+                if due or now - last_cp_time >= options.checkpoint_interval_s:
+                    checkpoint(i + 1)
+                    last_cp_index, last_cp_time = i + 1, now
+                    bar.update(i + 1 - shown)
+                    shown = i + 1
+        checkpoint(len(rows))
+        bar.update(len(rows) - shown)
+    finally:
+        bar.close()
