@@ -29,9 +29,11 @@ down:
 status:
 	@$(SR) status
 
+# Lint: ruff, mypy (pydantic plugin) and the dependency ladder (tests/layering.py).
 lint: setup
 	$(VENV)/bin/ruff check stream model serving feature_store deploy tests bench
 	$(VENV)/bin/mypy stream model serving feature_store deploy
+	$(VENV)/bin/python -m tests.layering
 
 clean: down
 	rm -rf .streamrec .streamrec-test

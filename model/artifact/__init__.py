@@ -1,0 +1,8 @@
+"""The version artifact and the registry of versions (numpy only; spec: ``FORMAT.md`` here).
+
+* ``manifest`` — format constants, manifest validation and dimension checks.
+* ``files`` — writing and loading one version (:class:`ServingArtifact`, what serving reads).
+* ``registry`` — publishing, listing, pinning and rolling back versions; the Redis pointer.
+
+The one part of ``model`` that serving imports: it never imports TensorFlow (a test checks).
+"""
