@@ -93,7 +93,7 @@ class FlinkSettings(BaseModel):
         description="TaskManager JVMs the local stack starts. Python operators in thread mode "
         "share one interpreter lock per JVM, so with cores to spare one TaskManager per slot "
         "lets parallel Python subtasks run at once; on busy cores one JVM is cheaper "
-        "(docs/decisions.md, measured with bench/features.py --cluster).",
+        "(docs/decisions.md#feature-job-shape).",
     )
     parallelism: int = Field(
         1, description="Parallelism of the feature job (`streamrec features --parallelism N` wins)."
