@@ -61,9 +61,12 @@ def register(sub: Any) -> None:
                             "(STREAMREC_KAFKA__PARTITIONS partitions each). `up` does this too.")
     topics.set_defaults(func=_topics)
 
-    bench = sub.add_parser("bench", help="run a benchmark from bench/ (prints figures, --json FILE)",
+    bench = sub.add_parser("bench",
+                           help="run a benchmark from a source checkout's bench/ (--json FILE)",
                            description="Run bench/NAME.py; remaining arguments go to it "
-                           "(try `streamrec bench NAME --help`).")
+                           "(try `streamrec bench NAME --help`). The benchmarks are not part "
+                           "of the installed package: they run from a source checkout of "
+                           "streamrec, whose bench/ folder sits next to deploy/.")
     bench.add_argument("name", choices=BENCHES)
     bench.add_argument("args", nargs=argparse.REMAINDER)
     bench.set_defaults(func=_bench)
@@ -161,9 +164,17 @@ def _topics(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    path = REPO_ROOT / "bench" / f"{args.name}.py"
+    bench_dir = REPO_ROOT / "bench"
+    if not bench_dir.is_dir():
+        # An installed package ships no bench/ (pyproject packages only our five packages).
+        print(f"streamrec: benchmarks need a source checkout of streamrec: {bench_dir} does "
+              "not exist in this installation. Clone the repository and run `streamrec bench "
+              f"{args.name}` (or `python -m deploy.cli bench {args.name}`) from it.",
+              file=sys.stderr)
+        return 2
+    path = bench_dir / f"{args.name}.py"
     if not path.exists():
-        print(f"streamrec: benchmark {path} does not exist yet", file=sys.stderr)
+        print(f"streamrec: benchmark {path} is missing from this checkout", file=sys.stderr)
         return 2
     namespace = runpy.run_path(str(path), run_name="streamrec_bench")
     return int(namespace["main"](args.args) or 0)

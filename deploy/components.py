@@ -406,7 +406,7 @@ def service_components(s: Settings, available: set[str]) -> list[Component]:
                   lambda: [py, "-m", "deploy.cli", "serve"],
                   lambda: http_ok(f"http://{host}:{s.serving.port}/health"),
                   # One BLAS thread per request thread: 16 request threads oversubscribe
-                  # OpenBLAS otherwise (bench/serve.py measured ~5x the requests/s).
+                  # OpenBLAS otherwise (why: docs/decisions.md#serving-exact-search).
                   env={"OPENBLAS_NUM_THREADS": "1"}, marker="serve"),
     ]
     command_of = {"ingest-api": "ingest-api", "features": "features", "trainer": "train",

@@ -4,10 +4,11 @@ The key layout and the write rule are the written spec ``feature_store/FORMAT.md
 encode/decode functions below are its only implementation. Writes go through one Lua script
 (:data:`WRITE_IF_NEWER`, run with ``EVALSHA`` on up to :data:`SCRIPT_CHUNK` records at a time,
 in a pipeline) so "only if newer ``(as_of, seq)``" is atomic per record; a whole batch is one
-round trip and one script call per chunk, not one command per record (not two round trips:
-a pipeline of a registered ``Script`` asks ``SCRIPT EXISTS`` first, which py-spy put at 16%
-of the feature job's Python time; on ``NOSCRIPT`` the script is loaded and the batch resent). redis-py uses hiredis
-for parsing when it is installed (it is a dependency).
+round trip and one script call per chunk, not one command per record. The script is called
+by its SHA, not as a registered ``Script`` (whose pipeline asks ``SCRIPT EXISTS`` first, a
+second round trip; why: ``docs/decisions.md#redis-writes``); on ``NOSCRIPT`` the script is
+loaded and the batch resent. redis-py uses hiredis for parsing when it is installed (it is a
+dependency).
 """
 
 from __future__ import annotations

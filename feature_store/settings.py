@@ -42,13 +42,17 @@ class StackSettings(BaseModel):
 
 
 class KafkaSettings(BaseModel):
+    """The Kafka broker and the topics of the pipeline."""
+
     model_config = _SECTION
-    host: str = "127.0.0.1"
+    host: str = Field("127.0.0.1", description="Broker host (clients and the local listeners).")
     port: int = Field(9092, description="Broker (client) port.")
     controller_port: int = Field(9093, description="KRaft controller port.")
-    events_topic: str = "events"
-    dlq_topic: str = "events.dlq"
-    samples_topic: str = "samples"
+    events_topic: str = Field("events", description="Topic of validated events (ingest, replay).")
+    dlq_topic: str = Field(
+        "events.dlq", description="Dead-letter topic: records that failed downstream, with why."
+    )
+    samples_topic: str = Field("samples", description="Training samples (feature job -> trainer).")
     partitions: int = Field(2, ge=1, description="Partitions of each topic created by `up`.")
     replication_factor: int = Field(1, ge=1, description="Replicas of each topic we create.")
     min_insync_replicas: int = Field(1, ge=1, description="min.insync.replicas of our topics.")
@@ -60,13 +64,15 @@ class KafkaSettings(BaseModel):
 
 
 class RedisSettings(BaseModel):
+    """The Redis online store (and the model pointer's Redis copy)."""
+
     model_config = _SECTION
-    host: str = "127.0.0.1"
-    port: int = 6379
-    db: int = 0
+    host: str = Field("127.0.0.1", description="Redis host.")
+    port: int = Field(6379, description="Redis port (the local stack's server listens on it).")
+    db: int = Field(0, description="Redis database number.")
     key_prefix: str = Field("sr:", description="Prefix of every key we write (FORMAT.md).")
     appendonly: bool = Field(False, description="Enable AOF persistence for the local Redis.")
-    password: SecretStr | None = None
+    password: SecretStr | None = Field(None, description="Redis password (AUTH); unset = none.")
 
     @property
     def url(self) -> str:
@@ -74,28 +80,40 @@ class RedisSettings(BaseModel):
 
 
 class FlinkSettings(BaseModel):
+    """The Flink cluster and the feature job's defaults."""
+
     model_config = _SECTION
     host: str = Field("127.0.0.1", description="JobManager host (REST and job submission).")
     rest_port: int = Field(8081, description="JobManager REST/web UI port.")
     rpc_port: int = Field(6123, description="JobManager RPC port.")
-    taskmanager_slots: int = 2
+    taskmanager_slots: int = Field(2, description="Task slots of each TaskManager.")
     taskmanagers: int = Field(
         1,
         ge=1,
         description="TaskManager JVMs the local stack starts. Python operators in thread mode "
         "share one interpreter lock per JVM, so with cores to spare one TaskManager per slot "
-        "lets parallel Python subtasks run at once; on 2 cores two JVMs measured slower than one "
-        "(bench/features.py --cluster).",
+        "lets parallel Python subtasks run at once; on busy cores one JVM is cheaper "
+        "(docs/decisions.md#feature-job-shape).",
     )
-    parallelism: int = 1
-    jobmanager_memory: str = "1024m"
-    taskmanager_memory: str = "1728m"
-    checkpoint_interval_ms: int = 5000
+    parallelism: int = Field(
+        1, description="Parallelism of the feature job (`streamrec features --parallelism N` wins)."
+    )
+    jobmanager_memory: str = Field("1024m", description="jobmanager.memory.process.size.")
+    taskmanager_memory: str = Field("1728m", description="taskmanager.memory.process.size.")
+    checkpoint_interval_ms: int = Field(
+        5000, description="Checkpoint interval of the feature job (state and Kafka offsets)."
+    )
 
 
 class FeatureSettings(BaseModel):
+    """Knobs of the feature definitions (``feature_store.features``) and their Redis records."""
+
     model_config = _SECTION
-    event_weights: dict[str, float] = Field(default_factory=lambda: dict(DEFAULT_EVENT_WEIGHTS))
+    event_weights: dict[str, float] = Field(
+        default_factory=lambda: dict(DEFAULT_EVENT_WEIGHTS),
+        description="Accepted event types and their weights; an event of weight > 0 is a "
+        "positive and yields a training sample.",
+    )
     history_len: int = Field(50, description="Items kept in a user's recent history.")
     history_event_types: list[str] = Field(
         default_factory=lambda: ["rating"],
@@ -104,44 +122,64 @@ class FeatureSettings(BaseModel):
     )
     item_half_life_s: float = Field(3600.0, description="Half-life of the decayed item score.")
     trending_n: int = Field(100, description="Items kept in the global trending list.")
-    max_out_of_orderness_ms: int = Field(2000, description="Watermark bound.")
+    max_out_of_orderness_ms: int = Field(
+        2000, description="Watermark bound of the feature job (events behind it count as late)."
+    )
     user_ttl_s: int = Field(30 * 86400, description="TTL of user feature keys (0 = none).")
     item_ttl_s: int = Field(30 * 86400, description="TTL of item feature keys (0 = none).")
 
 
 class IngestSettings(BaseModel):
+    """The ingest API (``POST /events``)."""
+
     model_config = _SECTION
-    host: str = "127.0.0.1"
-    port: int = 8001
-    max_batch: int = 10_000
-    max_body_bytes: int = 10 * 1024 * 1024
-    produce_timeout_s: float = 10.0
+    host: str = Field("127.0.0.1", description="Bind address of the ingest API.")
+    port: int = Field(8001, description="Port of the ingest API.")
+    max_batch: int = Field(10_000, description="Most events in one POST /events (413 beyond).")
+    max_body_bytes: int = Field(10 * 1024 * 1024, description="Largest request body (413 beyond).")
+    produce_timeout_s: float = Field(
+        10.0, description="Deadline for Kafka to acknowledge a request's events (503 after it)."
+    )
     api_key: SecretStr | None = Field(None, description="If set, POST /events needs X-API-Key.")
     rate_limit_per_s: float = Field(0.0, ge=0, description="POST /events per second (0 = off).")
 
 
 class TrainerSettings(BaseModel):
+    """The incremental trainer, its model and its registry."""
+
     model_config = _SECTION
-    model_name: str = "two_tower"
+    model_name: str = Field(
+        "two_tower", description="Model name: its registry folder and Redis pointer key."
+    )
     registry_dir: Path = Field(Path(".streamrec/models"), description="Model registry root.")
     checkpoint_dir: Path = Field(Path(".streamrec/trainer"), description="Checkpoints+offsets.")
-    group_id: str = "streamrec-trainer"
-    embedding_dim: int = 32
-    batch_size: int = 512
-    learning_rate: float = 0.05
-    export_every_s: float = 30.0
-    export_every_samples: int = 200_000
-    keep_versions: int = 5
+    group_id: str = Field(
+        "streamrec-trainer",
+        description="Kafka group id of the samples consumer (client id prefix; it never commits: "
+        "offsets live in the checkpoints).",
+    )
+    embedding_dim: int = Field(32, description="Embedding size d (user tower layers 2d, d).")
+    batch_size: int = Field(512, description="Samples per training step.")
+    learning_rate: float = Field(0.05, description="Adagrad learning rate (tables and layers).")
+    export_every_s: float = Field(30.0, description="Seconds between model versions.")
+    export_every_samples: int = Field(
+        200_000, description="Samples between model versions (whichever of the two comes first)."
+    )
+    keep_versions: int = Field(
+        5, description="Newest versions the registry keeps (plus the pinned and current ones)."
+    )
     metrics_host: str = Field("127.0.0.1", description="Host of the trainer's /metrics.")
-    metrics_port: int = 8002
-    seed: int = 7
+    metrics_port: int = Field(8002, description="Port of the trainer's /health and /metrics.")
+    seed: int = Field(7, description="Seed of the model's initialisers and samplers.")
 
 
 class ServingSettings(BaseModel):
+    """The serving API (``GET /recommend``)."""
+
     model_config = _SECTION
-    host: str = "127.0.0.1"
-    port: int = 8000
-    default_k: int = 20
+    host: str = Field("127.0.0.1", description="Bind address of the serving API.")
+    port: int = Field(8000, description="Port of the serving API.")
+    default_k: int = Field(20, description="Items returned by GET /recommend without k.")
     poll_interval_s: float = Field(5.0, description="Backup check of the CURRENT pointer.")
     admin_token: SecretStr | None = Field(None, description="Token for pin/rollback.")
     max_body_bytes: int = Field(64 * 1024, description="Largest request body (413 beyond).")

@@ -1,16 +1,14 @@
 """The request path: exact top-k over a version's item vectors, seen filtering, trending
 padding, fallbacks, and micro-batching of concurrent requests (:class:`Recommender`).
 
-Exact search: one BLAS matrix product for a batch of queries, then per query an exact
-block-max pruning (the k blocks of 64 rows with the largest maxima hold the top k) and
-``argpartition`` over the few candidates. At 100k items and d=32 the product costs about
-0.25 ms per query on one core and the selection about 0.04 ms, so no ANN index is used.
+Exact search, no ANN index: one BLAS matrix product for a batch of queries, then per query
+an exact block-max pruning (the k blocks of 64 rows with the largest maxima hold the top k)
+and ``argpartition`` over the few candidates.
 
 The batch product is laid out items-major (``item_vectors @ queries.T``, ``[N, B]``): the
 block maxima of all queries are then one reduction over contiguous memory, and only the
-few candidate rows of each query are gathered. Measured side by side at 100k items
-(``OPENBLAS_NUM_THREADS=1``), a batch of 16 ranks ~35% faster than queries-major
-(``queries @ item_vectors.T`` + one pruning pass per row).
+few candidate rows of each query are gathered. Why both, with the figures:
+``docs/decisions.md#serving-exact-search``.
 """
 
 from __future__ import annotations

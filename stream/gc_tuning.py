@@ -6,10 +6,8 @@ is collected every few records, and every tenth of those collections goes on to 
 generations that walk every tracked object the process holds (caches of ids, buffered
 records). :func:`tune_gc` moves the objects alive at start-up into the permanent
 generation (``gc.freeze``: full collections skip them) and collects the young generation
-every :data:`GC_GEN0_THRESHOLD` allocations instead. Measured before: ~15% of the Flink
-stages' CPU was the collector; the trainer's sample decoding took 14.6 us per record with the
-collector on and 12.0 with it off (offline, 2048-record polls; py-spy in a trainer run put
-7% of the decoding thread in the collector).
+every :data:`GC_GEN0_THRESHOLD` allocations instead. What the collector cost before:
+``docs/decisions.md#gc-tuning``.
 """
 
 from __future__ import annotations

@@ -1,77 +1,10 @@
 """Model artifact: what serving needs, as plain ``.npy`` files plus ``manifest.json``.
 
-Reading an artifact needs numpy only (this module must never import TensorFlow).
-
-Layout of one version directory ``<registry_dir>/<model_name>/<version>/`` (formats 1-4)::
-
-    manifest.json            see below; the only file not listed in manifest["files"]
-    item_ids.npy             <U*  [N]        external item ids, row i of item_vectors is item_ids[i]
-    item_vectors.npy         f32  [N, d]     item tower output, one row per item
-    item_hist_keys.npy       i64  [H]        ids.item_key() of items with a history embedding,
-                                             strictly increasing (the writer sorts)
-    item_hist_rows.npy       f32  [H, e_h]   history embedding row of item_hist_keys[j]
-    user_keys.npy            i64  [U]        ids.user_key() of known users, strictly increasing
-    user_rows.npy            f32  [U, e_u]   user embedding row of user_keys[j]
-    default_user_row.npy     f32  [e_u]      row used for a user the model does not know
-    layer_<i>_w.npy          f32  [in_i, out_i]  dense layer i of the user tower
-    layer_<i>_b.npy          f32  [out_i]
-    covisit_indptr.npy       i64  [N + 1]    format 4: CSR co-visitation matrix over the items
-    covisit_items.npy        i32  [nnz]      (see "Co-visitation term" below)
-    covisit_weights.npy      f32  [nnz]
-
-User tower (exactly what :meth:`ServingArtifact.user_vectors` computes)::
-
-    h = history[:manifest["history_len"]]  (most recent first; format 2, absent = all of it)
-    K = the entries of h the model knows (in item_hist_keys), at positions p_k of h
-    x = concat(user_row(user_key) or default_user_row,
-               sum_k w_k * item_hist_rows[K_k] or zeros(e_h))
-    w_k = d ** p_k / sum_j d ** p_j,  d = manifest["history_decay"]  (1 = the plain mean)
-    for each layer i:  x = act_i(x @ W_i + b_i)         act_i in {"relu", "linear"}
-                       (a trainer's ``pool_residual`` is folded into these layers:
-                       ``model.scoring.pooling.fold_pool_residual``)
-    if manifest["normalize"]:  x = x / max(||x||_2, 1e-12)
-    if manifest["score_bias"]: x = concat(x, [1])                    (format 2 only)
-
-(``model.scoring.pooling``) so ``in_0 == e_u + e_h`` and the last ``out`` equals ``d`` (with no layers, ``e_u + e_h == d``),
-or ``d - 1`` with ``score_bias``. Scores are ``item_vectors @ x``: with ``score_bias`` the last
-column of ``item_vectors`` is an additive per-item score (e.g. the popularity prior of
-``model.scoring.prior``), which the constant 1 appended *after* the normalisation adds unscaled.
-
-Co-visitation term (format 4, ``model.scoring.covisit``): with ``manifest["covisit"]`` the score of
-item i adds ``weight * log1p(s_i)``, ``s_i = sum_{j < window} decay ** j * C[h_j, i]`` over the
-first ``window`` entries ``h_j`` of the history that are items of this version, ``C`` the CSR
-matrix of ``covisit_indptr.npy`` (i64 [N + 1]), ``covisit_items.npy`` (i32 [nnz], rows of
-``item_vectors``) and ``covisit_weights.npy`` (f32 [nnz], >= 0): row r's neighbours are
-``covisit_items[indptr[r]:indptr[r + 1]]`` (:meth:`ServingArtifact.covisit_scores`).
-
-Format versions: 2 adds ``score_bias`` and ``history_len``; 3 adds ``history_decay``; 4 adds
-``covisit``. The writer writes the lowest version that expresses the artifact (without
-the format-2 keys it stays format 1, without the format-3 keys format 2, and so on, each
-readable by older readers); the reader reads all four.
-
-``manifest.json``::
-
-    {"format": "streamrec-artifact", "format_version": 1 | 2 | 3 | 4,
-     "version": str, "created_at": RFC 3339 UTC str | null,
-     "normalize": bool,
-     "score_bias": bool,                  (format 2; absent = false)
-     "history_len": int,                  (format 2; absent = the whole history)
-     "history_decay": float in (0, 1],    (format 3; absent = 1, the plain mean)
-     "covisit": {"weight": float > 0, "window": int >= 1, "decay": float in (0, 1]},
-                                          (format 4; absent = no co-visitation term)
-     "dims": {"items": N, "d": d, "hist_items": H, "hist_dim": e_h, "users": U, "user_dim": e_u},
-     "layers": [{"w": "layer_0_w.npy", "b": "layer_0_b.npy", "activation": "relu"}, ...],
-     "files": {"<name>.npy": {"sha256": hex, "bytes": int, "shape": [...], "dtype": str}, ...},
-     ...manifest_extra}
-
-``manifest_extra`` is merged at top level (it may not override the keys above). Keys serving
-reads when present: ``trained_through_ms`` (int, epoch ms: event time of the newest sample the
-version learnt from), ``kafka_offsets`` (``{"<topic>:<partition>": next_offset}``), ``metrics``
-(dict), ``feature_schema_hash`` (str).
-
-Writer: :func:`write_artifact` (into an empty or new directory; the registry stages it in a
-temp dir and renames it into place). Reader: :func:`load_artifact` (verifies every checksum,
-shape and dtype; raises :class:`ArtifactError`).
+The format — files, manifest fields and their readers, format versions, checksums — is the
+written spec ``model/artifact/FORMAT.md``. Writer: :func:`write_artifact`; reader:
+:func:`load_artifact` (verifies every checksum, shape and dtype; raises :class:`ArtifactError`)
+into a :class:`ServingArtifact`, which computes the user tower and the co-visitation term as
+the spec says. Numpy only: this module must never import TensorFlow.
 """
 
 from __future__ import annotations
@@ -159,7 +92,7 @@ def write_artifact(
     manifest_extra: Mapping[str, Any] | None = None,
     created_at: datetime | None = None,
 ) -> dict[str, Any]:
-    """Write one artifact into ``directory`` and return its manifest (see the module doc)."""
+    """Write one artifact into ``directory`` and return its manifest (FORMAT.md)."""
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     extra = dict(manifest_extra or {})
@@ -287,12 +220,12 @@ class ServingArtifact:
 
     @property
     def history_decay(self) -> float:
-        """Recency decay of the history pool (1.0: plain mean; see the module doc)."""
+        """Recency decay of the history pool (1.0: plain mean; FORMAT.md)."""
         return float(self.manifest.get("history_decay", 1.0))
 
     @property
     def score_bias(self) -> bool:
-        """Whether the last item-vector column is an additive score (see the module doc)."""
+        """Whether the last item-vector column is an additive score (FORMAT.md)."""
         return bool(self.manifest.get("score_bias", False))
 
     def covisit_scores(

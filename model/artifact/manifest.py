@@ -1,6 +1,7 @@
 """The artifact manifest: format constants, validation and dimension checks (numpy only).
 
-The format itself is documented in ``model.artifact.files`` (which re-exports these names).
+The format is the written spec ``model/artifact/FORMAT.md``; ``model.artifact.files``
+re-exports these names.
 """
 
 from __future__ import annotations

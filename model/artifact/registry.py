@@ -13,21 +13,11 @@ API (``Registry(root, model_name, redis_client=None, key_prefix="sr:", keep=5)``
     reg.path(version) / reg.show(version) -> manifest
     reg.pin(version) / reg.unpin() / reg.rollback(to=None) -> str
 
-Layout under ``<root>/<model_name>/``: one directory per version (never overwritten),
-``CURRENT`` (the served version's name, replaced atomically via temp file + rename),
-``PINNED`` (present while a version is pinned), ``.staging/`` (temp dirs on the same
-filesystem), ``.lock`` (flock serialising pointer changes between processes).
-
-Version order is the natural order of the names (digit runs compare as numbers), so the
-trainer names versions so that they sort by publication, e.g. ``20261130T050000Z-000042``.
-
-While a version is pinned, publishing keeps the new version but does not move ``CURRENT``;
-``rollback`` moves ``CURRENT`` to the previous kept version (or ``to``) and pins it, so the
-trainer's next publication does not override the rollback; ``unpin`` returns to the newest.
-Every ``CURRENT`` change sets the Redis key ``{key_prefix}model:{model_name}:current`` and
-publishes the version on ``{key_prefix}model:{model_name}:published``. The files are the
-source of truth: a Redis failure is logged and the pointer change still stands (serving
-also polls ``CURRENT``). The newest ``keep`` versions are kept, plus the pinned and current.
+The layout under ``<root>/<model_name>/`` (version directories, ``CURRENT``, ``PINNED``,
+``.staging/``, ``.lock``), version names and their order, the publish protocol (temp dir,
+verify, rename, ``CURRENT``, Redis key, pub/sub), pins, rollback and pruning are the written
+spec ``model/artifact/FORMAT.md``. The files are the source of truth: a Redis failure is
+logged and the pointer change still stands (serving also polls ``CURRENT``).
 """
 
 from __future__ import annotations

@@ -7,9 +7,8 @@ drops the items the user already interacted with.
 * :class:`PopularityBaseline` — all-time count of positive events per item so far.
 * :class:`RecentPopularityBaseline` — the same counts, exponentially decayed in event
   time: an event ``dt`` ms older than the newest event learned from counts
-  ``2 ** (-dt / half_life_ms)``. ``streamrec evaluate`` uses a half-life of 365 days, the
-  best of 1/7/30/90/365 days on MovieLens latest-small (whose timestamps span 22 years with
-  long quiet gaps: short half-lives forget everything between two busy periods).
+  ``2 ** (-dt / half_life_ms)``. ``streamrec evaluate`` uses a half-life of 365 days (why:
+  ``docs/decisions.md#recent-popularity``).
 
 Items are identified by their position in the evaluation's candidate list (first
 appearance in the stream), so the arrays grow as new items appear.

@@ -32,11 +32,9 @@ the same stream, the same micro-batches, the same candidates and exclusions.
 Figures: overall (all scored events) and per chunk (the scored events split into
 ``chunks`` consecutive, near-equal parts, in time order).
 
-Why B = 128: MovieLens users rate in bursts (median 19 s between two positives of a
-user), so a batch of 128 consecutive positives holds only ~6 users. A larger B scores
-more events of a session before the model saw any of it; B = 128 keeps "the current
-model" honest at a cost the 2-core machine can take (~1 min for latest-small; B = 64
-doubles it). Within a batch the history features are still exact (point-in-time).
+Why B = 128: a larger B scores more events of a user's session before the model saw any of
+it, a smaller one costs more time (``docs/decisions.md#evaluation-batch``). Within a batch
+the history features are still exact (point-in-time).
 """
 
 from __future__ import annotations

@@ -9,12 +9,13 @@ point-in-time history; entries the co-visitation has no pairs for add nothing) a
 ``C[a, b]`` is the weight of item b following item a. Every positive training sample
 (history ``h``, target ``t``, weight ``w``) adds ``w * decay ** j`` to ``C[h_j, t]`` for each
 of the first ``window`` history entries (``h_j != t``); all weights decay with a half-life of
-``half_life`` samples (0 = never), so pairs of a past season fade. (Counting both directions,
-``C[t, h_j]`` too, scored 0.01x more on MovieLens at twice the cost.)
+``half_life`` samples (0 = never), so pairs of a past season fade. Only that direction is
+counted, not ``C[t, h_j]`` too (why: ``docs/decisions.md#co-visitation``).
 
 Why: the towers' 32-dimensional rows blur which items follow which (sequels, a franchise, the
 titles of one rating session); exact pair weights of the last few items keep that, and the
-log damps items that co-occur with everything. ``ModelConfig.covisit_weight`` has the figures.
+log damps items that co-occur with everything. The figures: ``docs/decisions.md#co-visitation``
+and ``#model-config``.
 
 The state (:class:`CoVisitation`) lives in the trainer and learns in ``Trainer.train_step``
 (once per batch, like the item-frequency estimate); it is checkpointed with the trainer and

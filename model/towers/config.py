@@ -17,13 +17,11 @@ class ModelConfig:
     #: Dense layers of the user tower; the last one must equal ``embedding_dim``.
     user_layers: tuple[int, ...] = (64, 32)
     #: Most recent history items the user tower pools (a prefix of the feature store's
-    #: history). 10 beats 20 and 50 on MovieLens latest-small (``streamrec evaluate``).
+    #: history). Why 10, and the sweeps behind every default below:
+    #: docs/decisions.md#model-config.
     history_len: int = 10
     #: Softmax temperature of the loss; the served score is ``<u, v> / temperature`` plus the
-    #: prior. MovieLens latest-small (``streamrec evaluate``, Recall@10 / popularity, seeds
-    #: 7/1/2), prior weight 3: 0.03/0.04/0.05/0.07/0.085/0.1 -> 1.63/1.68/1.73/1.79/1.79/1.78x
-    #: (seed 7); 0.07 with the prior weight below: 1.86/1.84/1.83x (0.05, weight 3:
-    #: 1.73/1.76/1.72x).
+    #: prior.
     temperature: float = 0.07
     normalize: bool = True
     #: Whether ``normalize`` also applies to the user tower (False: items only; the user
@@ -31,12 +29,7 @@ class ModelConfig:
     normalize_user: bool = True
     #: Weight of the popularity prior in the score (``model.scoring.prior``); 0 = none. Exported
     #: through the artifact's ``score_bias`` (format 2). Its strength is relative to
-    #: ``1 / temperature``. Planted preferences (synthetic, no popularity signal) want it weak
-    #: (Recall@10 over popularity in ``tests/unit``, at an earlier model and temperature
-    #: 0.05: 0/3/4/5 -> +0.22/+0.117/+0.099/+0.087; its bar is +0.1). MovieLens latest-small
-    #: (``streamrec evaluate``, Recall@10 / popularity) at temperature 0.07: 1.0/1.2/1.5/1.8/
-    #: 2.14 -> 1.80/1.84/1.86/1.85/1.83x (seed 7); seeds 7/1/2 at 1.5: 1.86/1.84/1.83x, at
-    #: 1.8: 1.85/1.85/1.82x, at 2.14: 1.83/1.84/1.82x.
+    #: ``1 / temperature``; data without a popularity signal wants it weak.
     prior_weight: float = 1.5
     admit_after: int = 1
     #: Admission threshold of the user table (None: ``admit_after``). Users below it share
@@ -52,49 +45,31 @@ class ModelConfig:
     #: (0 = most recent) weighs ``history_decay ** p``; the pool is the weighted mean of
     #: the known rows (1.0 = plain mean; ``model.towers.two_tower.pool_weights``). 0.8 with 10
     #: items: the newest click weighs 0.22, not 0.1, so one click moves the served vector
-    #: more. MovieLens
-    #: (``streamrec evaluate``, Recall@10 / popularity, seeds 7/1/2), without the auxiliary
-    #: loss (``TrainOptions.aux_weight`` 0): 1.0 -> 1.40/1.37/1.40x, 0.9 -> 1.45/1.43/1.48x,
-    #: 0.8/0.6 -> 1.42x/1.29x (seed 7); with it (8, the default): 0.9 -> 1.61/1.62/1.62x,
-    #: 0.8 -> 1.63/1.67/1.66x. Planted preferences (``tests/unit``, bar +0.1), aux 0/8:
-    #: 0.9 -> +0.113/+0.188, 0.8 -> +0.105/+0.185.
+    #: more.
     history_decay: float = 0.8
     #: Residual of the history pool in the user tower: the tower's output (before the L2
     #: normalisation) is ``MLP(concat(user row, pool)) + pool_residual * pool``, so the
     #: pool — the query the auxiliary item-item term trains (``TrainOptions.aux_weight``) —
     #: reaches the served vector directly, not only through the MLP (0 = none). Exported
     #: folded into the dense layers (``model.scoring.pooling.fold_pool_residual``: the artifact
-    #: format is unchanged). MovieLens latest-small (``streamrec evaluate``, Recall@10 /
-    #: popularity, towers and prior only, seed 7): 0/0.5/1/2/4 -> 1.86/1.89/1.90/1.88/1.91x;
-    #: seeds 7/1/2 at 2: 1.88/1.90/1.91x (at 0: 1.86/1.84/1.83x); with the co-visitation
-    #: term (both directions), 0 -> 2.14/2.14/2.12x, 2 -> 2.14/2.15/2.17x. Mixing the normalised pool into the
-    #: normalised user vector at serving time only (no training through it) gained less
-    #: (weight 0.25/0.5/1: 1.87/1.87/1.88x).
+    #: format is unchanged).
     pool_residual: float = 2.0
     #: Weight of the item co-visitation term in the score (``model.scoring.covisit``: ``weight *
     #: log1p(s)``, ``s`` the decayed co-visitation weights of the item with the user's last
     #: ``covisit_window`` history items); 0 = the towers alone. Exported as artifact
-    #: format 4. MovieLens latest-small (``streamrec evaluate``, Recall@10 / popularity):
-    #: without it 1.88/1.90/1.91x (seeds 7/1/2), with it 2.13/2.14/2.16x; weight 2/2.5/3 ->
-    #: 2.13/2.15/2.15x (seed 7). Counting both directions of a pair: 2.14/2.15/2.17x, at twice
-    #: the cost; without the pool residual (both directions) 2.14/2.14/2.12x. Scored alone
-    #: (no towers), co-visitations of the last 5 items (both directions) reach 1.84x: the two
-    #: are complementary, the towers generalise, the pairs remember.
+    #: format 4. The towers generalise, the pairs remember (docs/decisions.md#co-visitation).
     covisit_weight: float = 2.0
-    #: Most recent history items whose co-visitations count, each ``covisit_decay ** j``:
-    #: window 3/5/8 -> 2.12/2.14/2.12x, decay 0.7/0.9 -> 2.16/2.14x (seed 7; both directions).
+    #: Most recent history items whose co-visitations count, each ``covisit_decay ** j``.
     covisit_window: int = 5
     covisit_decay: float = 0.9
-    #: Half-life of the co-visitation weights in positive samples (0 = never decay):
-    #: 10k/20k/40k -> 2.16/2.14/2.13x (seed 7; both directions); scored alone, window 20,
-    #: neither decay reaches 1.39x, the position decay 1.54x, the time decay 1.59x, both 1.72x
-    #: (pairs of a past season mislead).
+    #: Half-life of the co-visitation weights in positive samples (0 = never decay): pairs of
+    #: a past season mislead.
     covisit_half_life: float = 20_000.0
     #: Most item pairs the co-visitation keeps (the lightest go first).
     covisit_max_pairs: int = 4_000_000
     #: Whether history rows get gradients through the user tower. False: they learn only as
     #: targets (and sampled negatives), and the item optimizer touches ~B rows per step,
-    #: not every distinct history item of the batch (bench/train.py: the speed difference).
+    #: not every distinct history item of the batch (bench/train.py times both steps).
     train_history: bool = True
 
     def __post_init__(self) -> None:

@@ -6,7 +6,7 @@ only, loads a version in milliseconds (no TF import, no graph load), and knows e
 which ids the model has rows for (TFRA returns a fresh random row for an unknown key).
 Figures: ``bench/train.py`` (export time and size for 100k and 1M ids).
 
-What is exported (see ``model/artifact/files.py`` for the format):
+What is exported (the format is ``model/artifact/FORMAT.md``):
 
 * ``user_keys``/``user_rows``: every user with an own row; ``default_user_row``: the shared
   row of users without one;

@@ -11,9 +11,9 @@ training thread after a chunk is trained, so a chunk fetched but not trained is 
 again after a restart.
 
 Two record sources, one contract (:class:`RecordSource`): :class:`ConfluentSource` reads
-with librdkafka (``confluent-kafka``: record batches are parsed in C, a poll returns a list
-of messages at about a microsecond each) and :class:`KafkaPythonSource` with kafka-python
-(pure Python record parsing, ~7 us of CPU per record). Both are assigned partitions at
+with librdkafka (``confluent-kafka``: record batches are parsed in C) and
+:class:`KafkaPythonSource` with kafka-python (pure Python record parsing, several times the
+CPU per record: ``docs/decisions.md#trainer-loop``). Both are assigned partitions at
 explicit offsets by the caller and never commit. A poll is decoded as a whole
 (``model.trainer.samples.decode_columns``) into columns, then cut into chunks.
 """

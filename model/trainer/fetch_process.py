@@ -1,9 +1,8 @@
 """The samples fetch in a child process (``LoopOptions.fetch_process``, the default).
 
 Decoding samples is Python work: on a thread of the training process it holds the GIL and
-a core while the compiled step wants both (measured in one process: a thread decoding at
-full duty cut the step from 76k to 24k examples/s; ``bench/train.py`` e2e 21.7k examples/s
-with the fetch thread against 28–30k with the fetch in a process).
+a core while the compiled step wants both (what that cost:
+``docs/decisions.md#trainer-fetch-process``).
 
 The child runs the same :class:`model.trainer.fetch.ChunkFetcher` over its own consumer,
 assigned at the offsets the parent restored, and hands the chunks over a queue (numpy
@@ -81,10 +80,10 @@ def _child(out: Any, stop: Any, parent: int, source_args: tuple[Any, ...],
 def _widen_pipe(q: Any, size: int = 1 << 20) -> None:
     """Let the queue's pipe hold several chunks (Linux ``F_SETPIPE_SZ``; else left as is).
 
-    A chunk pickles to ~70 KB, over the default 64 KB pipe: the child's feeder thread then
+    A chunk pickles to more than the default 64 KB pipe holds: the child's feeder thread then
     writes it in two parts, taking the child's interpreter lock back from the decoding
-    thread in between, while the training thread waits for the rest (measured: 0.95 s of
-    waiting per 300k samples, 0.64 s with the wider pipe)."""
+    thread in between, while the training thread waits for the rest (the measured wait:
+    ``docs/decisions.md#trainer-fetch-process``)."""
     try:
         import fcntl
 

@@ -86,18 +86,17 @@ class LoopOptions:
     #: GIL switch interval while ``run()`` trains (``sys.setswitchinterval``, restored on
     #: return; None = leave it). The training thread releases the GIL at every TF and numpy
     #: call; while the fetch thread decodes, Python's default 5 ms interval can keep it
-    #: waiting that long each time it wants the GIL back (measured: test-then-train steps
-    #: ~14% faster at 0.5 ms next to a thread running Python half of the time).
+    #: waiting that long each time it wants the GIL back (docs/decisions.md#trainer-loop).
     gil_switch_interval_s: float | None = 0.0005
     #: numpy's BLAS threads while ``run()`` trains (``threadpoolctl``; restored on return;
     #: None = leave them). OpenBLAS workers busy-wait after each call (the evaluation's
-    #: scoring matmul), taking CPU from the TF step and the fetch thread: one thread costs
-    #: the matmul little and the process about a third of its CPU (``bench/train.py`` e2e).
+    #: scoring matmul), taking CPU from the TF step and the fetch thread; one thread costs
+    #: the matmul little (docs/decisions.md#trainer-loop).
     blas_threads: int | None = 1
     #: Kafka client of the samples consumer: "confluent" (librdkafka, parses record batches
-    #: in C: ~1 us of CPU per record against ~7 us for kafka-python, measured with
-    #: ``bench/train.py``), "kafka-python", or "auto" (confluent if installed). Both are
-    #: assigned every partition at the checkpointed offsets and never commit.
+    #: in C, several times cheaper per record: docs/decisions.md#trainer-loop),
+    #: "kafka-python", or "auto" (confluent if installed). Both are assigned every partition
+    #: at the checkpointed offsets and never commit.
     consumer: str = "auto"
     #: Poll and decode in a child process (``model.trainer.fetch_process``): its Python
     #: then takes neither the GIL nor the training process's cores; False = a thread.
@@ -235,7 +234,7 @@ class TrainerService:
         """Create the topics if needed and the samples fetcher (a child process, or a
         thread with ``LoopOptions.fetch_process`` False), reading from the restored offsets.
         The dead-letter producer is made when a first record needs it (connecting one
-        took 0.07-0.3 s of every start)."""
+        would slow every start: docs/decisions.md#trainer-loop)."""
         from stream.kafka_client import ensure_topics
 
         kafka = self.settings.kafka

@@ -35,33 +35,8 @@ Options (each changes the computation as stated; ``tests/unit/test_trainer_optio
 * ``ModelConfig.history_len``: the step and the user vectors read the first (most recent)
   ``history_len`` columns of a batch's history.
 
-Why these defaults: ``streamrec evaluate ratings.csv --format movielens`` on MovieLens
-latest-small, test-then-train Recall@10 / popularity of the same run (1.04x with the former
-defaults: no sampled negatives, no own-user mask, gap estimate, 50-item history, no prior):
-
-* sampled negatives (prior 3, the rest default): 0/10/20/50/100/250/500/1000 ->
-  1.13x/1.29x/1.36x/1.42x/1.38x/1.36x/1.34x/1.29x (and 1000 costs ~1.7x step time);
-* history window (prior 5, 1000 negatives, dense lr 1): 10 -> 1.40x, 50 -> 1.29x;
-* count estimate half-life (samples; prior 5, 1000 negatives, history 10, dense lr 1):
-  1000/2000/4000 -> 1.30x/1.40x/1.35x; the gap estimate (prior 3, 1000 negatives,
-  history 10) -> 1.12x: its estimate of an item seen a
-  few times is set by the step it was first seen, so ranking by it alone is useless
-  (Recall@10 0.0003) whereas the count estimate alone equals the popularity baseline;
-* prior weight: see ``ModelConfig.prior_weight``.
-* ``aux_weight`` (Recall@10 / popularity, seed 7; history decay 0.9, the rest default):
-  0/0.1/0.3/1/2/4/8/16 -> 1.45x/1.48x/1.52x/1.55x/1.58x/1.59x/1.61x/1.58x; seeds 1/2:
-  0 -> 1.47x/1.46x, 4 -> 1.62x/1.63x, 8 -> 1.62x/1.62x. Tried and left out: the pool's own recency decay for
-  this term (0.8 at weight 4: 1.59x, no gain), the user tower on a zeroed user row as the
-  query (weight 1: 1.41x), user-row dropout 0.3/0.5 (1.42x/1.37x) and a smaller user-table
-  learning rate 0.3/0.1 (1.40x/1.37x): the per-user rows' short-term memory pays; a
-  20-item window at weight 8 (1.56x). With the term the pool wants decay 0.8
-  (``ModelConfig.history_decay``): 1.63x/1.67x/1.66x on seeds 7/1/2.
-  Planted preferences (``tests/unit``, Recall@10 over popularity, bar +0.1): 0/4/8 ->
-  +0.113/+0.202/+0.188. Step cost (the ``bench/train.py`` step, batch 512, history 50,
-  0 and 8 side by side in one process, 7 alternating rounds, medians; two runs on a
-  shared machine): 36.8k -> 33.9k and 39.3k -> 34.2k examples/s (-8%, -13%), per CPU
-  second 23.9k -> 21.3k and 25.8k -> 21.2k (-11%, -18%). The term's softmax is
-  ``[B, B + S]`` like the main one, so at batch 2048 it costs more (~-25%).
+Why these defaults (``streamrec evaluate`` on MovieLens latest-small, the sweeps and the step
+cost of ``aux_weight``): ``docs/decisions.md#train-options``.
 """
 
 from __future__ import annotations
@@ -89,7 +64,7 @@ class TrainOptions:
     #: ``model.towers.loss.FrequencyEstimator``) or "count" (``model.towers.frequency``).
     logq_estimator: str = "count"
     #: Half-life of the "count" estimate in samples (0 = no decay); also the horizon of the
-    #: popularity prior. 2000 is the best of 1k/2k/4k samples on MovieLens latest-small.
+    #: popularity prior (why 2000: docs/decisions.md#train-options).
     logq_half_life: float = 2000.0
     eval_k: int = 10
     #: Rows of each batch scored before training (0 = no test-then-train evaluation).

@@ -5,7 +5,7 @@ bucket over a short processing-time window (``ARRAY_AGG`` in SQL, ``--window-ms`
 100 ms) and hands the stage one array (the graph is in ``stream/flink/job.py``):
 
 * :class:`UserBatchStage` (keyed by a user bucket, :data:`USER_BUCKET_SQL`): per record, parse +
-  validate (``stream/flink_parse``), dedupe, user features and the point-in-time sample, in
+  validate (``stream.flink.parse``), dedupe, user features and the point-in-time sample, in
   Kafka order (partition, offset) within the batch; it returns one row of three string arrays
   (:data:`USER_BATCH_OUTPUT`): ``samples`` JSON, ``events.dlq`` JSON and item updates
   (:func:`item_row`), which the JVM unnests into one Kafka record / item-stage row each;
@@ -14,10 +14,9 @@ bucket over a short processing-time window (``ARRAY_AGG`` in SQL, ``--window-ms`
   (one key, parallelism 1) as ONE record.
 
 Why batches: every record crossing between the JVM and the Python interpreter, every state
-read or write and every output row is a Python<->Java call with a conversion; one call per
-record with a ``ValueState`` read and write cost ~4 of them per event, more than the feature
-functions themselves (measurements in ``stream/flink/job.py``). Per batch: one call in,
-one ``put_all`` of the touched states, one row out, one Redis pipeline.
+read or write and every output row is a Python<->Java call with a conversion. Per batch: one
+call in, one ``put_all`` of the touched states, one row out, one Redis pipeline (why:
+``docs/decisions.md#feature-job-batches``).
 
 State: one ``MapState`` per stage (user_id / item_id -> packed state, :func:`pack_user` /
 ``pack_item``), under the bucket key, written through at the end of every batch, so a

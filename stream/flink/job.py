@@ -19,8 +19,8 @@ All feature logic is ``feature_store.features``; this module only wires it. Run 
 * submitted to a cluster: ``streamrec features`` (``flink run -py stream/flink/job.py``);
 * in-process MiniCluster for debugging or tests: ``python -m stream.flink.job --local``;
 * restored from a retained checkpoint: add ``--restore <chk dir>`` (``-s`` for ``flink run``).
-  A checkpoint of the job before batching (one call per record, ``ValueState`` per key) does
-  not restore into this one: its operators and state differ, and Flink refuses it by name.
+  A checkpoint of a job with other operators or state (e.g. the earlier per-record job) does
+  not restore into this one: Flink refuses it by name.
 
 Delivery: state and Kafka source offsets are checkpointed together (exactly-once state; the
 records collected in an open window are window state, checkpointed too). Redis writes are
@@ -33,72 +33,13 @@ dedupes instead.) Samples carry no Kafka key. Order: a user's events share a Kaf
 hence a source subtask and a bucket; the user stage applies each batch in (partition, offset)
 order, and the windows of a bucket reach it in time order.
 
-Why batches (``bench/features.py``; the figures and commands are in ``README.md`` and below):
-every record crossing between the JVM and the embedded interpreter, every state read or
-write, every output row is a Python<->Java call with a conversion. One call per record (the
-previous job: a ``ValueState`` read and write per event in each stage, one output row per
-sample) cost more than the feature functions themselves: py-spy on the TaskManager put
-~21% of the Python time in state reads alone, and the user stage's task thread spent
-~100 us of CPU per event where the same functions took ~45 us in-process. Now the JVM
-collects a bucket's records for 100 ms (``ARRAY_AGG`` over a processing-time ``TUMBLE``,
-built-in operators), and a stage's call handles the whole array: each touched state read
-once (then cached unpacked: ``StateCache``), written back with one ``put_all``, one Redis
-pipeline, one output row whose arrays SQL unnests. A record waits at most one window per
-Python stage (the freshness figure includes it).
-
-Measured with ``bench/features.py`` (MiniCluster, 100k events preloaded, 5,000 users x 20,000
-items; medians of 3 runs, alternating with the previous job run from a copy of the previous
-tree, the shared 2-core machine at load average 3.5-4.4;
-``python bench/features.py --events 100000 --parallelism 1 2 --skip-freshness``):
-
-=============================================================  ==========  ================
-pipeline                                                       events/s    events per CPU-s
-=============================================================  ==========  ================
-previous job (one Python call per record), p=1                 6.00k       4.42k
-previous job, p=2                                              4.98k       3.64k
-this job (one call per bucket and 100 ms window), p=1          12.13k      7.87k
-this job, p=2                                                  11.84k      7.51k
-earlier: process mode, p=2 (60k events, older revision)        0.52k       0.47k
-earlier: JVM only, Kafka + SQL key/JSON extraction [1]         --          ~90k
-=============================================================  ==========  ================
-
-[1] a one-off experiment job (not kept); ``bench/features.py --sql-events N`` keeps a
-reproducible JVM-only comparison (SQL parse + counts).
-
-What else this revision changed on the way (each found with py-spy on the TaskManager's
-interpreter, or with the stages timed in-process on the bench's events):
-
-* Redis: a pipeline running a registered script asks ``SCRIPT EXISTS`` first, a second round
-  trip per write (16% of the Python samples); writes now call ``EVALSHA`` directly.
-* Feature functions at steady state (full 50-item histories): the user stage's Python cost
-  grew from ~30 to ~114 us per event over a 400k-event run. The duplicate check built a list
-  of the history's ids per event (now only the entries ``seen`` may have forgotten are read),
-  the sample's history was a Python loop (now C-level maps), the bucket pruning listed every
-  bucket per new minute (now only when the oldest bucket is due). In-process, 400k events:
-  80.8 -> 55.9 us per event. Events are parsed with orjson where it reads exactly what ``json``
-  reads (otherwise ``json`` decides, with its DLQ reasons).
-* ``pipeline.object-reuse``: the chained SQL operators after the user stage copied every array
-  row (UNNEST) for the next operator.
-
-Why this shape, and why not more SQL:
-
-* Parsing stays in Python (``stream/flink/parse.py``, one definition with exact DLQ reasons);
-  the key (``JSON_VALUE(user_id)`` -> bucket), the watermarks and the windows are SQL in the
-  JVM, and ``keyed_by_first_field`` keys in the JVM (PyFlink's ``key_by(lambda)`` would add a
-  Python operator per record).
-* Counts and scores stay in the feature functions (``feature_store.features``), defined once for
-  the job, replay evaluation and serving: the decayed score over epoch-ms event time needs a
-  moving reference time, and the windows end at each key's newest event, which SQL window
-  aggregates cannot express. What the JVM does is move records, not compute features.
-* Thread mode runs every Python operator of a JVM under ONE interpreter lock (Flink docs,
-  "Python execution mode"); the lock is why p=2 in one TaskManager is not faster than p=1.
-  Process mode escapes it but costs ~7x more CPU per event (table). Several TaskManager JVMs
-  (``flink.taskmanagers``, one slot each) give one interpreter per subtask; on 2 busy cores
-  they cost more CPU per event than one JVM (measured with the previous job) and only pay off
-  with idle cores.
-* The user stage's own Python (in-process: ~56 us per event over a 400k-event run, ~68 us
-  once histories are full) is now most of the cost: the feature functions, ``marshal`` of the
-  state written back, the Redis payloads.
+Why batches, thread mode and this split between SQL and Python: every JVM<->Python crossing
+is a call with a conversion, so each Python stage handles a key bucket's records of one
+window at once (a record waits at most one window per stage), parsing and feature logic stay
+in Python (one definition), and the JVM only moves and keys records. Thread mode runs every
+Python operator of a JVM under one interpreter lock (more parallelism needs more TaskManagers:
+``flink.taskmanagers``). Why, with the figures and the commands that measured them:
+``docs/decisions.md#feature-job-batches`` (and ``#feature-job-profile``, ``#feature-job-shape``).
 
 Thread mode on a standalone cluster needs ``opt/flink-python-*.jar`` on the cluster's own
 classpath (e.g. ``FLINK_LIB_DIR`` = a folder with ``lib/*`` plus that jar) and

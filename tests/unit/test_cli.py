@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+from deploy import cli_stack
 from deploy.cli import build_parser, main
 
 
@@ -44,3 +46,30 @@ def test_help_does_not_load_heavy_libraries() -> None:
 def test_no_command_prints_help_and_fails(capsys: pytest.CaptureFixture[str]) -> None:
     assert main([]) == 2
     assert "streamrec" in capsys.readouterr().out
+
+
+def test_bench_help_says_it_needs_a_source_checkout() -> None:
+    description = " ".join((_subcommands()["bench"].description or "").split())
+    assert "source checkout" in description
+
+
+def test_bench_without_a_checkout_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An installed package has no bench/: the command explains, it does not crash."""
+    monkeypatch.setattr(cli_stack, "REPO_ROOT", tmp_path)
+    assert main(["bench", "ingest"]) == 2
+    err = capsys.readouterr().err
+    assert "source checkout" in err
+    assert str(tmp_path / "bench") in err
+
+
+def test_bench_with_a_checkout_runs_the_script(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "bench").mkdir()
+    (tmp_path / "bench" / "ingest.py").write_text(
+        "def main(argv):\n    return 0 if argv == ['--x', '1'] else 3\n"
+    )
+    monkeypatch.setattr(cli_stack, "REPO_ROOT", tmp_path)
+    assert main(["bench", "ingest", "--x", "1"]) == 0

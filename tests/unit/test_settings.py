@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from feature_store.settings import Settings, load_settings, to_env
 
@@ -32,3 +32,23 @@ def test_settings_are_frozen() -> None:
     s = load_settings()
     with pytest.raises(ValidationError):
         s.kafka.port = 1  # type: ignore[misc]
+
+
+def _sections() -> list[tuple[str, type[BaseModel]]]:
+    out = []
+    for name, field in Settings.model_fields.items():
+        section = field.annotation
+        assert isinstance(section, type) and issubclass(section, BaseModel), name
+        out.append((name, section))
+    return out
+
+
+@pytest.mark.parametrize(("name", "section"), _sections(), ids=[n for n, _ in _sections()])
+def test_every_setting_has_a_description(name: str, section: type[BaseModel]) -> None:
+    """README promises every field is described in settings.py; keep that true."""
+    missing = [
+        f"{name}.{field_name}"
+        for field_name, field in section.model_fields.items()
+        if not (field.description or "").strip()
+    ]
+    assert not missing, f"settings without a description: {missing}"
