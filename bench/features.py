@@ -212,14 +212,19 @@ def _preload(s: Settings, n: int) -> list[str]:
 
 
 def throughput(base: Settings, n: int, parallelism: int, mode: str, log: Path) -> dict[str, Any]:
-    from feature_store.redis_store import RedisOnlineStore
+    import redis
+
+    from feature_store.store import open_store
 
     s = _fresh(base, f"p{parallelism}")
     sentinels = _preload(s, n)
-    store = RedisOnlineStore(s.redis, s.features)
+    store = open_store(s)
+    keys = redis.Redis(host=s.redis.host, port=s.redis.port, db=s.redis.db,
+                       password=s.redis.password.get_secret_value() if s.redis.password else None)
     proc = _start_job(s, parallelism, log, mode)
     try:
-        first = _wait(lambda: any(store.client.scan_iter(match=f"{s.redis.key_prefix}u:*", count=100)),
+        # any user key (FORMAT.md layout): the job's first write, whoever it is for
+        first = _wait(lambda: any(keys.scan_iter(match=f"{s.redis.key_prefix}u:*", count=100)),
                       180, "the first feature", job=proc)
         cpu_first = _job_cpu(proc)
         done = _wait(lambda: all(store.read_users(sentinels)), 1800, "every sentinel", 0.2,
@@ -228,6 +233,7 @@ def throughput(base: Settings, n: int, parallelism: int, mode: str, log: Path) -
     finally:
         _stop_job(proc)
         store.close()
+        keys.close()
     seconds = done - first
     return {"parallelism": parallelism, "python_mode": mode, "events": n,
             "cluster": CLUSTER, "taskmanagers": base.flink.taskmanagers if CLUSTER else None,
@@ -303,11 +309,11 @@ def freshness(base: Settings, rate: float, duration_s: float, probe_every: float
     import uvicorn
     from fastapi import FastAPI
 
-    from feature_store.redis_store import RedisOnlineStore
+    from feature_store.store import open_store
     from serving.features_api import features_router
 
     s = _fresh(base, "fresh")
-    store = RedisOnlineStore(s.redis, s.features)
+    store = open_store(s)
     app = FastAPI()
     app.include_router(features_router(store))
     read_port, ingest_port = free_port(), free_port()

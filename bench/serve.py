@@ -155,11 +155,10 @@ def _publish(reg: Any, version: str, n_items: int, seed: int) -> None:
 
 
 def _seed_store(settings: Any, n_items: int) -> None:
-    from feature_store.redis_store import RedisOnlineStore
-    from feature_store.store import HistoryEntry, Trending, UserFeatures
+    from feature_store.store import HistoryEntry, Trending, UserFeatures, open_store
 
     rng = np.random.default_rng(0)
-    store = RedisOnlineStore(settings.redis, settings.features)
+    store = open_store(settings)
     users = []
     for i in range(USERS):
         hist = tuple(HistoryEntry(f"i{j}", "click", 10_000 - n)

@@ -35,7 +35,7 @@ class MemoryStore(OnlineStore):
         self.down = False
 
     def write_batch(self, users: Sequence[UserFeatures] = (), items: Sequence[ItemFeatures] = (),
-                    trending: Trending | None = None) -> None:
+                    trending: Trending | None = None, **seqs: object) -> None:
         self.users.update({u.user_id: u for u in users})
         self.trending = trending or self.trending
 
@@ -56,6 +56,10 @@ class MemoryStore(OnlineStore):
         if self.trending is None:
             return None
         return Trending(self.trending.items[:n], self.trending.as_of_ms)
+
+    def read_item_ids(self, keys: Sequence[int]) -> list[str | None]:
+        self._check()
+        return [None for _ in keys]
 
 
 def user(uid: str, items: list[str]) -> UserFeatures:
