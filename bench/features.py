@@ -310,12 +310,14 @@ def freshness(base: Settings, rate: float, duration_s: float, probe_every: float
     from fastapi import FastAPI
 
     from feature_store.store import open_store
+    from serving import errors
     from serving.features_api import features_router
 
     s = _fresh(base, "fresh")
     store = open_store(s)
     app = FastAPI()
     app.include_router(features_router(store))
+    errors.install(app)
     read_port, ingest_port = free_port(), free_port()
     server = uvicorn.Server(uvicorn.Config(app, port=read_port, log_level="warning"))
     threading.Thread(target=server.run, daemon=True).start()

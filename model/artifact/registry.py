@@ -45,6 +45,7 @@ from typing import Any
 
 from feature_store.atomic import atomic_write, fsync_tree, rename_durably
 from model.artifact.files import ArtifactError, load_artifact, read_manifest
+from model.errors import ModelError
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +55,7 @@ STAGING = ".staging"
 _VERSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
-class RegistryError(Exception):
+class RegistryError(ModelError):
     """A registry operation is impossible (unknown version, bad name, existing version...)."""
 
 

@@ -150,10 +150,12 @@ def test_read_api_serves_what_the_store_holds(store: RedisOnlineStore) -> None:
     from fastapi import FastAPI
     from fastapi.testclient import TestClient
 
+    from serving import errors
     from serving.features_api import features_router
 
     app = FastAPI()
     app.include_router(features_router(store))
+    errors.install(app)
     store.write_batch(
         users=[user("u 1", 5000, ("b", "a"))],
         items=[ItemFeatures("a/1", 0.75, {"1h": 1, "24h": 1}, 4000)],
@@ -185,6 +187,7 @@ def test_read_api_503_when_redis_is_down(settings: Settings) -> None:
 
     from feature_store.settings import RedisSettings
     from feature_store.store import open_store
+    from serving import errors
     from serving.features_api import features_router
     from tests.support import free_port
 
@@ -192,5 +195,8 @@ def test_read_api_503_when_redis_is_down(settings: Settings) -> None:
     dead = open_store(nowhere, timeout_s=0.5)
     app = FastAPI()
     app.include_router(features_router(dead))
+    errors.install(app)
     with TestClient(app) as client:
-        assert client.get("/users/u1/features").status_code == 503
+        resp = client.get("/users/u1/features")
+        assert resp.status_code == 503
+        assert resp.json()["error"] == "store_unavailable"

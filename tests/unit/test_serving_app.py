@@ -243,7 +243,9 @@ def test_feature_routes_are_mounted(env) -> None:
     with TestClient(app) as client:
         body = client.get("/users/alice/features").json()
         assert [h["item_id"] for h in body["history"]] == ["i1", "i2", "i3"]
-        assert client.get("/users/nobody/features").status_code == 404
+        missing = client.get("/users/nobody/features")
+        assert missing.status_code == 404  # through the app's one error handler
+        assert missing.json() == {"error": "not_found", "detail": "unknown user_id 'nobody'"}
 
 
 def test_concurrent_requests_are_batched_with_equal_answers(env) -> None:
