@@ -34,7 +34,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -51,18 +50,13 @@ if str(REPO) not in sys.path:
 
 from deploy.process import cpu_seconds  # noqa: E402
 from feature_store.settings import Settings, load_settings  # noqa: E402
+from tests.support import free_port, http_ok, wait_until  # noqa: E402
 
 T0 = 1_750_000_000_000
 #: Extra job arguments for experiments (``--job-arg=--bundle-size=10000``).
 EXTRA_JOB_ARGS: list[str] = []
 #: ``--cluster``: submit the job to the running standalone cluster, not a MiniCluster.
 CLUSTER = False
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _fresh(settings: Settings, tag: str) -> Settings:
@@ -191,19 +185,9 @@ def _kill_job(proc: subprocess.Popen[bytes]) -> None:
 
 def _wait(predicate: Any, timeout_s: float, what: str, interval_s: float = 0.05,
           job: Any = None) -> float:
-    from feature_store.store import OnlineStoreError
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if job is not None and job.poll() is not None:
-            raise RuntimeError(f"the job exited ({job.returncode}) while waiting for {what}")
-        try:
-            if predicate():
-                return time.monotonic()
-        except OnlineStoreError:
-            pass  # a slow Redis on a loaded machine: poll again
-        time.sleep(interval_s)
-    raise RuntimeError(f"timed out after {timeout_s} s waiting for {what}")
+    """:func:`tests.support.wait_until`; returns the time (``time.monotonic()``) it held."""
+    wait_until(predicate, timeout_s, what, interval_s, process=job)
+    return time.monotonic()
 
 
 def _preload(s: Settings, n: int) -> list[str]:
@@ -228,14 +212,19 @@ def _preload(s: Settings, n: int) -> list[str]:
 
 
 def throughput(base: Settings, n: int, parallelism: int, mode: str, log: Path) -> dict[str, Any]:
-    from feature_store.redis_store import RedisOnlineStore
+    import redis
+
+    from feature_store.store import open_store
 
     s = _fresh(base, f"p{parallelism}")
     sentinels = _preload(s, n)
-    store = RedisOnlineStore(s.redis, s.features)
+    store = open_store(s)
+    keys = redis.Redis(host=s.redis.host, port=s.redis.port, db=s.redis.db,
+                       password=s.redis.password.get_secret_value() if s.redis.password else None)
     proc = _start_job(s, parallelism, log, mode)
     try:
-        first = _wait(lambda: any(store.client.scan_iter(match=f"{s.redis.key_prefix}u:*", count=100)),
+        # any user key (FORMAT.md layout): the job's first write, whoever it is for
+        first = _wait(lambda: any(keys.scan_iter(match=f"{s.redis.key_prefix}u:*", count=100)),
                       180, "the first feature", job=proc)
         cpu_first = _job_cpu(proc)
         done = _wait(lambda: all(store.read_users(sentinels)), 1800, "every sentinel", 0.2,
@@ -244,6 +233,7 @@ def throughput(base: Settings, n: int, parallelism: int, mode: str, log: Path) -
     finally:
         _stop_job(proc)
         store.close()
+        keys.close()
     seconds = done - first
     return {"parallelism": parallelism, "python_mode": mode, "events": n,
             "cluster": CLUSTER, "taskmanagers": base.flink.taskmanagers if CLUSTER else None,
@@ -319,14 +309,16 @@ def freshness(base: Settings, rate: float, duration_s: float, probe_every: float
     import uvicorn
     from fastapi import FastAPI
 
-    from feature_store.redis_store import RedisOnlineStore
+    from feature_store.store import open_store
+    from serving import errors
     from serving.features_api import features_router
 
     s = _fresh(base, "fresh")
-    store = RedisOnlineStore(s.redis, s.features)
+    store = open_store(s)
     app = FastAPI()
     app.include_router(features_router(store))
-    read_port, ingest_port = _free_port(), _free_port()
+    errors.install(app)
+    read_port, ingest_port = free_port(), free_port()
     server = uvicorn.Server(uvicorn.Config(app, port=read_port, log_level="warning"))
     threading.Thread(target=server.run, daemon=True).start()
     env = dict(os.environ, STREAMREC_KAFKA__EVENTS_TOPIC=s.kafka.events_topic,
@@ -359,7 +351,7 @@ def freshness(base: Settings, rate: float, duration_s: float, probe_every: float
 
     try:
         with httpx.Client(timeout=10) as client:
-            _wait(lambda: _ok(client, ingest_url.replace("/events", "/health")), 60, "ingest-api")
+            _wait(lambda: http_ok(ingest_url.replace("/events", "/health")), 60, "ingest-api")
             warm = _event(-1, int(time.time() * 1000), user="warmup")
             client.post(ingest_url, json=[warm]).raise_for_status()
             _wait(lambda: client.get(read_url.format("warmup")).status_code == 200, 180,
@@ -392,13 +384,6 @@ def freshness(base: Settings, rate: float, duration_s: float, probe_every: float
     return {"rate": rate, "achieved_rate": achieved, "probes": len(latencies),
             "load_avg_1m": round(os.getloadavg()[0], 2),
             "p50": round(q[49], 3), "p95": round(q[94], 3), "p99": round(q[98], 3)}
-
-
-def _ok(client: Any, url: str) -> bool:
-    try:
-        return bool(client.get(url).status_code == 200)
-    except Exception:  # noqa: BLE001 - not up yet
-        return False
 
 
 def main(argv: Sequence[str] | None = None) -> int:

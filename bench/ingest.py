@@ -16,7 +16,6 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,15 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from deploy.process import cpu_seconds
+from tests.support import free_port, http_ok, stop_process, wait_until
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_RATINGS = REPO.parent / "shared" / "data" / "ml-latest-small" / "ratings.csv"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _events(n: int, start: int, base_ts: int) -> list[dict[str, Any]]:
@@ -111,20 +105,14 @@ def _start_server(port: int, env: dict[str, str], workers: int) -> subprocess.Po
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )
-    import httpx
-
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"ingest-api exited: {proc.stderr.read().decode()[-2000:]}")  # type: ignore[union-attr]
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError("ingest-api did not become healthy within 60 s")
+    try:
+        wait_until(lambda: http_ok(f"http://127.0.0.1:{port}/health"), 60, "ingest-api /health",
+                   0.2, process=proc)
+    except AssertionError as exc:
+        proc.kill()
+        stderr = proc.stderr.read().decode()[-2000:]  # type: ignore[union-attr]
+        raise RuntimeError(f"{exc}: {stderr}") from exc
+    return proc
 
 
 def _measure(
@@ -153,15 +141,6 @@ def _delete_topics(names: list[str]) -> None:
         admin.close()
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="streamrec bench ingest", description=__doc__)
     parser.add_argument("--batched-events", type=int, default=200_000)
@@ -177,7 +156,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     topic = f"bench-ingest-{int(time.time())}"
-    port = _free_port()
+    port = free_port()
     env = dict(os.environ, STREAMREC_KAFKA__EVENTS_TOPIC=topic)
     base_ts = 1_700_000_000_000
     result: dict[str, Any] = {
@@ -229,7 +208,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"server CPU {cpu_us:.1f} us/event"
         )
     finally:
-        _stop(proc)
+        stop_process(proc, 15)
 
     if not args.skip_replay:
         with tempfile.TemporaryDirectory() as tmp:

@@ -155,11 +155,10 @@ def _publish(reg: Any, version: str, n_items: int, seed: int) -> None:
 
 
 def _seed_store(settings: Any, n_items: int) -> None:
-    from feature_store.redis_store import RedisOnlineStore
-    from feature_store.store import HistoryEntry, Trending, UserFeatures
+    from feature_store.store import HistoryEntry, Trending, UserFeatures, open_store
 
     rng = np.random.default_rng(0)
-    store = RedisOnlineStore(settings.redis, settings.features)
+    store = open_store(settings)
     users = []
     for i in range(USERS):
         hist = tuple(HistoryEntry(f"i{j}", "click", 10_000 - n)
@@ -172,23 +171,6 @@ def _seed_store(settings: Any, n_items: int) -> None:
     store.close()
 
 
-def _wait(predicate: Any, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"timed out waiting for {what}")
-        time.sleep(0.1)
-
-
-def _healthy(url: str) -> bool:
-    import httpx
-
-    try:
-        return httpx.get(url + "/health", timeout=1.0).status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
 def _run_items(n_items: int, concurrencies: list[int], duration: float, swap_every: float,
                work: Path, workers: int) -> list[dict[str, Any]]:
     import httpx
@@ -196,6 +178,8 @@ def _run_items(n_items: int, concurrencies: list[int], duration: float, swap_eve
 
     from feature_store.settings import load_settings
     from model.artifact.registry import Registry
+    from tests.support import free_port, http_ok, stop_process, wait_until
+
     rport, sport = free_port(), free_port()
     settings = load_settings(redis={"port": rport, "key_prefix": "bench:"},
                              trainer={"registry_dir": work / f"models{n_items}",
@@ -208,7 +192,7 @@ def _run_items(n_items: int, concurrencies: list[int], duration: float, swap_eve
              "--appendonly", "no", "--dir", str(work / f"redis{n_items}")],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         client = redis.Redis(port=rport)
-        _wait(lambda: _ping(client), 20, "redis")
+        wait_until(client.ping, 20, "redis")
         _seed_store(settings, n_items)
         reg = Registry(settings.trainer.registry_dir, "bench", redis_client=client,
                        key_prefix="bench:", keep=3)
@@ -223,7 +207,7 @@ def _run_items(n_items: int, concurrencies: list[int], duration: float, swap_eve
              "--workers", str(workers)],
             cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT))
         url = f"http://127.0.0.1:{sport}"
-        _wait(lambda: _healthy(url), 60, "serve /health")
+        wait_until(lambda: http_ok(url + "/health"), 60, "serve /health")
         seq = [1]
         results = []
         for swapping in (False, True):
@@ -252,29 +236,7 @@ def _run_items(n_items: int, concurrencies: list[int], duration: float, swap_eve
         return results
     finally:
         for proc in reversed(procs):
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _ping(client: Any) -> bool:
-    import redis
-
-    try:
-        return bool(client.ping())
-    except redis.RedisError:
-        return False
+            stop_process(proc, 10)
 
 
 def _swaps(httpx: Any, url: str) -> int:

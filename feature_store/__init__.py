@@ -1,8 +1,16 @@
 """Feature definitions, the online store seam and its Redis backend (layout: FORMAT.md).
 
+* ``features`` (+ ``sample``) — every feature as a pure function of (state, event).
+* ``store`` — the :class:`OnlineStore` interface, its records, and :func:`open_store`, which
+  every writer and reader builds its store with (backend: ``settings.store.backend``).
+* ``redis_store`` — the Redis backend (the only one for now).
+* ``settings``, ``ids``, ``atomic`` (durable atomic writes), ``errors`` (one root,
+  :class:`FeatureStoreError`).
+
 Importing the package is light: the Redis client is imported only when a store is built.
 """
 
+from feature_store.errors import FeatureStoreError, OnlineStoreError
 from feature_store.features import (
     Event,
     FeatureParams,
@@ -18,32 +26,34 @@ from feature_store.features import (
     update_user,
     user_features,
 )
-from feature_store.redis_store import RedisOnlineStore
 from feature_store.store import (
     HistoryEntry,
     ItemFeatures,
     OnlineStore,
-    OnlineStoreError,
     Trending,
     UserFeatures,
+    UserRow,
+    open_store,
 )
 
 __all__ = [
     "Event",
     "FeatureParams",
+    "FeatureStoreError",
     "HistoryEntry",
     "ItemFeatures",
     "ItemState",
     "OnlineStore",
     "OnlineStoreError",
-    "RedisOnlineStore",
     "Sample",
     "Trending",
     "TrendingState",
     "UserFeatures",
+    "UserRow",
     "UserState",
     "item_features",
     "make_sample",
+    "open_store",
     "trending",
     "update_item",
     "update_trending",

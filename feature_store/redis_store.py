@@ -20,15 +20,16 @@ from typing import Any
 
 import orjson
 
+from feature_store.errors import OnlineStoreError
 from feature_store.ids import item_key
 from feature_store.settings import FeatureSettings, RedisSettings
 from feature_store.store import (
     HistoryEntry,
     ItemFeatures,
     OnlineStore,
-    OnlineStoreError,
     Trending,
     UserFeatures,
+    UserRow,
 )
 
 log = logging.getLogger(__name__)
@@ -163,11 +164,9 @@ def decode_trending(as_of: bytes | str, payload: bytes | str, n: int) -> Trendin
 
 
 class RedisOnlineStore(OnlineStore):
-    """:class:`OnlineStore` on Redis (layout: ``feature_store/FORMAT.md``).
-
-    ``seqs`` passed to :meth:`write_batch` order versions with equal ``as_of`` (FORMAT.md);
-    without them every record is written with ``seq`` 0.
-    """
+    """:class:`OnlineStore` on Redis (layout: ``feature_store/FORMAT.md``). Build it with
+    ``feature_store.open_store``; ``client`` (a ``redis.Redis``) replaces the connection the
+    settings describe (tests pass their own to inspect keys)."""
 
     def __init__(
         self,
@@ -196,30 +195,23 @@ class RedisOnlineStore(OnlineStore):
         self._write = self._redis.register_script(WRITE_IF_NEWER)
         self._no_script: type[Exception] = redis.exceptions.NoScriptError
 
-    @property
-    def client(self) -> Any:
-        return self._redis
-
     def close(self) -> None:
         self._redis.close()
-
-    def ping(self) -> bool:
-        try:
-            return bool(self._redis.ping())
-        except self._errors:
-            return False
 
     def write_batch(
         self,
         users: Sequence[UserFeatures] = (),
         items: Sequence[ItemFeatures] = (),
         trending: Trending | None = None,
+        *,
         user_seqs: Sequence[int] | None = None,
         item_seqs: Sequence[int] | None = None,
         trending_seq: int = 0,
     ) -> None:
         """Write records in one pipeline; each is written only if newer (FORMAT.md)."""
-        self.write_encoded(
+        _check_seqs("user_seqs", user_seqs, users)
+        _check_seqs("item_seqs", item_seqs, items)
+        self._write_encoded(
             users=[
                 (u.user_id, u.as_of_ms, user_seqs[n] if user_seqs else 0, encode_user(u))
                 for n, u in enumerate(users)
@@ -233,15 +225,21 @@ class RedisOnlineStore(OnlineStore):
             else (trending.as_of_ms, trending_seq, encode_trending(trending)),
         )
 
-    def write_encoded(
+    def write_user_rows(self, rows: Iterable[UserRow]) -> None:
+        """Users from their parts, encoded straight into payloads (:func:`encode_user_values`)."""
+        self._write_encoded(users=(
+            (user_id, as_of_ms, seq, encode_user_values(history, counts, last_seen_ms))
+            for user_id, as_of_ms, seq, history, counts, last_seen_ms in rows
+        ))
+
+    def _write_encoded(
         self,
         users: Iterable[tuple[str, int, int, str | bytes]] = (),
         items: Sequence[tuple[str, int, int, str | bytes]] = (),
         trending: tuple[int, int, str | bytes] | None = None,
     ) -> None:
-        """:meth:`write_batch` of encoded records: ``(id, as_of_ms, seq, payload)`` per user
-        and item (payloads from :func:`encode_user_values` / :func:`encode_user`,
-        :func:`encode_item`), ``(as_of_ms, seq, payload)`` for trending."""
+        """Encoded records: ``(id, as_of_ms, seq, payload)`` per user and item,
+        ``(as_of_ms, seq, payload)`` for trending; one pipeline for all of them."""
         p = self._prefix
         keys: list[str] = []
         args: list[Any] = []
@@ -317,7 +315,6 @@ class RedisOnlineStore(OnlineStore):
         return decode_trending(as_of, v, n)
 
     def read_item_ids(self, keys: Sequence[int]) -> list[str | None]:
-        """Reverse map: TFRA item keys -> external item ids (``None`` if unknown)."""
         if not keys:
             return []
         try:
@@ -326,3 +323,8 @@ class RedisOnlineStore(OnlineStore):
         except self._errors as exc:
             raise OnlineStoreError(f"redis read failed: {exc}") from exc
         return [r.decode() if isinstance(r, bytes) else r for r in raw]
+
+
+def _check_seqs(name: str, seqs: Sequence[int] | None, records: Sequence[Any]) -> None:
+    if seqs is not None and len(seqs) != len(records):
+        raise ValueError(f"{name} has {len(seqs)} entries for {len(records)} records")

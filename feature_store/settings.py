@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -77,6 +78,15 @@ class RedisSettings(BaseModel):
     @property
     def url(self) -> str:
         return f"redis://{self.host}:{self.port}/{self.db}"
+
+
+class StoreSettings(BaseModel):
+    model_config = _SECTION
+    backend: Literal["redis"] = Field(
+        "redis",
+        description="Online store backend every writer and reader opens "
+        "(feature_store.open_store); Redis is the one for now, configured by `redis`.",
+    )
 
 
 class FlinkSettings(BaseModel):
@@ -204,6 +214,7 @@ class Settings(BaseSettings):
     stack: StackSettings = StackSettings()
     kafka: KafkaSettings = KafkaSettings()
     redis: RedisSettings = RedisSettings()
+    store: StoreSettings = StoreSettings()
     flink: FlinkSettings = FlinkSettings()
     features: FeatureSettings = FeatureSettings()
     ingest: IngestSettings = IngestSettings()

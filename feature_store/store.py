@@ -1,16 +1,31 @@
 """The online store seam: what the Flink job writes and serving reads.
 
-One backend for now (Redis, ``feature_store.redis_store``); the key layout is the written
-spec ``feature_store/FORMAT.md``. Every record carries ``as_of_ms``, the event time it is
-current to: a write whose ``as_of_ms`` is older than what the store holds is ignored, so a
-replay never overwrites newer state with older state.
+One backend for now (Redis, ``feature_store.redis_store``), picked by ``settings.store.backend``
+in :func:`open_store`, which every writer and reader builds its store with. The Redis key
+layout is the written spec ``feature_store/FORMAT.md``.
+
+Writes are idempotent and versioned: every record carries ``as_of_ms``, the event time it is
+current to, and is written with a ``seq`` (the number of events its writer had applied to the
+record's state, 0 if the writer does not count). A write whose ``(as_of_ms, seq)`` is older
+than what the store holds is ignored, so a replay never overwrites newer state with older
+state, and rewriting the same version is harmless.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from feature_store.errors import FeatureStoreError as FeatureStoreError
+from feature_store.errors import OnlineStoreError as OnlineStoreError
+
+if TYPE_CHECKING:
+    from feature_store.settings import Settings
+
+#: The backends :func:`open_store` knows (``settings.store.backend``).
+BACKENDS = ("redis",)
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,12 +64,14 @@ class Trending:
     extra: dict[str, str] = field(default_factory=dict)
 
 
-class OnlineStoreError(Exception):
-    """Root of the errors the online store raises (connection problems included)."""
+#: A user record given as its parts, for a writer that skips building :class:`UserFeatures`:
+#: ``(user_id, as_of_ms, seq, history, counts, last_seen_ms)`` with history entries as
+#: ``(item_id, event_type, ts_ms)`` (``feature_store.features.user_history`` / ``user_counts``).
+UserRow = tuple[str, int, int, Sequence[tuple[str, str, int]], dict[str, dict[str, int]], int]
 
 
 class OnlineStore(ABC):
-    """Batch writes and reads of feature records."""
+    """Versioned batch writes and batch reads of feature records (see the module doc)."""
 
     @abstractmethod
     def write_batch(
@@ -62,8 +79,32 @@ class OnlineStore(ABC):
         users: Sequence[UserFeatures] = (),
         items: Sequence[ItemFeatures] = (),
         trending: Trending | None = None,
+        *,
+        user_seqs: Sequence[int] | None = None,
+        item_seqs: Sequence[int] | None = None,
+        trending_seq: int = 0,
     ) -> None:
-        """Write records in one round trip; older-than-stored records are ignored."""
+        """Write records in one round trip, each only if its ``(as_of_ms, seq)`` is not older
+        than the stored one. ``user_seqs[n]`` / ``item_seqs[n]`` is the ``seq`` of
+        ``users[n]`` / ``items[n]`` (all 0 when omitted); also records each item id in the
+        reverse map (:meth:`read_item_ids`)."""
+
+    def write_user_rows(self, rows: Iterable[UserRow]) -> None:
+        """:meth:`write_batch` of users given as :data:`UserRow` parts (the feature job's hot
+        path: no per-entry objects). Backends encode the parts directly; this default builds
+        the records."""
+        users, seqs = [], []
+        for user_id, as_of_ms, seq, history, counts, last_seen_ms in rows:
+            users.append(UserFeatures(
+                user_id=user_id,
+                history=tuple(HistoryEntry(i, t, ts) for i, t, ts in history),
+                counts=counts,
+                last_seen_ms=last_seen_ms,
+                as_of_ms=as_of_ms,
+            ))
+            seqs.append(seq)
+        if users:
+            self.write_batch(users=users, user_seqs=seqs)
 
     @abstractmethod
     def read_users(self, user_ids: Sequence[str]) -> list[UserFeatures | None]:
@@ -76,3 +117,22 @@ class OnlineStore(ABC):
     @abstractmethod
     def read_trending(self, n: int) -> Trending | None:
         """The global trending list (top ``n``), or ``None`` if nothing was written yet."""
+
+    @abstractmethod
+    def read_item_ids(self, keys: Sequence[int]) -> list[str | None]:
+        """Reverse map: internal item keys (``feature_store.ids.item_key``) -> external item
+        ids of written items; ``None`` for a key the store does not know."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook, nothing to release by default
+        """Release the backend's connections."""
+
+
+def open_store(settings: Settings, *, timeout_s: float = 5.0) -> OnlineStore:
+    """The online store named by ``settings.store.backend``, configured from ``settings``.
+    ``timeout_s`` bounds each call to the backend (connect and read)."""
+    backend = settings.store.backend
+    if backend == "redis":
+        from feature_store.redis_store import RedisOnlineStore
+
+        return RedisOnlineStore(settings.redis, settings.features, socket_timeout_s=timeout_s)
+    raise FeatureStoreError(f"unknown online store backend {backend!r} (known: {BACKENDS})")

@@ -12,4 +12,7 @@ Sub-packages (``import model`` loads none of them, and never TensorFlow):
   step, checkpoints with Kafka offsets, export, metrics.
 * ``model.evaluation`` — test-then-train evaluation (``streamrec evaluate``) and baselines.
 * ``model.cli`` — the ``train``, ``models`` and ``evaluate`` subcommands (light imports).
+
+``model.errors`` holds the package's error root, :class:`~model.errors.ModelError`
+(``ArtifactError``, ``RegistryError``, ``SampleError`` derive from it).
 """

@@ -23,18 +23,19 @@ from datetime import UTC, datetime
 from typing import Any
 
 import orjson
-from fastapi import FastAPI, Header, Query, Request
+from fastapi import FastAPI, Header, Query
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict
 
 from feature_store.settings import Settings
-from feature_store.store import OnlineStore
+from feature_store.store import OnlineStore, open_store
 from model.artifact.registry import Registry, RegistryError
+from serving import errors
 from serving import metrics as m
 from serving import retrieval as r
 from serving.dashboard import collector_from_settings, dashboard_router
-from serving.errors import Forbidden, NotFound, ServingError, Unauthorized
+from serving.errors import Forbidden, NotFound, Unauthorized
 from serving.features_api import features_router
 from serving.loader import ModelLoader, TrendingCache
 from serving.metrics import ServingMetrics
@@ -228,12 +229,6 @@ class ServingState:
         return self.model_info()
 
 
-def _default_store(settings: Settings) -> OnlineStore:
-    from feature_store.redis_store import RedisOnlineStore
-
-    return RedisOnlineStore(settings.redis, settings.features, socket_timeout_s=1.0)
-
-
 def _redis_kwargs(settings: Settings) -> dict[str, Any]:
     rs = settings.redis
     password = rs.password.get_secret_value() if rs.password else None
@@ -252,10 +247,11 @@ def create_app(
     stats: StatsCollector | None = None,
     max_body_bytes: int | None = None,
 ) -> FastAPI:
-    """Build the serving app. ``store``/``registry``/``pubsub_factory`` default to the
-    Redis-backed ones from ``settings``; ``watch=False`` skips the background tasks;
-    ``stats`` (the dashboard's collector) defaults to one scraping the sources in ``settings``;
-    ``max_body_bytes`` caps request bodies (413 beyond)."""
+    """Build the serving app. ``store`` defaults to ``feature_store.open_store(settings)``,
+    ``registry``/``pubsub_factory`` to the Redis-backed ones from ``settings``; ``watch=False``
+    skips the background tasks; ``stats`` (the dashboard's collector) defaults to one scraping
+    the sources in ``settings``; ``max_body_bytes`` caps request bodies (413 beyond). Errors
+    of the routes reach HTTP through ``serving.errors.install`` only."""
     if registry is None:
         import redis
 
@@ -271,7 +267,7 @@ def create_app(
 
         kwargs = _redis_kwargs(settings) | {"socket_timeout": None}
         pubsub_factory = lambda: redis.asyncio.Redis(**kwargs)  # noqa: E731
-    store = store or _default_store(settings)
+    store = store or open_store(settings, timeout_s=1.0)
     state = ServingState(settings, store, registry, clock, pubsub_factory)
     if stats is None:
         stats = collector_from_settings(
@@ -312,9 +308,7 @@ def create_app(
     app.include_router(dashboard_router(stats))
     default_k = settings.serving.default_k
 
-    @app.exception_handler(ServingError)
-    async def _serving_error(request: Request, exc: ServingError) -> JSONResponse:
-        return JSONResponse({"error": exc.code, "detail": exc.message}, status_code=exc.status)
+    errors.install(app)
 
     @app.get("/recommend")
     async def recommend(

@@ -25,9 +25,9 @@ import numpy as np
 from feature_store.store import OnlineStore
 from model.artifact.files import ArtifactError, ServingArtifact, load_artifact
 from model.artifact.registry import Registry, RegistryError, published_channel
+from model.scoring.topk import top_k
 from serving.errors import VersionRefused
 from serving.metrics import ServingMetrics
-from serving.retrieval import top_k
 
 log = logging.getLogger(__name__)
 

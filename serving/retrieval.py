@@ -1,14 +1,10 @@
 """The request path: exact top-k over a version's item vectors, seen filtering, trending
 padding, fallbacks, and micro-batching of concurrent requests (:class:`Recommender`).
 
-Exact search, no ANN index: one BLAS matrix product for a batch of queries, then per query
-an exact block-max pruning (the k blocks of 64 rows with the largest maxima hold the top k)
-and ``argpartition`` over the few candidates.
-
-The batch product is laid out items-major (``item_vectors @ queries.T``, ``[N, B]``): the
-block maxima of all queries are then one reduction over contiguous memory, and only the
-few candidate rows of each query are gathered. Why both, with the figures:
-``docs/decisions.md#serving-exact-search``.
+Exact search, no ANN index: one BLAS matrix product for a batch of queries, laid out
+items-major (``item_vectors @ queries.T``, ``[N, B]``), then
+``model.scoring.topk.top_k_batch`` (exact block-max pruning per query). Why both, with the
+figures: ``docs/decisions.md#serving-exact-search``.
 """
 
 from __future__ import annotations
@@ -16,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -24,6 +20,7 @@ import numpy as np
 
 from feature_store.store import OnlineStore, UserFeatures
 from model.artifact.files import ServingArtifact
+from model.scoring.topk import top_k_batch
 from serving import metrics as m
 from serving.metrics import ServingMetrics
 
@@ -41,74 +38,6 @@ DEGRADED = "degraded"
 class Scored:
     item_id: str
     score: float
-
-
-#: Block size of the block-max pruning in :func:`top_k`.
-BLOCK = 64
-
-
-def _block_maxima(scores: np.ndarray, k: int) -> np.ndarray | None:
-    """Per-block maxima ``[m, B]`` of items-major ``scores`` ``[N, B]``, or ``None`` if
-    pruning does not pay for a top ``k``. Block ``j`` = rows ``j, j+m, j+2m, ...`` (of the
-    first ``m * BLOCK`` rows), so the maxima are one vectorised pass over contiguous memory."""
-    n, b = scores.shape
-    m = n // BLOCK
-    if m <= 4 * k:
-        return None
-    return scores[: m * BLOCK].reshape(BLOCK, m, b).max(axis=0)
-
-
-def _candidates(maxima: np.ndarray, k: int, n: int) -> np.ndarray:
-    """Row indices that surely hold the top ``k`` of a column of ``n`` rows whose block
-    maxima are ``maxima`` ``[m]``. Exact: every top-k row lies in one of the ``k`` blocks
-    with the largest maxima — a row outside them is beaten by ``k`` block maxima — or in
-    the rows after the last whole block."""
-    m = maxima.shape[0]
-    blocks = np.argpartition(maxima, m - k)[m - k :]
-    cand = (np.arange(BLOCK)[:, None] * m + blocks[None, :]).ravel()
-    return np.concatenate([cand, np.arange(m * BLOCK, n)])
-
-
-def top_k(
-    vectors: np.ndarray, query: np.ndarray, k: int, exclude: Iterable[int] = ()
-) -> tuple[np.ndarray, np.ndarray]:
-    """Indices and scores of the ``k`` best rows of ``vectors @ query``, best first,
-    never returning an index in ``exclude``. Fewer than ``k`` if not enough rows remain."""
-    return top_k_batch((vectors @ query)[:, None], [k], [exclude])[0]
-
-
-def top_k_batch(
-    scores: np.ndarray, ks: Sequence[int], excludes: Sequence[Iterable[int]]
-) -> list[tuple[np.ndarray, np.ndarray]]:
-    """For every column ``j`` of items-major ``scores`` ``[N, B]`` (overwritten where
-    excluded): indices and scores of its ``ks[j]`` best rows, best first, never an index of
-    ``excludes[j]``; fewer if not enough rows remain."""
-    n = scores.shape[0]
-    limits = []
-    for j, exclude in enumerate(excludes):
-        drop = np.unique(np.fromiter(exclude, dtype=np.int64))
-        if drop.size:
-            scores[drop, j] = -np.inf
-        limits.append(min(ks[j], n - drop.size))
-    maxima = _block_maxima(scores, max(limits, default=0))
-    out = []
-    for j, k in enumerate(limits):
-        column = scores[:, j]
-        if k <= 0:
-            out.append((np.empty(0, np.int64), np.empty(0, np.float32)))
-            continue
-        if maxima is not None:
-            cand = _candidates(maxima[:, j], k, n)
-            sub = column[cand]
-            part = cand[np.argpartition(sub, sub.size - k)[sub.size - k :]]
-        elif k < n:
-            part = np.argpartition(column, n - k)[n - k :]
-        else:
-            part = np.arange(n)
-        best = column[part]
-        order = np.argsort(-best, kind="stable")
-        out.append((part[order], best[order]))
-    return out
 
 
 def pad(

@@ -35,6 +35,7 @@ import httpx
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
+from serving.errors import ScrapeError
 from serving.metrics import REQUEST_SECONDS
 
 log = logging.getLogger(__name__)
@@ -52,10 +53,6 @@ SERIES = (
 
 Labels = tuple[tuple[str, str], ...]
 Samples = dict[tuple[str, Labels], float]
-
-
-class ScrapeError(Exception):
-    """A source could not be read; the message is the reason shown on the dashboard."""
 
 
 def parse_metrics(text: str) -> Samples:

@@ -1,10 +1,13 @@
-"""Helpers shared by the test suites: bounded waits, Kafka reads, paths."""
+"""Helpers shared by the test suites and the benchmarks (``bench/`` imports them): bounded
+waits, free ports, HTTP probes, child processes and their environment, Kafka reads, paths."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -23,12 +26,23 @@ def shared_data() -> Path:
 
 
 def wait_until(
-    predicate: Callable[[], T], timeout_s: float, what: str, interval_s: float = 0.1
+    predicate: Callable[[], T],
+    timeout_s: float,
+    what: str,
+    interval_s: float = 0.1,
+    *,
+    process: Any = None,
 ) -> T:
-    """Poll ``predicate`` until it returns a truthy value; fail with ``what`` at the deadline."""
+    """Poll ``predicate`` until it returns a truthy value; fail with ``what`` at the deadline.
+    An exception of ``predicate`` counts as "not yet" (the last one is reported). With
+    ``process`` (anything with ``poll()`` and ``returncode``, e.g. a ``Popen``), fail at once
+    if it exits meanwhile."""
     deadline = time.monotonic() + timeout_s
     last_exc: BaseException | None = None
     while True:
+        if process is not None and process.poll() is not None:
+            raise AssertionError(
+                f"the process exited ({process.returncode}) while waiting for {what}")
         try:
             value = predicate()
             if value:
@@ -109,6 +123,36 @@ def stop_process(proc: Any, grace_s: float = 10.0) -> None:
 
 
 def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def http_ok(url: str, timeout_s: float = 1.0) -> bool:
+    """Whether ``GET url`` answers 200 (a connection error or timeout is ``False``)."""
+    import httpx
+
+    try:
+        return httpx.get(url, timeout=timeout_s).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+@contextlib.contextmanager
+def service_env(settings: Any) -> Iterator[None]:
+    """The ``STREAMREC_*`` environment of ``settings`` for the processes started meanwhile: no
+    other setting leaks in from the caller's (the harness's own ``STREAMREC_TEST_*`` stay);
+    the previous environment is restored after."""
+    from feature_store.settings import to_env
+
+    saved = dict(os.environ)
+    for key in [k for k in os.environ
+                if k.startswith("STREAMREC_") and not k.startswith("STREAMREC_TEST_")]:
+        del os.environ[key]
+    os.environ.update(to_env(settings))
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)

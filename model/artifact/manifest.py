@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from model.errors import ModelError
+
 FORMAT = "streamrec-artifact"
 FORMAT_VERSION = 4
 #: Versions the reader accepts (see the module doc).
@@ -27,7 +29,7 @@ RESERVED = frozenset(
 )
 
 
-class ArtifactError(Exception):
+class ArtifactError(ModelError):
     """An artifact is missing, malformed, or fails its checksums."""
 
 

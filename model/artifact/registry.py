@@ -33,7 +33,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from feature_store.atomic import atomic_write, fsync_tree, rename_durably
 from model.artifact.files import ArtifactError, load_artifact, read_manifest
+from model.errors import ModelError
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +45,7 @@ STAGING = ".staging"
 _VERSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
-class RegistryError(Exception):
+class RegistryError(ModelError):
     """A registry operation is impossible (unknown version, bad name, existing version...)."""
 
 
@@ -153,14 +155,13 @@ class Registry:
         except (ArtifactError, RegistryError):
             shutil.rmtree(staged, ignore_errors=True)
             raise
-        _fsync_tree(staged)
+        fsync_tree(staged)
         target = self.model_dir / version
         with self._locked():
             if target.exists():
                 shutil.rmtree(staged, ignore_errors=True)
                 raise RegistryError(f"version {version} already exists; versions are immutable")
-            os.rename(staged, target)
-            _fsync_dir(self.model_dir)
+            rename_durably(staged, target)
             pinned = self.pinned()
             if pinned is None:
                 self._set_current(version)
@@ -189,7 +190,7 @@ class Registry:
         """Serve ``version`` until :meth:`unpin`, whatever gets published meanwhile."""
         with self._locked():
             self.path(version)
-            _atomic_write(self.model_dir / PINNED, version)
+            atomic_write(self.model_dir / PINNED, version + "\n")
             self._set_current(version)
         return version
 
@@ -218,7 +219,7 @@ class Registry:
         """Pin the version before the current one (or ``to``)."""
         with self._locked():
             to = self.rollback_target(to)
-            _atomic_write(self.model_dir / PINNED, to)
+            atomic_write(self.model_dir / PINNED, to + "\n")
             self._set_current(to)
         log.warning("rolled %s back to %s (pinned)", self.model_name, to)
         return to
@@ -235,7 +236,7 @@ class Registry:
 
     def _set_current(self, version: str) -> None:
         if self.current() != version:
-            _atomic_write(self.model_dir / CURRENT, version)
+            atomic_write(self.model_dir / CURRENT, version + "\n")
         self.announce(version)
 
     def _prune(self) -> list[str]:
@@ -254,28 +255,3 @@ class Registry:
             log.info("pruned %s versions %s", self.model_name, removed)
         return removed
 
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}")
-    with tmp.open("w") as f:
-        f.write(text + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_tree(path: Path) -> None:
-    for p in path.iterdir():
-        if p.is_file():
-            with p.open("rb") as f:
-                os.fsync(f.fileno())
-    _fsync_dir(path)

@@ -50,7 +50,8 @@ import orjson
 
 from feature_store.features import Event, FeatureParams, Sample, UserState, update_user
 from model.evaluation.baselines import PopularityBaseline, RecentPopularityBaseline
-from model.trainer.rolling import recall_ndcg, top_k
+from model.scoring.topk import top_k_rows
+from model.trainer.rolling import recall_ndcg
 
 log = logging.getLogger(__name__)
 
@@ -191,7 +192,7 @@ def recommend(
     Candidates the user interacted with before the event are removed and ``-inf`` scores
     are never recommended. Shared scores (``[N]``, the baselines): ties go to the lower
     candidate index (the item seen first). Per-row scores (the model):
-    ``model.trainer.rolling.top_k`` on the masked scores.
+    ``model.scoring.topk.top_k_rows`` on the masked scores.
     """
     n = scores.shape[-1]
     out = np.full((len(batch), k), -1, np.int64)
@@ -212,7 +213,7 @@ def recommend(
     for row, pos in enumerate(batch):
         excluded = user_items[pos.user][: pos.seen]
         masked[row, excluded[excluded < n]] = -np.inf
-    best = top_k(masked, k)
+    best = top_k_rows(masked, k)
     best = np.where(np.isfinite(np.take_along_axis(masked, best, axis=1)), best, -1)
     out[:, : best.shape[1]] = best
     return out

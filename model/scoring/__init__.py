@@ -3,6 +3,7 @@
 * ``pooling`` — the user tower's history pooling in numpy (the served twin of the TF one).
 * ``prior`` — the popularity prior folded into the dot product.
 * ``covisit`` — the item co-visitation term and its streaming state.
+* ``topk`` — exact top-k selection: serving's pruned search and the evaluation's ranking.
 
 Numpy only: never imports TensorFlow (a test checks it).
 """

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
 import uuid
 from collections.abc import Mapping
@@ -30,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from feature_store.atomic import atomic_write, commit_dir
 from model.towers.tf_env import tf
 
 log = logging.getLogger(__name__)
@@ -43,14 +43,6 @@ class Restored:
     path: Path
     state: dict[str, Any]
     arrays: dict[str, np.ndarray]
-
-
-def _fsync_path(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class CheckpointStore:
@@ -88,19 +80,9 @@ class CheckpointStore:
         self._ckpt.write(str(tmp / "tf"))
         (tmp / "state.json").write_text(json.dumps(dict(state), sort_keys=True))
         np.savez(tmp / "arrays.npz", **dict(arrays or {}))
-        for f in tmp.iterdir():
-            with f.open("rb") as fh:
-                os.fsync(fh.fileno())
-        _fsync_path(tmp)
         target = self.directory / f"{PREFIX}{seq:010d}"
-        os.rename(tmp, target)
-        pointer = self.directory / f".{LATEST}.{uuid.uuid4().hex[:8]}"
-        with pointer.open("w") as fh:
-            fh.write(target.name + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(pointer, self.directory / LATEST)
-        _fsync_path(self.directory)
+        commit_dir(tmp, target)
+        atomic_write(self.directory / LATEST, target.name + "\n")
         for old in self._complete()[: -self.keep]:
             shutil.rmtree(old, ignore_errors=True)
         log.info("checkpoint %s saved", target.name)

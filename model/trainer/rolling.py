@@ -21,15 +21,7 @@ from itertools import repeat
 
 import numpy as np
 
-
-def top_k(scores: np.ndarray, k: int) -> np.ndarray:
-    """Indices of the ``k`` best columns of each row, best first. ``scores`` [B, N]."""
-    k = min(k, scores.shape[1])
-    if k == 0:
-        return np.zeros((scores.shape[0], 0), np.int64)
-    part = np.argpartition(-scores, k - 1, axis=1)[:, :k]
-    order = np.argsort(-np.take_along_axis(scores, part, axis=1), axis=1, kind="stable")
-    return np.take_along_axis(part, order, axis=1)
+from model.scoring.topk import top_k_rows
 
 
 def recall_ndcg(ranked_keys: np.ndarray, targets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -120,7 +112,7 @@ class Popularity:
         c = np.fromiter(
             map(self.counts.get, candidates.tolist(), repeat(0)), np.float64, candidates.size
         )
-        return candidates[top_k(c[None, :], k)[0]]
+        return candidates[top_k_rows(c[None, :], k)[0]]
 
 
 class Evaluator:

@@ -26,6 +26,7 @@ import orjson
 
 from feature_store.features import Sample
 from feature_store.ids import item_key, user_key
+from model.errors import ModelError
 from model.trainer.dedupe import id_hashes
 
 
@@ -45,8 +46,8 @@ class Batch:
         return Batch(self.user_keys[sl], self.item_keys[sl], self.history[sl], self.weights[sl])
 
 
-class SampleError(ValueError):
-    """A ``samples`` record that cannot be trained on."""
+class SampleError(ModelError, ValueError):
+    """A ``samples`` record that cannot be trained on (also a ``ValueError``, as before)."""
 
 
 def _str(obj: dict[str, Any], name: str) -> str:

@@ -67,8 +67,8 @@ from feature_store.features import (
     user_counts,
     user_history,
 )
-from feature_store.redis_store import RedisOnlineStore, encode_user_values
 from feature_store.settings import Settings
+from feature_store.store import open_store
 from stream.flink.parse import try_parse
 from stream.gc_tuning import tune_gc
 from stream.kafka_client import dlq_record
@@ -197,7 +197,7 @@ class _Stage(KeyedProcessFunction):
         tune_gc()
         settings = Settings(**json.loads(self._settings_json))
         self.params = FeatureParams.from_settings(settings.features, bucket_ms=self._bucket_ms)
-        self.store = RedisOnlineStore(settings.redis, settings.features)
+        self.store = open_store(settings)
         self.metrics = runtime_context.get_metrics_group()
         self._counters: dict[str, Any] = {}
         self._counts: dict[str, int] = {}
@@ -289,12 +289,11 @@ class UserBatchStage(_Stage):
         if states:
             # A batch with only duplicates rewrites unchanged states: harmless, and rare.
             self._write_back(states, pack_user, now_s)
-            # user_features, encoded from its parts (no UserFeatures/HistoryEntry objects)
-            self.store.write_encoded(users=[
-                (uid, s.as_of_ms, s.seq,
-                 encode_user_values(user_history(s), user_counts(s, params), s.last_seen_ms))
+            # user_features as its parts (no UserFeatures/HistoryEntry objects)
+            self.store.write_user_rows(
+                (uid, s.as_of_ms, s.seq, user_history(s), user_counts(s, params), s.last_seen_ms)
                 for uid, s in states.items()
-            ])
+            )
         self._publish_metrics()
         if samples or dlq:
             yield Row(samples, dlq, items)

@@ -7,11 +7,12 @@ on the command line, then line number). ``speed=None`` sends as fast as Kafka ta
 
 Resume. A small JSON state file records how many events of the ordered plan Kafka has
 acknowledged (``acked``) and, per partition, the offset after the last acknowledged record.
-It is rewritten after each checkpoint (a producer flush every ``checkpoint_every`` events or
-``checkpoint_interval_s`` seconds). ``resume=True`` skips the acknowledged prefix, then reads
-the topic from the saved offsets to its end and also skips the events found there (sent after
-the last checkpoint, before the crash), so no row is written twice. The state belongs to one
-plan: the same files (name and size), options and topic; anything else starts over.
+It is rewritten atomically and durably (``feature_store.atomic``) after each checkpoint (a
+producer flush every ``checkpoint_every`` events or ``checkpoint_interval_s`` seconds).
+``resume=True`` skips the acknowledged prefix, then reads the topic from the saved offsets to
+its end and also skips the events found there (sent after the last checkpoint, before the
+crash), so no row is written twice. The state belongs to one plan: the same files (name and
+size), options and topic; anything else starts over.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -28,6 +28,7 @@ from typing import Any
 
 import orjson
 
+from feature_store.atomic import atomic_write
 from feature_store.settings import Settings
 from stream.replay.formats import detect_format, read_rows
 from stream.schema import EventNormalizer, EventValidationError, parse_ts
@@ -238,15 +239,13 @@ class ReplayState:
 
     def save(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(self.path.name + ".tmp")
         payload = {
             "version": STATE_VERSION,
             "plan": self.plan,
             "acked": self.acked,
             "offsets": {str(p): o for p, o in sorted(self.offsets.items())},
         }
-        tmp.write_text(json.dumps(payload))
-        os.replace(tmp, self.path)
+        atomic_write(self.path, json.dumps(payload))
 
 
 def default_state_path(settings: Settings, plan: str) -> Path:

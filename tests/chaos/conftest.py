@@ -34,8 +34,8 @@ from typing import Any
 
 import httpx
 
-from feature_store.settings import Settings, to_env
-from tests.support import free_port, wait_until
+from feature_store.settings import Settings
+from tests.support import free_port, service_env, wait_until
 
 log = logging.getLogger(__name__)
 
@@ -118,20 +118,6 @@ class Chaos:
                 "trainer": self.settings.trainer.metrics_port}[name]
         return f"http://127.0.0.1:{port}"
 
-
-
-@contextlib.contextmanager
-def service_env(settings: Settings) -> Iterator[None]:
-    """The STREAMREC_* environment of ``settings`` for the processes the stack spawns."""
-    saved = dict(os.environ)
-    for key in [k for k in os.environ if k.startswith("STREAMREC_")]:
-        del os.environ[key]
-    os.environ.update(to_env(settings))
-    try:
-        yield
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
 
 
 @contextlib.contextmanager

@@ -24,7 +24,7 @@ import httpx
 import pytest
 
 from feature_store.features import Event, FeatureParams, UserState, update_user, user_features
-from feature_store.redis_store import RedisOnlineStore
+from feature_store.store import open_store
 from tests.chaos.conftest import (
     USERS,
     EventLoad,
@@ -97,7 +97,7 @@ def test_kill9_flink_taskmanager_and_trainer_under_load(tmp_path: Path) -> None:
         event_records = read_topic(s, s.kafka.events_topic)
         sample_records = read_topic(s, s.kafka.samples_topic)
         status = trainer_status(trainer_url)
-        store = RedisOnlineStore(s.redis, s.features)
+        store = open_store(s)
         users = [f"u{i}" for i in range(USERS)]
         stored = dict(zip(users, store.read_users(users), strict=True))
         store.close()

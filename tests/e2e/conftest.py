@@ -4,13 +4,12 @@ Redis key prefix."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 
 import pytest
 
-from feature_store.settings import Settings, to_env
-from tests.support import isolated_settings
+from feature_store.settings import Settings
+from tests.support import isolated_settings, service_env
 
 SERVICES = ["ingest-api", "features", "trainer", "serving"]
 
@@ -25,19 +24,14 @@ def pipeline(stack: Settings, tmp_path_factory: pytest.TempPathFactory) -> Itera
         "serving": base.serving.model_copy(update={"poll_interval_s": 1.0}),
         "stack": base.stack.model_copy(update={"ready_timeout_s": 240.0}),
     })
-    saved = dict(os.environ)
-    os.environ.update(to_env(s))
-    runner = Stack(s, available_commands={"ingest-api", "features", "train", "serve"})
-    try:
-        runner.up(SERVICES)
-        yield s
-    finally:
+    with service_env(s):
+        runner = Stack(s, available_commands={"ingest-api", "features", "train", "serve"})
         try:
+            runner.up(SERVICES)
+            yield s
+        finally:
             runner.down(SERVICES)
             _cancel_feature_job(s)
-        finally:
-            os.environ.clear()
-            os.environ.update(saved)
 
 
 def _cancel_feature_job(s: Settings) -> None:

@@ -24,9 +24,8 @@ from pydantic import SecretStr
 from schemathesis import GenerationMode
 
 from feature_store.ids import item_keys, user_key
-from feature_store.redis_store import RedisOnlineStore
 from feature_store.settings import Settings
-from feature_store.store import HistoryEntry, Trending, UserFeatures
+from feature_store.store import HistoryEntry, Trending, UserFeatures, open_store
 from model.artifact.files import write_artifact
 from model.artifact.registry import Registry
 
@@ -118,7 +117,7 @@ def serving_schema(settings: Settings) -> Iterator[Any]:
 
     s = settings.model_copy(update={
         "serving": settings.serving.model_copy(update={"admin_token": SecretStr(ADMIN)})})
-    store = RedisOnlineStore(s.redis, s.features)
+    store = open_store(s)
     store.write_batch(
         users=[UserFeatures("alice", (HistoryEntry("m1", "click", 5000),), {}, 5000, 5000)],
         trending=Trending(tuple((f"m{i}", 50.0 - i) for i in range(40)), 5000),

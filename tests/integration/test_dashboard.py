@@ -26,9 +26,8 @@ from typing import Any
 import httpx
 import pytest
 
-from feature_store.redis_store import RedisOnlineStore
 from feature_store.settings import Settings, to_env
-from feature_store.store import HistoryEntry, UserFeatures
+from feature_store.store import HistoryEntry, UserFeatures, open_store
 from model.trainer.samples import encode_sample
 from model.evaluation.synthetic import SyntheticConfig, SyntheticStream
 from tests.support import free_port, repo_root, wait_until
@@ -174,7 +173,7 @@ def test_dashboard_draws_the_live_pipeline_and_survives_a_trainer_stop(
     ingest_url = f"http://127.0.0.1:{s.ingest.port}"
     serve_url = f"http://127.0.0.1:{s.serving.port}"
     trainer_url = f"http://127.0.0.1:{s.trainer.metrics_port}"
-    store = RedisOnlineStore(s.redis, s.features)
+    store = open_store(s)
     history = tuple(HistoryEntry(f"i{j}", "click", 1_767_225_600_000 - j) for j in range(8))
     store.write_batch(users=[UserFeatures(USER, history, {}, 1_767_225_600_000,
                                           1_767_225_600_000)])

@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import Any
+
 import pytest
 
-from feature_store.features import Event, FeatureParams, UserState, update_user, user_features
+from feature_store.features import (
+    Event,
+    FeatureParams,
+    UserState,
+    update_user,
+    user_counts,
+    user_features,
+    user_history,
+)
 from feature_store.ids import item_key
 from feature_store.redis_store import RedisOnlineStore, item_key_name, user_key_name
 from feature_store.settings import FeatureSettings, Settings
@@ -24,12 +35,22 @@ def user(uid: str, as_of: int, items: tuple[str, ...] = ("a",)) -> UserFeatures:
 
 
 @pytest.fixture
-def store(settings: Settings):
-    s = RedisOnlineStore(settings.redis, settings.features)
+def client(settings: Settings) -> Iterator[Any]:
+    """A plain Redis client on the test server, to look at the keys the store writes."""
+    import redis
+
+    c = redis.Redis(host=settings.redis.host, port=settings.redis.port, db=settings.redis.db)
+    yield c
+    c.close()
+
+
+@pytest.fixture
+def store(settings: Settings, client: Any) -> Iterator[RedisOnlineStore]:
+    s = RedisOnlineStore(settings.redis, settings.features, client=client)
     yield s
-    keys = list(s.client.scan_iter(match=f"{settings.redis.key_prefix}*", count=1000))
+    keys = list(client.scan_iter(match=f"{settings.redis.key_prefix}*", count=1000))
     if keys:
-        s.client.delete(*keys)
+        client.delete(*keys)
     s.close()
 
 
@@ -58,33 +79,47 @@ def test_older_write_never_overwrites_newer(store: RedisOnlineStore) -> None:
     assert got is not None and got.as_of_ms == 3000 and got.history[0].item_id == "newer"
 
 
-def test_write_survives_a_flushed_script_cache(store: RedisOnlineStore) -> None:
+def test_user_rows_write_what_the_records_write(store: RedisOnlineStore) -> None:
+    """The feature job's hot path (users as parts) stores exactly the user_features record."""
+    params = FeatureParams(event_weights={"click": 1.0}, history_len=5)
+    st = UserState()
+    for n in range(4):
+        update_user(st, Event(f"e{n}", "u1", f"i{n}", "click", 5_000 + n), params)
+    store.write_user_rows(
+        [("u1", st.as_of_ms, st.seq, user_history(st), user_counts(st, params), st.last_seen_ms)])
+    assert store.read_users(["u1"]) == [user_features(st, "u1", params)]
+    older = ("u1", st.as_of_ms, st.seq - 1, [], {}, st.last_seen_ms)
+    store.write_user_rows([older])  # an older seq at the same as_of is ignored
+    assert store.read_users(["u1"]) == [user_features(st, "u1", params)]
+
+
+def test_write_survives_a_flushed_script_cache(store: RedisOnlineStore, client: Any) -> None:
     """Writes call the script by its SHA; a server that lost its scripts (restart, SCRIPT
     FLUSH) answers NOSCRIPT, and the store loads the script and writes again."""
     store.write_batch(users=[user("u1", 1000, ("a",))], user_seqs=[1])
-    store.client.script_flush()
+    client.script_flush()
     store.write_batch(users=[user("u1", 2000, ("b",))], user_seqs=[2])
     (got,) = store.read_users(["u1"])
     assert got is not None and got.as_of_ms == 2000 and got.history[0].item_id == "b"
 
 
-def test_ttls_from_settings(settings: Settings) -> None:
+def test_ttls_from_settings(settings: Settings, client: Any) -> None:
     features = FeatureSettings(user_ttl_s=120, item_ttl_s=0)
-    s = RedisOnlineStore(settings.redis, features)
+    s = RedisOnlineStore(settings.redis, features, client=client)
     try:
         s.write_batch(
             users=[user("u1", 1)], items=[ItemFeatures("a", 1.0, {"1h": 1, "24h": 1}, 1)]
         )
         prefix = settings.redis.key_prefix
-        assert 0 < s.client.ttl(user_key_name(prefix, "u1")) <= 120
-        assert s.client.ttl(item_key_name(prefix, "a")) == -1  # 0 = no TTL
+        assert 0 < client.ttl(user_key_name(prefix, "u1")) <= 120
+        assert client.ttl(item_key_name(prefix, "a")) == -1  # 0 = no TTL
     finally:
-        s.client.delete(user_key_name(prefix, "u1"), item_key_name(prefix, "a"))
+        client.delete(user_key_name(prefix, "u1"), item_key_name(prefix, "a"))
         s.close()
 
 
 def test_replaying_the_same_events_leaves_the_same_store(
-    store: RedisOnlineStore, settings: Settings
+    store: RedisOnlineStore, settings: Settings, client: Any
 ) -> None:
     pattern = user_key_name(settings.redis.key_prefix, "*")
     params = FeatureParams(event_weights={"click": 1.0, "impression": 0.0}, history_len=5)
@@ -100,7 +135,7 @@ def test_replaying_the_same_events_leaves_the_same_store(
             st = states.setdefault(e.user_id, UserState())
             update_user(st, e, params)
             store.write_batch(users=[user_features(st, e.user_id, params)], user_seqs=[st.seq])
-        return {k: store.client.hgetall(k) for k in sorted(store.client.keys(pattern))}
+        return {k: client.hgetall(k) for k in sorted(client.keys(pattern))}
 
     first = run()
     assert len(first) == 3
@@ -108,17 +143,19 @@ def test_replaying_the_same_events_leaves_the_same_store(
     assert run() == first
     events = events[:10]
     run()
-    assert {k: store.client.hgetall(k) for k in first} == first
+    assert {k: client.hgetall(k) for k in first} == first
 
 
 def test_read_api_serves_what_the_store_holds(store: RedisOnlineStore) -> None:
     from fastapi import FastAPI
     from fastapi.testclient import TestClient
 
+    from serving import errors
     from serving.features_api import features_router
 
     app = FastAPI()
     app.include_router(features_router(store))
+    errors.install(app)
     store.write_batch(
         users=[user("u 1", 5000, ("b", "a"))],
         items=[ItemFeatures("a/1", 0.75, {"1h": 1, "24h": 1}, 4000)],
@@ -149,11 +186,17 @@ def test_read_api_503_when_redis_is_down(settings: Settings) -> None:
     from fastapi.testclient import TestClient
 
     from feature_store.settings import RedisSettings
+    from feature_store.store import open_store
+    from serving import errors
     from serving.features_api import features_router
     from tests.support import free_port
 
-    dead = RedisOnlineStore(RedisSettings(port=free_port()), socket_timeout_s=0.5)
+    nowhere = settings.model_copy(update={"redis": RedisSettings(port=free_port())})
+    dead = open_store(nowhere, timeout_s=0.5)
     app = FastAPI()
     app.include_router(features_router(dead))
+    errors.install(app)
     with TestClient(app) as client:
-        assert client.get("/users/u1/features").status_code == 503
+        resp = client.get("/users/u1/features")
+        assert resp.status_code == 503
+        assert resp.json()["error"] == "store_unavailable"

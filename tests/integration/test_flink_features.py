@@ -193,12 +193,22 @@ def job_id(
 
 
 @pytest.fixture
-def store(settings: Settings) -> Iterator[RedisOnlineStore]:
-    s = RedisOnlineStore(settings.redis, settings.features)
+def client(settings: Settings) -> Iterator[Any]:
+    """A plain Redis client on the test server, to look at the keys the job writes."""
+    import redis
+
+    c = redis.Redis(host=settings.redis.host, port=settings.redis.port, db=settings.redis.db)
+    yield c
+    c.close()
+
+
+@pytest.fixture
+def store(settings: Settings, client: Any) -> Iterator[RedisOnlineStore]:
+    s = RedisOnlineStore(settings.redis, settings.features, client=client)
     yield s
-    keys = list(s.client.scan_iter(match=f"{settings.redis.key_prefix}*", count=1000))
+    keys = list(client.scan_iter(match=f"{settings.redis.key_prefix}*", count=1000))
     if keys:
-        s.client.delete(*keys)
+        client.delete(*keys)
     s.close()
 
 
@@ -219,7 +229,7 @@ def cluster_job(settings: Settings, tmp_path: Path) -> Iterator[Namespace]:
 
 @pytest.mark.timeout(600)
 def test_events_to_exact_features_and_samples(
-    settings: Settings, store: RedisOnlineStore, cluster_job: Namespace
+    settings: Settings, store: RedisOnlineStore, client: Any, cluster_job: Namespace
 ) -> None:
     params = FeatureParams.from_settings(settings.features, bucket_ms=cluster_job.bucket_ms)
     events = make_events("a", 60)
@@ -249,14 +259,14 @@ def test_events_to_exact_features_and_samples(
 
     # Replaying the same events leaves the same store (a fresh sentinel marks "processed").
     snapshot = {
-        k: store.client.hgetall(k)
-        for k in store.client.keys(user_key_name(settings.redis.key_prefix, "*"))
+        k: client.hgetall(k)
+        for k in client.keys(user_key_name(settings.redis.key_prefix, "*"))
     }
     sentinel = Event("sentinel", "sentinel-user", "i0", "click", T0)
     produce(settings, [*stream, sentinel])
     wait_until(lambda: store.read_users(["sentinel-user"])[0] is not None, 60, "the sentinel")
     snapshot.pop(user_key_name(settings.redis.key_prefix, "sentinel-user").encode(), None)
-    after = {k: store.client.hgetall(k) for k in snapshot}
+    after = {k: client.hgetall(k) for k in snapshot}
     assert after == snapshot
 
 

@@ -19,9 +19,8 @@ import pytest
 import redis
 
 from feature_store.ids import item_keys, user_key
-from feature_store.redis_store import RedisOnlineStore
 from feature_store.settings import Settings
-from feature_store.store import HistoryEntry, Trending, UserFeatures
+from feature_store.store import HistoryEntry, Trending, UserFeatures, open_store
 from model.artifact.files import write_artifact
 from model.artifact.registry import Registry, published_channel
 from tests.support import free_port, repo_root, stop_process, wait_until
@@ -45,7 +44,7 @@ def write_random(directory: Path, version: str, seed: int) -> None:
 
 
 def seed_store(settings: Settings) -> None:
-    store = RedisOnlineStore(settings.redis, settings.features)
+    store = open_store(settings)
     hist = tuple(HistoryEntry(f"m{i}", "click", 5000 - i) for i in range(5))
     store.write_batch(
         users=[UserFeatures(u, hist, {}, 5000, 5000) for u in USERS],

@@ -33,7 +33,7 @@ from feature_store.features import (  # noqa: E402
     window_count,
     window_counts,
 )
-from feature_store.redis_store import decode_user  # noqa: E402
+from feature_store.redis_store import decode_user, encode_user_values  # noqa: E402
 from feature_store.settings import DEFAULT_EVENT_WEIGHTS, load_settings  # noqa: E402
 from stream.cli.features import settings_json  # noqa: E402
 from stream.flink.functions import (  # noqa: E402
@@ -126,13 +126,14 @@ class FakeStore:
     def write_batch(self, **kw: Any) -> None:
         self.batches.append(kw)
 
-    def write_encoded(self, users: Any = ()) -> None:
-        """Recorded as the equivalent ``write_batch``: payloads decoded with the reader's
-        ``decode_user``, so a test compares them with ``user_features`` exactly."""
-        users = list(users)
+    def write_user_rows(self, rows: Any) -> None:
+        """Recorded as the equivalent ``write_batch``: each row encoded and decoded as the
+        Redis backend does, so a test compares them with ``user_features`` exactly."""
+        rows = list(rows)
         self.batches.append({
-            "users": [decode_user(u, str(as_of), v) for u, as_of, _, v in users],
-            "user_seqs": [seq for _, _, seq, _ in users],
+            "users": [decode_user(u, str(as_of), encode_user_values(h, c, ls))
+                      for u, as_of, _, h, c, ls in rows],
+            "user_seqs": [seq for _, _, seq, *_ in rows],
         })
 
     def close(self) -> None:

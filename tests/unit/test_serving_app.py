@@ -35,7 +35,7 @@ class MemoryStore(OnlineStore):
         self.down = False
 
     def write_batch(self, users: Sequence[UserFeatures] = (), items: Sequence[ItemFeatures] = (),
-                    trending: Trending | None = None) -> None:
+                    trending: Trending | None = None, **seqs: object) -> None:
         self.users.update({u.user_id: u for u in users})
         self.trending = trending or self.trending
 
@@ -56,6 +56,10 @@ class MemoryStore(OnlineStore):
         if self.trending is None:
             return None
         return Trending(self.trending.items[:n], self.trending.as_of_ms)
+
+    def read_item_ids(self, keys: Sequence[int]) -> list[str | None]:
+        self._check()
+        return [None for _ in keys]
 
 
 def user(uid: str, items: list[str]) -> UserFeatures:
@@ -239,7 +243,9 @@ def test_feature_routes_are_mounted(env) -> None:
     with TestClient(app) as client:
         body = client.get("/users/alice/features").json()
         assert [h["item_id"] for h in body["history"]] == ["i1", "i2", "i3"]
-        assert client.get("/users/nobody/features").status_code == 404
+        missing = client.get("/users/nobody/features")
+        assert missing.status_code == 404  # through the app's one error handler
+        assert missing.json() == {"error": "not_found", "detail": "unknown user_id 'nobody'"}
 
 
 def test_concurrent_requests_are_batched_with_equal_answers(env) -> None:

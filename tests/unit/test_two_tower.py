@@ -9,7 +9,8 @@ import pytest
 
 from feature_store.ids import item_key, user_key
 from model.artifact.files import load_artifact
-from model.trainer.rolling import rank_metrics, recall_ndcg, top_k
+from model.scoring.topk import top_k_rows
+from model.trainer.rolling import rank_metrics, recall_ndcg
 from model.trainer.export import write_version
 from model.trainer.samples import KeyCache, to_batch
 from model.towers.tf_env import tf
@@ -126,7 +127,7 @@ def test_rank_based_metrics_equal_top_k_ranking() -> None:
     rec, ndcg = rank_metrics(scores, pos, 10)
     target_keys = keys[target]
     target_keys[:5] = -99
-    rec_ref, ndcg_ref = recall_ndcg(keys[top_k(scores, 10)], target_keys)
+    rec_ref, ndcg_ref = recall_ndcg(keys[top_k_rows(scores, 10)], target_keys)
     np.testing.assert_array_equal(rec, rec_ref)
     np.testing.assert_allclose(ndcg, ndcg_ref)
     assert rec[10:30].sum() == 20
