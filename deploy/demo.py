@@ -61,23 +61,15 @@ def first(metrics: dict[str, float], *needles: str) -> float | None:
 
 
 def samples_end_offset(settings: Settings) -> int | None:
-    from kafka import KafkaConsumer, TopicPartition
     from kafka.errors import KafkaError
 
+    from stream.kafka_client import topic_end_offsets
+
     try:
-        consumer = KafkaConsumer(bootstrap_servers=settings.kafka.bootstrap,
-                                 enable_auto_commit=False, request_timeout_ms=5000)
+        ends = topic_end_offsets(settings.kafka, settings.kafka.samples_topic, timeout_s=4.0)
     except KafkaError:
         return None
-    try:
-        topic = settings.kafka.samples_topic
-        parts = consumer.partitions_for_topic(topic) or set()
-        ends = consumer.end_offsets([TopicPartition(topic, p) for p in parts])
-        return int(sum(ends.values()))
-    except KafkaError:
-        return None
-    finally:
-        consumer.close()
+    return int(sum(ends.values()))
 
 
 @dataclass

@@ -69,22 +69,16 @@ class TopicEndOffsets:
             return self._read()
 
     def _read(self) -> int:
-        from kafka import KafkaConsumer, TopicPartition
         from kafka.errors import KafkaError
+
+        from stream.kafka_client import end_offsets, offsets_consumer
 
         try:
             if self._consumer is None:
-                self._consumer = KafkaConsumer(
-                    bootstrap_servers=self.bootstrap, group_id=None, enable_auto_commit=False,
-                    request_timeout_ms=self.timeout_ms + 1000,
-                    connections_max_idle_ms=self.timeout_ms + 600_000,
-                    bootstrap_timeout_ms=self.timeout_ms,
-                )
-            parts = self._consumer.partitions_for_topic(self.topic)
-            if not parts:
+                self._consumer = offsets_consumer(self.bootstrap, self.timeout_ms / 1000)
+            ends = end_offsets(self._consumer, self.topic, self.timeout_ms / 1000)
+            if not ends:
                 raise ScrapeError(f"topic {self.topic} not found")
-            ends = self._consumer.end_offsets(
-                [TopicPartition(self.topic, p) for p in sorted(parts)], timeout_ms=self.timeout_ms)
             return int(sum(ends.values()))
         except KafkaError as exc:
             self._drop()

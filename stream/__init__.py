@@ -1,6 +1,8 @@
 """Events from the edge to Kafka and through the Flink feature job.
 
-* ``schema`` — the event schema and rules (defined once: ingest, replay, Flink parser).
+* ``schema`` — the event schema: the pydantic model, its fast path, JSON decoding.
+* ``rules`` — the event rules and limits, defined once (ingest, replay, Flink parser).
+* ``errors`` — ``StreamError``, the root of every error of this package.
 * ``kafka_client`` — every Kafka client piece: producer options, partitioner, consumers,
   topic admin, end offsets, DLQ records.
 * ``ingest`` — the ingest API (``POST /events``), its rate limiter and metrics.

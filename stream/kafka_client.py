@@ -1,41 +1,140 @@
-"""Kafka helpers shared by ingest, replay, the trainer and the stack runner.
+"""Kafka helpers shared by ingest, replay, the trainer, serving and the stack runner.
 
-kafka-python is imported inside the functions so that modules importing this one stay light.
+Producers (:func:`make_producer` and the ingest / replay option sets, with
+:class:`KeyHashPartitioner`), consumers (the trainer's assigned consumer, the offsets
+consumer), topic admin, end offsets and ``events.dlq`` records: one home for Kafka code.
+
+kafka-python and confluent-kafka are imported inside the functions so that modules
+importing this one stay light.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from feature_store.settings import KafkaSettings
+from stream.errors import StreamError
 
 log = logging.getLogger(__name__)
 
 DLQ_RAW_LIMIT = 64 * 1024
 
+#: Options of every producer of ours: all in-sync replicas acknowledge (``acks=all``).
+_PRODUCER_DEFAULTS: dict[str, Any] = {
+    "acks": "all",
+    "linger_ms": 5,
+    "retries": 5,
+    "max_in_flight_requests_per_connection": 1,
+    "request_timeout_ms": 10_000,
+    "max_block_ms": 10_000,
+}
+#: Producers that must neither lose nor reorder nor duplicate a record on retry (ingest,
+#: replay): idempotent, retried until their delivery timeout.
+_IDEMPOTENT: dict[str, Any] = {
+    "enable_idempotence": True,
+    "retries": 2**31 - 1,  # bounded by delivery_timeout_ms
+    "max_in_flight_requests_per_connection": 5,
+}
 
-class KafkaUnavailable(Exception):
+
+class KafkaUnavailable(StreamError):
     """The broker could not be reached (or did not answer) within the deadline."""
 
 
+class KeyHashPartitioner:
+    """Kafka's default keyed partitioning (murmur2 of the key over all partitions), cached.
+
+    Same partition as the Java client and kafka-python's ``DefaultPartitioner`` for every key
+    (so all of a user's events stay in one partition); the cache saves the pure-Python murmur2
+    on the hot path. Unkeyed records are delegated to the default partitioner. It is
+    registered as a ``kafka.partitioner.Partitioner`` when first built (so that importing
+    this module does not import kafka-python).
+    """
+
+    MAX_CACHED = 200_000
+
+    def __init__(self) -> None:
+        from kafka.partitioner.abc import Partitioner
+        from kafka.partitioner.default import DefaultPartitioner, murmur2
+
+        Partitioner.register(KeyHashPartitioner)
+        self._default = DefaultPartitioner()
+        self._murmur2 = murmur2
+        self._cache: dict[tuple[str, bytes], int] = {}
+        self._counts: dict[str, int] = {}
+
+    def partition(
+        self,
+        topic: str,
+        key: Any,
+        serialized_key: bytes | None,
+        value: Any,
+        serialized_value: Any,
+        cluster: Any,
+    ) -> int:
+        parts = cluster.partitions_for_topic(topic)
+        if serialized_key is None or not parts:
+            return int(
+                self._default.partition(
+                    topic, key, serialized_key, value, serialized_value, cluster
+                )
+            )
+        if self._counts.get(topic) != len(parts) or len(self._cache) > self.MAX_CACHED:
+            self._cache.clear()
+            self._counts[topic] = len(parts)
+        cached = self._cache.get((topic, serialized_key))
+        if cached is None:
+            ordered = sorted(parts)
+            cached = ordered[(self._murmur2(serialized_key) & 0x7FFFFFFF) % len(ordered)]
+            self._cache[(topic, serialized_key)] = cached
+        return cached
+
+
 def make_producer(kafka: KafkaSettings, **overrides: Any) -> Any:
-    """A producer that waits for all in-sync replicas (``acks=all``) and retries safely."""
+    """A producer that waits for all in-sync replicas (``acks=all``) and retries safely;
+    ``overrides`` are kafka-python options (e.g. :func:`ingest_producer_options`)."""
     from kafka import KafkaProducer
 
-    options: dict[str, Any] = {
-        "bootstrap_servers": kafka.bootstrap,
-        "acks": "all",
-        "linger_ms": 5,
-        "retries": 5,
-        "max_in_flight_requests_per_connection": 1,
-        "request_timeout_ms": 10_000,
-        "max_block_ms": 10_000,
-    }
+    options: dict[str, Any] = {"bootstrap_servers": kafka.bootstrap, **_PRODUCER_DEFAULTS}
     options.update(overrides)
     return KafkaProducer(**options)
+
+
+def ingest_producer_options(timeout_s: float, compression: str | None = None) -> dict[str, Any]:
+    """Options of the ingest API's producer (tuned with ``bench/ingest.py``): idempotent,
+    every wait bounded by ``timeout_s`` (a record not acknowledged by then is given up by
+    the producer, not written later), keyed records on :class:`KeyHashPartitioner`."""
+    timeout_ms = int(timeout_s * 1000)
+    linger_ms = 5
+    request_timeout_ms = max(500, timeout_ms - linger_ms)
+    return {
+        **_IDEMPOTENT,
+        "linger_ms": linger_ms,
+        "batch_size": 256 * 1024,
+        "compression_type": compression,
+        # kafka-python requires delivery >= request + linger
+        "delivery_timeout_ms": max(timeout_ms, request_timeout_ms + linger_ms),
+        "request_timeout_ms": request_timeout_ms,
+        "max_block_ms": timeout_ms,
+        "reconnect_backoff_max_ms": 1000,
+        "bootstrap_timeout_ms": timeout_ms,
+        "partitioner": KeyHashPartitioner(),
+    }
+
+
+def replay_producer_options() -> dict[str, Any]:
+    """Options of the replay producer: idempotent, large batches, patient timeouts."""
+    return {
+        **_IDEMPOTENT,
+        "linger_ms": 20,
+        "batch_size": 512 * 1024,
+        "delivery_timeout_ms": 120_000,
+        "request_timeout_ms": 30_000,
+        "max_block_ms": 30_000,
+    }
 
 
 def ensure_topics(
@@ -128,3 +227,155 @@ def broker_ready(kafka: KafkaSettings, timeout_s: float = 3.0) -> bool:
             consumer.close()
     finally:
         kafka_log.setLevel(level)
+
+
+def offsets_consumer(bootstrap: str, timeout_s: float | None = None) -> Any:
+    """A kafka-python consumer for metadata and offset look-ups: no group, no commits.
+
+    ``timeout_s`` bounds its requests and its first connection (None: the client's defaults).
+    """
+    from kafka import KafkaConsumer
+
+    options: dict[str, Any] = {}
+    if timeout_s is not None:
+        timeout_ms = int(timeout_s * 1000)
+        options = {
+            "request_timeout_ms": timeout_ms + 1000,
+            "connections_max_idle_ms": timeout_ms + 600_000,
+            "bootstrap_timeout_ms": timeout_ms,
+        }
+    return KafkaConsumer(
+        bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False, **options
+    )
+
+
+def end_offsets(consumer: Any, topic: str, timeout_s: float | None = None) -> dict[int, int]:
+    """The end offset (the next offset to be written) of every partition of ``topic``, read
+    with the kafka-python ``consumer``; ``{}`` when the topic does not exist."""
+    from kafka import TopicPartition
+
+    parts = consumer.partitions_for_topic(topic)
+    if not parts:
+        return {}
+    tps = [TopicPartition(topic, p) for p in sorted(parts)]
+    if timeout_s is None:
+        ends = consumer.end_offsets(tps)
+    else:
+        ends = consumer.end_offsets(tps, timeout_ms=int(timeout_s * 1000))
+    return {tp.partition: int(offset) for tp, offset in ends.items()}
+
+
+def topic_end_offsets(
+    kafka: KafkaSettings, topic: str, timeout_s: float | None = None
+) -> dict[int, int]:
+    """:func:`end_offsets` of ``topic`` with a consumer of its own (opened and closed here)."""
+    consumer = offsets_consumer(kafka.bootstrap, timeout_s)
+    try:
+        return end_offsets(consumer, topic, timeout_s)
+    finally:
+        consumer.close()
+
+
+CONSUMER_BACKENDS = ("confluent", "kafka-python")
+
+
+def consumer_backend(name: str) -> str:
+    """``name`` of a consumer client, with "auto" resolved (confluent-kafka if installed)."""
+    if name == "auto":
+        try:
+            import confluent_kafka  # noqa: F401
+        except ImportError:
+            return "kafka-python"
+        return "confluent"
+    if name not in CONSUMER_BACKENDS:
+        raise ValueError(f"unknown consumer {name!r}; expected auto or one of {CONSUMER_BACKENDS}")
+    return name
+
+
+def assigned_consumer(
+    kafka: KafkaSettings,
+    topic: str,
+    starts: Mapping[int, int],
+    *,
+    backend: str,
+    group_id: str,
+    client_id: str,
+    max_records: int,
+    monotonic: Callable[[], float],
+    wait: Callable[[float], Any],
+    timeout_s: float = 30.0,
+) -> tuple[Any, dict[int, int | None]]:
+    """A consumer assigned every partition of ``topic``, each at its offset in ``starts``
+    (partition -> next offset) or at the beginning, never committing; and the offset each
+    partition starts at (None: the beginning).
+
+    ``backend`` is "confluent" (a ``confluent_kafka.Consumer``) or "kafka-python" (a
+    ``kafka.KafkaConsumer`` returning up to ``max_records`` per poll). Waits up to
+    ``timeout_s`` (with ``wait``) for the topic's partitions, else :class:`KafkaUnavailable`.
+    """
+    if backend == "confluent":
+        from confluent_kafka import Consumer
+
+        consumer: Any = Consumer({
+            "bootstrap.servers": kafka.bootstrap,
+            # required by the client; never used: partitions are assigned, not subscribed,
+            # and nothing is committed (the caller keeps the offsets)
+            "group.id": group_id,
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "auto.offset.reset": "earliest",
+            "client.id": client_id,
+        })
+
+        def lookup() -> list[int]:
+            meta = consumer.list_topics(topic, timeout=5.0).topics.get(topic)
+            return [] if meta is None or meta.error is not None else list(meta.partitions)
+    elif backend == "kafka-python":
+        from kafka import KafkaConsumer
+
+        consumer = KafkaConsumer(
+            bootstrap_servers=kafka.bootstrap, group_id=None, enable_auto_commit=False,
+            auto_offset_reset="earliest", max_poll_records=max_records,
+            fetch_max_bytes=64 * 1024 * 1024, max_partition_fetch_bytes=16 * 1024 * 1024,
+            client_id=client_id,
+        )
+
+        def lookup() -> list[int]:
+            return list(consumer.partitions_for_topic(topic) or ())
+    else:
+        raise ValueError(f"unknown consumer {backend!r}")
+    try:
+        partitions: list[int] = []
+        deadline = monotonic() + timeout_s
+        while not partitions and monotonic() < deadline:
+            partitions = sorted(lookup())
+            if not partitions:
+                wait(0.2)
+        if not partitions:
+            raise KafkaUnavailable(f"topic {topic} has no partitions")
+        at = {p: starts.get(p) for p in partitions}
+        _assign(consumer, backend, topic, at)
+        return consumer, at
+    except BaseException:
+        consumer.close()
+        raise
+
+
+def _assign(consumer: Any, backend: str, topic: str, at: dict[int, int | None]) -> None:
+    if backend == "confluent":
+        from confluent_kafka import OFFSET_BEGINNING
+        from confluent_kafka import TopicPartition as ConfluentTP
+
+        consumer.assign([ConfluentTP(topic, p, OFFSET_BEGINNING if o is None else o)
+                         for p, o in at.items()])
+        return
+    from kafka import TopicPartition
+
+    tps = [TopicPartition(topic, p) for p in at]
+    consumer.assign(tps)
+    for tp in tps:
+        offset = at[tp.partition]
+        if offset is None:
+            consumer.seek_to_beginning(tp)
+        else:
+            consumer.seek(tp, offset)

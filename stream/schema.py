@@ -1,9 +1,10 @@
 """The event schema: validation of incoming events and normalisation to the ``events`` wire format.
 
-One set of rules serves the ingest API and the replay of NDJSON logs (DESIGN.md, "Contracts").
+One set of rules serves the ingest API and the replay of NDJSON logs (DESIGN.md, "Contracts");
+its limits and predicates live in :mod:`stream.rules`, shared with the Flink parser.
 
 Event (input)
-    ``user_id``, ``item_id``: strings of 1–128 characters (any Unicode).
+    ``user_id``, ``item_id``: strings of 1–128 characters (any Unicode; no lone surrogates).
     ``event_type``: one of the configured types (``features.event_weights``).
     ``ts``: event time, see :func:`parse_ts`; defaults to the receive time.
     ``event_id``: optional string of 1–128 characters (the dedupe key); generated if absent.
@@ -33,10 +34,8 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Annotated, Any, Union
 
 from pydantic import (
@@ -55,28 +54,47 @@ from pydantic import (
     field_validator,
 )
 
-MAX_ID_LEN = 128
-MAX_CONTEXT_KEYS = 16
-MAX_CONTEXT_KEY_LEN = 64
-MAX_CONTEXT_STR_LEN = 256
-INT64_MAX = 2**63 - 1
-
-#: 1990-01-01T00:00:00Z in epoch milliseconds: the earliest accepted event time.
-MIN_TS_MS = 631_152_000_000
-#: How far beyond the receive time an event time may lie.
-MAX_FUTURE_MS = 86_400_000
-#: Epoch numbers below this magnitude are seconds, at or above it milliseconds.
-SECONDS_MS_BOUNDARY = 100_000_000_000
-
-WIRE_FIELDS = ("event_id", "user_id", "item_id", "event_type", "ts", "value", "context")
-
-_RFC3339 = re.compile(
-    r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})$"
+from stream.errors import StreamError
+from stream.rules import (
+    EVENT_FIELDS,
+    INT64_MAX,
+    INT64_MIN,
+    MAX_CONTEXT_KEY_LEN,
+    MAX_CONTEXT_KEYS,
+    MAX_CONTEXT_STR_LEN,
+    MAX_FUTURE_MS,
+    MAX_ID_LEN,
+    MIN_TS_MS,
+    REQUIRED_FIELDS,
+    SECONDS_MS_BOUNDARY,
+    WIRE_FIELDS,
+    SchemaError,
+    context_problem,
+    ok_event_type,
+    ok_id,
+    ok_value,
+    parse_ts,
 )
 
-
-class SchemaError(ValueError):
-    """A value broke a schema rule; the message names the rule."""
+__all__ = [
+    "MAX_CONTEXT_KEYS",
+    "MAX_CONTEXT_KEY_LEN",
+    "MAX_CONTEXT_STR_LEN",
+    "MAX_FUTURE_MS",
+    "MAX_ID_LEN",
+    "MIN_TS_MS",
+    "SECONDS_MS_BOUNDARY",
+    "WIRE_FIELDS",
+    "EventIn",
+    "EventNormalizer",
+    "EventValidationError",
+    "FieldError",
+    "SchemaError",
+    "decode_events",
+    "loads_strict",
+    "new_event_id",
+    "parse_ts",
+]
 
 
 def _finite_float(value: object) -> float:
@@ -93,50 +111,9 @@ ContextKey = Annotated[StrictStr, Field(min_length=1, max_length=MAX_CONTEXT_KEY
 ContextValue = Union[  # noqa: UP007 - pydantic's smart union keeps bool/int/float apart
     Annotated[StrictStr, Field(max_length=MAX_CONTEXT_STR_LEN)],
     StrictBool,
-    Annotated[StrictInt, Field(ge=-INT64_MAX - 1, le=INT64_MAX)],
+    Annotated[StrictInt, Field(ge=INT64_MIN, le=INT64_MAX)],
     FiniteFloat,
 ]
-
-
-def parse_ts(raw: int | float | str, now_ms: int) -> int:
-    """Event time in epoch milliseconds from an RFC 3339 string or epoch seconds/milliseconds.
-
-    ``now_ms`` is the receive time (injected); see the module docstring for the rule.
-    """
-    if isinstance(raw, bool):
-        raise SchemaError("ts must be an RFC 3339 string or epoch seconds/milliseconds")
-    if isinstance(raw, str):
-        if not _RFC3339.match(raw):
-            raise SchemaError(
-                "ts string must be RFC 3339 with a time zone, e.g. 2024-05-01T12:00:00Z"
-            )
-        text = raw.replace("z", "Z").replace("t", "T")
-        frac = re.search(r"\.(\d+)", text)
-        if frac and len(frac.group(1)) > 6:  # fromisoformat takes at most microseconds
-            text = text.replace(frac.group(0), "." + frac.group(1)[:6])
-        try:
-            parsed = datetime.fromisoformat(text)
-        except ValueError as exc:
-            raise SchemaError(f"ts is not a valid date/time: {exc}") from exc
-        if parsed.tzinfo is None:  # the regex requires an offset; kept as a guard
-            raise SchemaError("ts has no time zone (ambiguous)")
-        ts_ms = int(parsed.timestamp()) * 1000 + parsed.microsecond // 1000
-    elif isinstance(raw, int | float):
-        if isinstance(raw, float) and not math.isfinite(raw):
-            raise SchemaError("ts must be finite")
-        if abs(raw) < SECONDS_MS_BOUNDARY:
-            ts_ms = round(raw * 1000)
-        else:
-            if isinstance(raw, float) and not raw.is_integer():
-                raise SchemaError("ts in epoch milliseconds must be a whole number")
-            ts_ms = int(raw)
-    else:
-        raise SchemaError("ts must be an RFC 3339 string or epoch seconds/milliseconds")
-    if ts_ms < MIN_TS_MS:
-        raise SchemaError("ts is before 1990-01-01 (or not epoch seconds/milliseconds)")
-    if ts_ms > now_ms + MAX_FUTURE_MS:
-        raise SchemaError("ts is more than one day in the future")
-    return ts_ms
 
 
 class EventIn(BaseModel):
@@ -179,7 +156,7 @@ class EventIn(BaseModel):
     def _finite(cls, value: float | int | None) -> float | None:
         if value is None:
             return None
-        if isinstance(value, int) and abs(value) > 2**53:
+        if not ok_value(value):
             raise SchemaError("value is too large")
         return float(value)
 
@@ -199,7 +176,7 @@ class FieldError:
         return {"index": self.index, "field": self.field, "error": self.error}
 
 
-class EventValidationError(ValueError):
+class EventValidationError(StreamError, ValueError):
     """A batch broke the schema; ``errors`` lists every bad index and field."""
 
     def __init__(self, errors: list[FieldError]) -> None:
@@ -253,35 +230,6 @@ def new_event_id() -> str:
     return os.urandom(16).hex()
 
 
-_ALLOWED = frozenset(EventIn.model_fields)
-_REQUIRED = frozenset(("user_id", "item_id", "event_type"))
-
-
-def _ok_id(value: object) -> bool:
-    return type(value) is str and 0 < len(value) <= MAX_ID_LEN
-
-
-def _ok_context(ctx: object) -> bool:
-    if type(ctx) is not dict or len(ctx) > MAX_CONTEXT_KEYS:
-        return False
-    for key, val in ctx.items():
-        if type(key) is not str or not 0 < len(key) <= MAX_CONTEXT_KEY_LEN:
-            return False
-        kind = type(val)
-        if kind is str:
-            if len(val) > MAX_CONTEXT_STR_LEN:
-                return False
-        elif kind is int:
-            if not -INT64_MAX - 1 <= val <= INT64_MAX:
-                return False
-        elif kind is float:
-            if not math.isfinite(val):
-                return False
-        elif kind is not bool:
-            return False
-    return True
-
-
 def _fast_wire(
     obj: object, types: frozenset[str], now_ms: int, id_factory: Callable[[], str]
 ) -> dict[str, Any] | None:
@@ -291,14 +239,16 @@ def _fast_wire(
     same result; anything unusual returns None and goes through the pydantic model, which
     is the authority and produces the error messages (tests check both agree).
     """
-    if type(obj) is not dict or not _REQUIRED.issubset(obj) or not _ALLOWED.issuperset(obj):
+    if (
+        type(obj) is not dict
+        or not REQUIRED_FIELDS.issubset(obj)
+        or not EVENT_FIELDS.issuperset(obj)
+    ):
         return None
     user_id = obj["user_id"]
     item_id = obj["item_id"]
     event_type = obj["event_type"]
-    if not (_ok_id(user_id) and _ok_id(item_id) and type(event_type) is str):
-        return None
-    if event_type not in types:
+    if not (ok_id(user_id) and ok_id(item_id) and ok_event_type(event_type, types)):
         return None
     ts = obj.get("ts")
     if ts is None:
@@ -313,22 +263,17 @@ def _fast_wire(
     else:
         return None
     value = obj.get("value")
-    if value is not None:
-        kind = type(value)
-        if kind is float:
-            if not math.isfinite(value):
-                return None
-        elif kind is int and abs(value) <= 2**53:
-            value = float(value)
-        else:
-            return None
+    if not ok_value(value):
+        return None
+    if type(value) is int:
+        value = float(value)
     context = obj.get("context")
-    if context is not None and not _ok_context(context):
+    if context is not None and context_problem(context) is not None:
         return None
     event_id = obj.get("event_id")
     if event_id is None:
         event_id = id_factory()
-    elif not _ok_id(event_id):
+    elif not ok_id(event_id):
         return None
     return {
         "event_id": event_id,

@@ -173,74 +173,20 @@ def open_source(
     ``offsets`` (``"topic:partition"`` -> next offset) or at the beginning. ``backend``:
     "confluent", "kafka-python" or "auto" (confluent if installed). Waits up to 30 s (with
     ``wait``) for the topic's partitions."""
-    if backend == "auto":
-        try:
-            import confluent_kafka  # noqa: F401
-        except ImportError:
-            backend = "kafka-python"
-        else:
-            backend = "confluent"
-    topic, client_id = kafka.samples_topic, f"{group_id}-trainer"
+    from stream.kafka_client import assigned_consumer, consumer_backend
+
+    backend = consumer_backend(backend)
+    topic = kafka.samples_topic
+    prefix = f"{topic}:"
+    starts = {int(key[len(prefix):]): at for key, at in offsets.items() if key.startswith(prefix)}
+    consumer, saved = assigned_consumer(
+        kafka, topic, starts, backend=backend, group_id=group_id,
+        client_id=f"{group_id}-trainer", max_records=max_records, monotonic=monotonic, wait=wait,
+    )
+    log.info("samples consumer %s on %s at %s", backend, topic, saved)
     if backend == "confluent":
-        from confluent_kafka import OFFSET_BEGINNING, Consumer
-        from confluent_kafka import TopicPartition as ConfluentTP
-
-        consumer: Any = Consumer({
-            "bootstrap.servers": kafka.bootstrap,
-            # required by the client; never used: partitions are assigned, not subscribed,
-            # and nothing is committed (the offsets live in the trainer checkpoint)
-            "group.id": group_id,
-            "enable.auto.commit": False,
-            "enable.auto.offset.store": False,
-            "auto.offset.reset": "earliest",
-            "client.id": client_id,
-        })
-
-        def lookup() -> list[int]:
-            meta = consumer.list_topics(topic, timeout=5.0).topics.get(topic)
-            return [] if meta is None or meta.error is not None else list(meta.partitions)
-    elif backend == "kafka-python":
-        from kafka import KafkaConsumer
-        from kafka import TopicPartition as KafkaTP
-
-        consumer = KafkaConsumer(
-            bootstrap_servers=kafka.bootstrap, group_id=None, enable_auto_commit=False,
-            auto_offset_reset="earliest", max_poll_records=max_records,
-            fetch_max_bytes=64 * 1024 * 1024, max_partition_fetch_bytes=16 * 1024 * 1024,
-            client_id=client_id,
-        )
-
-        def lookup() -> list[int]:
-            return list(consumer.partitions_for_topic(topic) or ())
-    else:
-        raise ValueError(f"unknown samples consumer {backend!r}")
-    try:
-        partitions: list[int] = []
-        deadline = monotonic() + 30.0
-        while not partitions and monotonic() < deadline:
-            partitions = sorted(lookup())
-            if not partitions:
-                wait(0.2)
-        if not partitions:
-            raise RuntimeError(f"topic {topic} has no partitions")
-        saved = {p: offsets.get(f"{topic}:{p}") for p in partitions}
-        log.info("samples consumer %s on %s at %s", backend, topic, saved)
-        if backend == "confluent":
-            consumer.assign([ConfluentTP(topic, p, OFFSET_BEGINNING if o is None else o)
-                             for p, o in saved.items()])
-            return ConfluentSource(consumer, max_records, monotonic)
-        tps = [KafkaTP(topic, p) for p in partitions]
-        consumer.assign(tps)
-        for tp in tps:
-            at = saved[tp.partition]
-            if at is None:
-                consumer.seek_to_beginning(tp)
-            else:
-                consumer.seek(tp, at)
-        return KafkaPythonSource(consumer)
-    except BaseException:
-        consumer.close()
-        raise
+        return ConfluentSource(consumer, max_records, monotonic)
+    return KafkaPythonSource(consumer)
 
 
 @dataclass(frozen=True)

@@ -130,6 +130,7 @@ def run_replay_cmd(args: argparse.Namespace) -> int:
 
     from feature_store.settings import load_settings
     from stream.kafka_client import KafkaUnavailable
+    from stream.replay.formats import ReplayFormatError, parse_mapping
     from stream.replay.runner import (
         ReplayError,
         ReplayOptions,
@@ -138,7 +139,6 @@ def run_replay_cmd(args: argparse.Namespace) -> int:
         parse_time_arg,
         run_replay,
     )
-    from stream.replay.formats import ReplayFormatError, parse_mapping
     from stream.schema import SchemaError
 
     settings = load_settings()

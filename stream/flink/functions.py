@@ -264,12 +264,13 @@ class UserBatchStage(_Stage):
         watermark = ctx.timer_service().current_watermark()
         params, counts, types = self.params, self._counts, self._types
         now_s = time.time()
+        now_ms = int(now_s * 1000)  # the ingest future bound, on processing time
         states: dict[str, UserState] = {}
         samples: list[str] = []
         dlq: list[str] = []
         items: list[str] = []
         for key, partition, offset, raw in sorted(map(parse_user_input, values), key=KAFKA_ORDER):
-            parsed = try_parse(raw, types)
+            parsed = try_parse(raw, types, now_ms)
             event = parsed.event
             if event is None or event.user_id != key:
                 reason = parsed.reason or "user_id: the JVM read another key from this record"

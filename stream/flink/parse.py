@@ -3,6 +3,17 @@
 Pure: bytes or str in, a :class:`feature_store.features.Event` or a :class:`BadEvent` (the
 reason it goes to ``events.dlq``) out. Ingest and replay normalise events to exactly this
 shape, so anything else is a producer bug and is reported, never guessed at.
+
+The rules are those of ingest (:mod:`stream.rules`), so a record that reaches the topic
+without the ingest check (a replay tool, another producer) is held to them too. Deliberate
+differences, all because this reads the wire format, not client input:
+
+* ``ts`` must be epoch milliseconds as an integer (ingest converts the other forms), and
+  ``ts`` and ``event_id`` are required (ingest fills them in from the receive time / a fresh
+  id). The future bound applies to the processing time ``now_ms`` when one is given.
+* JSON syntax is read as ``json`` reads it: a ``NaN`` literal is read, then fails the
+  ``value`` or ``context`` rule; of a duplicate key the last one wins (ingest refuses both
+  in the decoder, and ingest and replay never write either).
 """
 
 from __future__ import annotations
@@ -16,12 +27,19 @@ from typing import Any
 import orjson
 
 from feature_store.features import Event
+from stream.errors import StreamError
+from stream.rules import (
+    EVENT_FIELDS,
+    MAX_ID_LEN,
+    context_problem,
+    ok_event_type,
+    ok_id,
+    ok_value,
+    ts_range_problem,
+)
 
-MAX_ID_LEN = 128
-_FIELDS = {"event_id", "user_id", "item_id", "event_type", "ts", "value", "context"}
 
-
-class BadEvent(ValueError):
+class BadEvent(StreamError, ValueError):
     """A record that is not a valid event; ``str(exc)`` is the DLQ reason."""
 
 
@@ -31,11 +49,11 @@ class Parsed:
     reason: str | None
 
 
-def _id(data: dict[str, Any], name: str, max_len: int = MAX_ID_LEN) -> str:
+def _id(data: dict[str, Any], name: str) -> str:
     value = data.get(name)
-    if not isinstance(value, str) or not 1 <= len(value) <= max_len:
-        raise BadEvent(f"{name}: expected a string of 1..{max_len} characters")
-    return value
+    if not ok_id(value):
+        raise BadEvent(f"{name}: expected a string of 1..{MAX_ID_LEN} characters (valid Unicode)")
+    return value  # type: ignore[return-value]
 
 
 _SLOW = object()
@@ -61,8 +79,14 @@ def _fast_loads(raw: bytes | str) -> Any:
         return _SLOW
 
 
-def parse_event(raw: bytes | str, event_types: Collection[str]) -> Event:
-    """The event in ``raw``; raises :class:`BadEvent` naming the first problem."""
+def parse_event(
+    raw: bytes | str, event_types: Collection[str], now_ms: int | None = None
+) -> Event:
+    """The event in ``raw``; raises :class:`BadEvent` naming the first problem.
+
+    ``now_ms`` (the processing time, injected) bounds ``ts`` from above as ingest's receive
+    time does; without it only the lower bound applies.
+    """
     data = _fast_loads(raw)
     if data is _SLOW:
         try:
@@ -71,34 +95,40 @@ def parse_event(raw: bytes | str, event_types: Collection[str]) -> Event:
             raise BadEvent(f"not JSON: {exc}") from exc
     if not isinstance(data, dict):
         raise BadEvent("not a JSON object")
-    unknown = sorted(set(data) - _FIELDS)
+    unknown = sorted(set(data) - EVENT_FIELDS)
     if unknown:
         raise BadEvent(f"unknown field: {unknown[0]}")
     event_type = data.get("event_type")
-    if event_type not in event_types:
+    if not ok_event_type(event_type, event_types):
         raise BadEvent(f"event_type: unknown {event_type!r}")
     ts = data.get("ts")
-    if not isinstance(ts, int) or isinstance(ts, bool) or ts < 0:
-        raise BadEvent("ts: expected epoch milliseconds (non-negative integer)")
+    if type(ts) is not int:
+        raise BadEvent("ts: expected epoch milliseconds (an integer)")
+    problem = ts_range_problem(ts, now_ms)
+    if problem is not None:
+        raise BadEvent(f"ts: {problem}")
     value = data.get("value")
-    if value is not None and (not isinstance(value, int | float) or isinstance(value, bool)):
-        raise BadEvent("value: expected a number or null")
+    if not ok_value(value):
+        raise BadEvent("value: expected a finite number or null")
     context = data.get("context")
-    if context is not None and not isinstance(context, dict):
-        raise BadEvent("context: expected an object or null")
+    problem = context_problem(context)
+    if problem is not None:
+        raise BadEvent(f"context: {problem}")
     return Event(
-        event_id=_id(data, "event_id", 256),
+        event_id=_id(data, "event_id"),
         user_id=_id(data, "user_id"),
         item_id=_id(data, "item_id"),
-        event_type=str(event_type),
+        event_type=event_type,  # type: ignore[arg-type]
         ts_ms=ts,
-        value=None if value is None else float(value),
-        context=context,
+        value=None if value is None else float(value),  # type: ignore[arg-type]
+        context=context,  # type: ignore[arg-type]
     )
 
 
-def try_parse(raw: bytes | str, event_types: Collection[str]) -> Parsed:
+def try_parse(
+    raw: bytes | str, event_types: Collection[str], now_ms: int | None = None
+) -> Parsed:
     try:
-        return Parsed(parse_event(raw, event_types), None)
+        return Parsed(parse_event(raw, event_types, now_ms), None)
     except BadEvent as exc:
         return Parsed(None, str(exc))

@@ -18,11 +18,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from feature_store.settings import Settings
+from stream.errors import StreamError
 
 log = logging.getLogger(__name__)
 
 
-class FlinkSubmitError(Exception):
+class FlinkSubmitError(StreamError):
     """A job could not be submitted, found or cancelled."""
 
 

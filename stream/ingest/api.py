@@ -39,11 +39,10 @@ from typing import Any
 import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
-from kafka.partitioner.abc import Partitioner
-from kafka.partitioner.default import DefaultPartitioner, murmur2
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from feature_store.settings import Settings
+from stream.errors import StreamError
 from stream.ingest.metrics import (
     REASON_INVALID,
     REASON_TOO_LARGE,
@@ -53,6 +52,7 @@ from stream.ingest.metrics import (
     IngestMetrics,
 )
 from stream.ingest.ratelimit import TokenBucket
+from stream.kafka_client import KafkaUnavailable, ingest_producer_options, make_producer
 from stream.schema import EventIn, EventNormalizer, EventValidationError, decode_events
 
 log = logging.getLogger(__name__)
@@ -71,8 +71,9 @@ def wall_clock_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-class IngestError(Exception):
-    """Root of the ingest API's errors; :func:`create_app` maps each to one HTTP answer."""
+class IngestError(StreamError):
+    """An ingest request failed; :func:`create_app` maps each subclass to one HTTP answer
+    (and :class:`stream.kafka_client.KafkaUnavailable` to 503)."""
 
     status = 500
     reason = "error"
@@ -99,10 +100,6 @@ class Unauthorized(IngestError):
     status, reason = 401, REASON_UNAUTHORIZED
 
 
-class KafkaUnavailable(IngestError):
-    status, reason = 503, REASON_UNAVAILABLE
-
-
 class RateLimited(IngestError):
     status, reason = 429, "rate_limited"
 
@@ -111,76 +108,10 @@ class RateLimited(IngestError):
         self.retry_after_s = retry_after_s
 
 
-class KeyHashPartitioner(Partitioner):
-    """Kafka's default keyed partitioning (murmur2 of the key over all partitions), cached.
-
-    Same partition as the Java client and kafka-python's ``DefaultPartitioner`` for every key
-    (so all of a user's events stay in one partition); the cache saves the pure-Python murmur2
-    on the hot path. Unkeyed records are delegated to the default partitioner.
-    """
-
-    MAX_CACHED = 200_000
-
-    def __init__(self) -> None:
-        self._default = DefaultPartitioner()
-        self._cache: dict[tuple[str, bytes], int] = {}
-        self._counts: dict[str, int] = {}
-
-    def partition(
-        self,
-        topic: str,
-        key: Any,
-        serialized_key: bytes | None,
-        value: Any,
-        serialized_value: Any,
-        cluster: Any,
-    ) -> int:
-        parts = cluster.partitions_for_topic(topic)
-        if serialized_key is None or not parts:
-            return int(
-                self._default.partition(
-                    topic, key, serialized_key, value, serialized_value, cluster
-                )
-            )
-        if self._counts.get(topic) != len(parts) or len(self._cache) > self.MAX_CACHED:
-            self._cache.clear()
-            self._counts[topic] = len(parts)
-        cached = self._cache.get((topic, serialized_key))
-        if cached is None:
-            ordered = sorted(parts)
-            cached = ordered[(murmur2(serialized_key) & 0x7FFFFFFF) % len(ordered)]
-            self._cache[(topic, serialized_key)] = cached
-        return cached
-
-
-def producer_options(settings: Settings, compression: str | None = None) -> dict[str, Any]:
-    """kafka-python options of the ingest producer (tuned with ``bench/ingest.py``)."""
-    timeout_ms = int(settings.ingest.produce_timeout_s * 1000)
-    linger_ms = 5
-    return {
-        "acks": "all",
-        "enable_idempotence": True,
-        "retries": 2**31 - 1,  # bounded by delivery_timeout_ms
-        "max_in_flight_requests_per_connection": 5,
-        "linger_ms": linger_ms,
-        "batch_size": 256 * 1024,
-        "compression_type": compression,
-        "delivery_timeout_ms": timeout_ms,
-        "request_timeout_ms": max(500, timeout_ms - linger_ms),
-        "max_block_ms": timeout_ms,
-        "reconnect_backoff_max_ms": 1000,
-        "bootstrap_timeout_ms": timeout_ms,
-        "partitioner": KeyHashPartitioner(),
-    }
-
-
 def default_producer_factory(settings: Settings) -> Any:
-    from stream.kafka_client import make_producer
-
-    options = producer_options(settings)
-    if options["request_timeout_ms"] + options["linger_ms"] > options["delivery_timeout_ms"]:
-        options["delivery_timeout_ms"] = options["request_timeout_ms"] + options["linger_ms"]
-    return make_producer(settings.kafka, **options)
+    return make_producer(
+        settings.kafka, **ingest_producer_options(settings.ingest.produce_timeout_s)
+    )
 
 
 class EventPublisher:
@@ -381,17 +312,26 @@ def create_app(
     app.state.publisher = publisher
     app.state.metrics = metrics
 
-    @app.exception_handler(IngestError)
-    async def ingest_error(_request: Request, exc: IngestError) -> Response:
-        metrics.requests.labels(str(exc.status)).inc()
-        metrics.rejected.labels(exc.reason).inc(len(exc.errors or ()) or 1)
-        body: dict[str, Any] = {"detail": exc.detail}
-        if exc.errors is not None:
-            body["errors"] = exc.errors
-        headers = {"Retry-After": str(RETRY_AFTER_S)} if exc.status == 503 else None
+    @app.exception_handler(StreamError)
+    async def stream_error(_request: Request, exc: StreamError) -> Response:
+        """The one place errors become HTTP answers."""
+        errors: list[dict[str, Any]] | None = None
+        if isinstance(exc, IngestError):
+            status, reason, detail, errors = exc.status, exc.reason, exc.detail, exc.errors
+        elif isinstance(exc, KafkaUnavailable):
+            status, reason, detail = 503, REASON_UNAVAILABLE, str(exc)
+        else:  # a bug of ours, not of the request
+            log.error("ingest request failed", exc_info=exc)
+            status, reason, detail = 500, "error", "internal error"
+        metrics.requests.labels(str(status)).inc()
+        metrics.rejected.labels(reason).inc(len(errors or ()) or 1)
+        body: dict[str, Any] = {"detail": detail}
+        if errors is not None:
+            body["errors"] = errors
+        headers = {"Retry-After": str(RETRY_AFTER_S)} if status == 503 else None
         if isinstance(exc, RateLimited):
             headers = {"Retry-After": str(exc.retry_after_s)}
-        return JSONResponse(body, status_code=exc.status, headers=headers)
+        return JSONResponse(body, status_code=status, headers=headers)
 
     @app.post(
         "/events",

@@ -29,6 +29,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from stream.errors import StreamError
 from stream.schema import loads_strict
 
 FORMATS = ("movielens", "ml-1m", "ml-100k", "ndjson", "csv")
@@ -36,7 +37,7 @@ MAPPABLE = ("user_id", "item_id", "ts", "value", "event_type", "event_id")
 NDJSON_SUFFIXES = (".ndjson", ".jsonl", ".json")
 
 
-class ReplayFormatError(ValueError):
+class ReplayFormatError(StreamError, ValueError):
     """A file or a mapping cannot be read as the requested format."""
 
 

@@ -30,6 +30,7 @@ import orjson
 
 from feature_store.atomic import atomic_write
 from feature_store.settings import Settings
+from stream.errors import StreamError
 from stream.replay.formats import detect_format, read_rows
 from stream.schema import EventNormalizer, EventValidationError, parse_ts
 
@@ -39,7 +40,7 @@ MAX_SHOWN = 10
 STATE_VERSION = 1
 
 
-class ReplayError(Exception):
+class ReplayError(StreamError):
     """Replay stopped: a malformed row under ``strict``, a bad state file, or Kafka failed."""
 
 
@@ -254,52 +255,34 @@ def default_state_path(settings: Settings, plan: str) -> Path:
 
 def replay_producer_factory(settings: Settings) -> Any:
     """The replay producer: acks=all, idempotent, large batches."""
-    from stream.kafka_client import make_producer
+    from stream.kafka_client import make_producer, replay_producer_options
 
-    return make_producer(
-        settings.kafka,
-        enable_idempotence=True,
-        retries=2**31 - 1,
-        max_in_flight_requests_per_connection=5,
-        linger_ms=20,
-        batch_size=512 * 1024,
-        delivery_timeout_ms=120_000,
-        request_timeout_ms=30_000,
-        max_block_ms=30_000,
-    )
+    return make_producer(settings.kafka, **replay_producer_options())
 
 
-def topic_end_offsets(settings: Settings, topic: str) -> dict[int, int]:
-    """Current end offset of every partition of ``topic`` (created first if missing)."""
-    from kafka import KafkaConsumer, TopicPartition
-
-    from stream.kafka_client import ensure_topics
+def start_offsets(settings: Settings, topic: str) -> dict[int, int]:
+    """End offset of every partition of ``topic`` before a replay (created first if missing)."""
+    from stream.kafka_client import ensure_topics, topic_end_offsets
 
     ensure_topics(settings.kafka, [topic])
-
-    consumer = KafkaConsumer(bootstrap_servers=settings.kafka.bootstrap, enable_auto_commit=False)
-    try:
-        parts = consumer.partitions_for_topic(topic) or set()
-        ends = consumer.end_offsets([TopicPartition(topic, p) for p in parts])
-        return {tp.partition: int(off) for tp, off in ends.items()}
-    finally:
-        consumer.close()
+    return topic_end_offsets(settings.kafka, topic)
 
 
 def event_ids_after(
     settings: Settings, topic: str, offsets: dict[int, int], timeout_s: float = 60.0
 ) -> set[str]:
     """``event_id`` of every record from ``offsets`` (per partition) to the current end."""
-    from kafka import KafkaConsumer, TopicPartition
+    from kafka import TopicPartition
 
-    consumer = KafkaConsumer(bootstrap_servers=settings.kafka.bootstrap, enable_auto_commit=False)
+    from stream.kafka_client import end_offsets, offsets_consumer
+
+    consumer = offsets_consumer(settings.kafka.bootstrap)
     found: set[str] = set()
     try:
-        parts = [
-            TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())
-        ]
-        ends = consumer.end_offsets(parts)
-        todo = [tp for tp in parts if ends[tp] > offsets.get(tp.partition, 0)]
+        ends = {
+            TopicPartition(topic, p): end for p, end in end_offsets(consumer, topic).items()
+        }
+        todo = [tp for tp, end in ends.items() if end > offsets.get(tp.partition, 0)]
         if not todo:
             return found
         consumer.assign(todo)
@@ -314,7 +297,10 @@ def event_ids_after(
                     try:
                         found.add(orjson.loads(record.value)["event_id"])
                     except (orjson.JSONDecodeError, KeyError, TypeError):
-                        log.warning("unreadable record at %s offset %d", tp, record.offset)
+                        log.warning(
+                            "unreadable record at %s:%d offset %d",
+                            record.topic, record.partition, record.offset,
+                        )
         return found
     finally:
         consumer.close()
@@ -325,7 +311,7 @@ class ReplayRuntime:
     """What a replay run talks to; tests swap parts of it."""
 
     producer_factory: Callable[[Settings], Any] = replay_producer_factory
-    end_offsets: Callable[[Settings, str], dict[int, int]] = topic_end_offsets
+    end_offsets: Callable[[Settings, str], dict[int, int]] = start_offsets
     ids_after: Callable[[Settings, str, dict[int, int]], set[str]] = event_ids_after
     monotonic: Callable[[], float] = time.monotonic
     sleep: Callable[[float], None] = time.sleep

@@ -360,32 +360,37 @@ def test_parse_event_rejects_non_objects() -> None:
 
 
 def test_parse_event_reads_what_json_reads_beyond_strict_json() -> None:
-    """The parser reads exactly what ``json`` reads: NaN, integers over 64 bits (a faster
-    parser such as orjson reads those as floats, and would send such a ``ts`` to the DLQ),
-    lone surrogates; and the DLQ reason of broken JSON is ``json``'s message."""
+    """The parser decides on the document ``json`` reads, by ingest's rules: NaN, infinity,
+    integers over 64 bits (a faster parser such as orjson reads those as floats) and lone
+    surrogates are read and then fail their field's rule, never "not JSON"; UTF-16 bytes are
+    read; the DLQ reason of broken JSON is ``json``'s message."""
     import json
 
     from stream.flink.parse import parse_event, try_parse
 
-    e = parse_event(json.dumps({**GOOD, "value": float("nan")}), DEFAULT_EVENT_WEIGHTS)
-    assert e.value is not None and math.isnan(e.value)
-    assert parse_event(json.dumps({**GOOD, "ts": 2**70}), DEFAULT_EVENT_WEIGHTS).ts_ms == 2**70
-    raw = json.dumps({**GOOD, "item_id": "\ud800"})
-    assert parse_event(raw, DEFAULT_EVENT_WEIGHTS).item_id == "\ud800"
-    # deep in the context too, and from bytes (UTF-8, or UTF-16 as json detects it)
-    big = json.dumps({**GOOD, "context": {"n": [2**70, -(2**64)]}, "value": 1e308 * 10})
+    def reason(**change: object) -> str:
+        raw = json.dumps({**GOOD, **change})
+        return str(try_parse(raw, DEFAULT_EVENT_WEIGHTS, now_ms=T0).reason)
+
+    assert reason(value=float("nan")).startswith("value:")
+    assert reason(value=1e308 * 10).startswith("value:")
+    assert reason(ts=2**70).startswith("ts:")
+    assert reason(item_id="\ud800").startswith("item_id:")
+    assert reason(context={"n": 2**64}).startswith("context:")
+    # 19 digits take the json path, which keeps a 64-bit integer exact (also from bytes)
+    big = json.dumps({**GOOD, "context": {"n": 2**63 - 1, "m": -(2**63)}})
     e = parse_event(big.encode(), DEFAULT_EVENT_WEIGHTS)
-    assert e.context == {"n": [2**70, -(2**64)]} and e.value == math.inf
+    assert e.context == {"n": 2**63 - 1, "m": -(2**63)}
     utf16 = json.dumps({**GOOD, "item_id": "caf\u00e9"}).encode("utf-16")
     assert parse_event(utf16, DEFAULT_EVENT_WEIGHTS).item_id == "caf\u00e9"
     assert parse_event(json.dumps(GOOD).encode(), DEFAULT_EVENT_WEIGHTS) == parse_event(
         json.dumps(GOOD), DEFAULT_EVENT_WEIGHTS
     )
-    reason = try_parse('{"event_id": ', DEFAULT_EVENT_WEIGHTS).reason
+    broken = try_parse('{"event_id": ', DEFAULT_EVENT_WEIGHTS).reason
     try:
         json.loads('{"event_id": ')
     except ValueError as exc:
-        assert reason == f"not JSON: {exc}"
+        assert broken == f"not JSON: {exc}"
 
 
 @pytest.mark.parametrize(

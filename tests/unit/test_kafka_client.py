@@ -1,0 +1,76 @@
+"""Kafka client pieces that need no broker: producer options and the key-hash partitioner."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from kafka.partitioner.abc import Partitioner
+from kafka.partitioner.default import murmur2
+
+from stream.kafka_client import (
+    KeyHashPartitioner,
+    consumer_backend,
+    ingest_producer_options,
+    replay_producer_options,
+)
+
+
+class Cluster:
+    def __init__(self, partitions: set[int]) -> None:
+        self.partitions = partitions
+
+    def partitions_for_topic(self, _topic: str) -> set[int]:
+        return self.partitions
+
+    def available_partitions_for_topic(self, _topic: str) -> set[int]:
+        return self.partitions
+
+
+def test_key_hash_partitioner_is_kafkas_keyed_partitioning() -> None:
+    partitioner = KeyHashPartitioner()
+    assert isinstance(partitioner, Partitioner)  # no deprecation path in the producer
+    cluster = Cluster({0, 1, 2, 3, 4})
+    for n in range(200):
+        key = f"user-{n}".encode()
+        expected = (murmur2(key) & 0x7FFFFFFF) % 5
+        assert partitioner.partition("t", None, key, None, None, cluster) == expected
+        assert partitioner.partition("t", None, key, None, None, cluster) == expected  # cached
+    # more partitions: the cache is dropped, keys move as Kafka moves them
+    cluster.partitions = set(range(7))
+    key = b"user-1"
+    assert partitioner.partition("t", None, key, None, None, cluster) == (
+        (murmur2(key) & 0x7FFFFFFF) % 7
+    )
+
+
+def test_producer_options_acknowledge_everything_and_bound_delivery() -> None:
+    ingest = ingest_producer_options(timeout_s=5.0)
+    replay = replay_producer_options()
+    for options in (ingest, replay):
+        assert options["enable_idempotence"] is True
+        assert options["delivery_timeout_ms"] >= options["request_timeout_ms"] + options["linger_ms"]
+    assert ingest["delivery_timeout_ms"] == 5000 and ingest["max_block_ms"] == 5000
+    assert isinstance(ingest["partitioner"], KeyHashPartitioner)
+    tiny = ingest_producer_options(timeout_s=0.2)  # request timeout floor of 500 ms
+    assert tiny["delivery_timeout_ms"] == tiny["request_timeout_ms"] + tiny["linger_ms"]
+
+
+def test_consumer_backend_names() -> None:
+    assert consumer_backend("kafka-python") == "kafka-python"
+    assert consumer_backend("auto") in ("confluent", "kafka-python")
+    try:
+        consumer_backend("no-such-client")
+    except ValueError as exc:
+        assert "no-such-client" in str(exc)
+    else:
+        raise AssertionError("an unknown backend was accepted")
+
+
+def test_importing_the_module_does_not_import_kafka() -> None:
+    """Nor does the Flink parser pull in the pydantic schema (its rules are stream.rules)."""
+    code = ("import sys, stream.kafka_client, stream.flink.parse\n"
+            "print([m for m in ('kafka', 'confluent_kafka', 'stream.schema') if m in sys.modules])\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=60)
+    assert out.stdout.strip() == "[]"
