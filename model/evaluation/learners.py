@@ -54,12 +54,16 @@ class HistoryLearner:
         self.name = baseline.name
         self.item_index = item_index
         self.depth = baseline.window
+        self._cached: tuple[Sequence[Positive], list[list[int]]] | None = None
 
-    def _histories(self, batch: Sequence[Positive]) -> list[np.ndarray]:
-        index = self.item_index
-        return [
-            np.fromiter((index[i] for i in p.sample.history[: self.depth]), np.int64) for p in batch
-        ]
+    def _histories(self, batch: Sequence[Positive]) -> list[list[int]]:
+        """The batch's history heads as candidate indices (kept from scoring for learning)."""
+        if self._cached is not None and self._cached[0] is batch:
+            return self._cached[1]
+        index, depth = self.item_index, self.depth
+        histories = [[index[i] for i in p.sample.history[:depth]] for p in batch]
+        self._cached = (batch, histories)  # holds the batch: its identity stays unique
+        return histories
 
     def scores(self, batch: Sequence[Positive], n_candidates: int) -> np.ndarray:
         histories = self._histories(batch)

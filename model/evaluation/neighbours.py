@@ -33,12 +33,8 @@ def grow(values: np.ndarray, n: int) -> np.ndarray:
 
 def recent_distinct(history: Sequence[int] | np.ndarray, window: int) -> list[int]:
     """Distinct items among the first ``window`` entries of ``history``, first occurrence first."""
-    out: list[int] = []
-    for item in history[:window]:
-        item = int(item)
-        if item not in out:
-            out.append(item)
-    return out
+    head = history[:window]
+    return list(dict.fromkeys(head.tolist() if isinstance(head, np.ndarray) else head))
 
 
 class SortedPairs:
@@ -47,6 +43,7 @@ class SortedPairs:
     def __init__(self) -> None:
         self.keys = np.zeros(0, np.int64)
         self.counts = np.zeros(0, np.float64)
+        self.seconds = np.zeros(0, np.int64)  # keys & mask, kept for cheap gathers
 
     def add(self, first: np.ndarray, second: np.ndarray) -> np.ndarray:
         """Count each pair once per occurrence; returns the keys that were new (sorted)."""
@@ -59,6 +56,7 @@ class SortedPairs:
         new = ~known
         self.keys = np.insert(self.keys, pos[new], keys[new])
         self.counts = np.insert(self.counts, pos[new], counts[new].astype(np.float64))
+        self.seconds = np.insert(self.seconds, pos[new], keys[new] & _MASK)
         return keys[new]
 
     def gather(self, first: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -72,10 +70,10 @@ class SortedPairs:
         return offsets + np.arange(total), lens
 
     def second(self, positions: np.ndarray) -> np.ndarray:
-        return self.keys[positions] & _MASK
+        return self.seconds[positions]
 
 
-def _windows(histories: Sequence[np.ndarray], window: int) -> tuple[np.ndarray, np.ndarray]:
+def _windows(histories: Sequence[Sequence[int]], window: int) -> tuple[np.ndarray, np.ndarray]:
     """Row label and item of every window entry of a batch, rows in order."""
     rows: list[int] = []
     items: list[int] = []
@@ -120,25 +118,29 @@ class CooccurrenceBaseline:
         self.pairs = SortedPairs()
         self.popularity = _Popularity()
 
-    def learn(self, targets: Sequence[int], histories: Sequence[np.ndarray]) -> None:
+    def learn(self, targets: Sequence[int], histories: Sequence[Sequence[int]]) -> None:
         rows, items = _windows(histories, self.window)
         t = np.asarray(targets, np.int64)
         self.popularity.learn(t)
         if items.size:
             self.pairs.add(np.concatenate([t[rows], items]), np.concatenate([items, t[rows]]))
 
-    def scores(self, histories: Sequence[np.ndarray], n_candidates: int) -> np.ndarray:
+    def scores(self, histories: Sequence[Sequence[int]], n_candidates: int) -> np.ndarray:
         """``[len(histories), n_candidates]``."""
         b, n = len(histories), n_candidates
         rows, items = _windows(histories, self.window)
-        positions, lens = self.pairs.gather(items)
+        # The rows of C that the batch needs, once each (a batch holds few users), then one
+        # product; counts are integers, so the float sums are exact in any order.
+        unique, which = np.unique(items, return_inverse=True)
+        positions, lens = self.pairs.gather(unique)
         cols = self.pairs.second(positions)
-        rows = np.repeat(rows, lens)
+        part = np.repeat(np.arange(unique.size), lens)
         keep = cols < n
-        flat = np.bincount(
-            rows[keep] * n + cols[keep], weights=self.pairs.counts[positions[keep]], minlength=b * n
-        )
-        return flat.reshape(b, n)
+        dense = np.zeros((unique.size, n))
+        dense[part[keep], cols[keep]] = self.pairs.counts[positions[keep]]
+        pick = np.zeros((b, unique.size))
+        pick[rows, which] = 1.0
+        return pick @ dense
 
     def tiebreak(self, n_candidates: int) -> np.ndarray:
         return self.popularity.tiebreak(n_candidates)
@@ -192,7 +194,7 @@ class SessionKNNBaseline:
         np.add.at(self.size, new >> _SHIFT, 1)
 
     def neighbours(
-        self, users: Sequence[int], histories: Sequence[np.ndarray]
+        self, users: Sequence[int], histories: Sequence[Sequence[int]]
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per row the neighbours, most recent first: ``(user [B, S], weight [B, S], valid)``."""
         b, n_users = len(histories), self.users
@@ -233,7 +235,7 @@ class SessionKNNBaseline:
         return top, weight, valid
 
     def scores(
-        self, users: Sequence[int], histories: Sequence[np.ndarray], n_candidates: int
+        self, users: Sequence[int], histories: Sequence[Sequence[int]], n_candidates: int
     ) -> np.ndarray:
         """``[len(users), n_candidates]``."""
         b, n = len(histories), n_candidates

@@ -227,10 +227,14 @@ def recommend(
     if scores.ndim == 1:
         order = np.lexsort((np.arange(n), -scores))
         order = order[np.isfinite(scores[order])]
+        mark = np.zeros(n + 1, bool)  # mark[gone]: excluded (gone may hold indices >= n)
         for row, gone in enumerate(excluded):
             head = order[: k + gone.size]
             if gone.size:
-                head = head[~np.isin(head, gone)]
+                gone = gone[gone < n]
+                mark[gone] = True
+                head = head[~mark[head]]
+                mark[gone] = False
             head = head[:k]
             out[row, : head.size] = head
         return out
@@ -251,21 +255,21 @@ def _top_k_ties(masked: np.ndarray, tiebreak: np.ndarray, k: int, out: np.ndarra
     kk = min(k, n)
     # Secondary key, unique per column: larger tiebreak first, then lower index.
     second = tiebreak[:n] * n + (n - 1 - np.arange(n))
-    threshold = -np.partition(-masked, kk - 1, axis=1)[:, kk - 1 : kk]
-    above = masked > threshold
-    at = (masked == threshold) & np.isfinite(masked)
-    ties = at.sum(axis=1)
-    if ties.max(initial=0) > kk:  # many ties at the k-th score: keep the kk best of them
-        keyed = np.where(at, second[None, :], -1)
-        best = np.argpartition(-keyed, kk - 1, axis=1)[:, :kk]
-        at = np.zeros_like(at)
-        np.put_along_axis(at, best, np.take_along_axis(keyed, best, axis=1) >= 0, axis=1)
-    rows, cols = np.nonzero(above | at)
-    order = np.lexsort((-second[cols], -masked[rows, cols], rows))
-    rows, cols = rows[order], cols[order]
-    place = np.arange(rows.size) - np.searchsorted(rows, rows)
-    keep = place < k
-    out[rows[keep], place[keep]] = cols[keep]
+    top = np.argpartition(-masked, kk - 1, axis=1)[:, :kk]
+    threshold = np.take_along_axis(masked, top, axis=1).min(axis=1, keepdims=True)
+    # Rows whose k-th score is shared with columns left out: pick those ties by the key.
+    inside = (np.take_along_axis(masked, top, axis=1) == threshold).sum(axis=1)
+    total = (masked == threshold).sum(axis=1)
+    for row in np.flatnonzero((total > inside) & np.isfinite(threshold[:, 0])):
+        scores, t = masked[row], threshold[row, 0]
+        above, ties = np.flatnonzero(scores > t), np.flatnonzero(scores == t)
+        best = ties[np.argsort(-second[ties], kind="stable")[: kk - above.size]]
+        top[row] = np.concatenate([above, best])
+    values = np.take_along_axis(masked, top, axis=1)
+    order = np.lexsort((-second[top], -values), axis=1)
+    ranked = np.take_along_axis(top, order, axis=1)
+    finite = np.isfinite(np.take_along_axis(values, order, axis=1))
+    out[:, :kk] = np.where(finite, ranked, -1)
     return out
 
 
