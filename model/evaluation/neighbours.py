@@ -20,6 +20,9 @@ import numpy as np
 
 _SHIFT = 32
 _MASK = (1 << _SHIFT) - 1
+#: Session-kNN sums similarities over a dense ``rows x users`` array while it is at most this
+#: many times the shared (row, user) pairs, else over the sorted pairs (same sums).
+DENSE_RATIO = 4
 
 
 def grow(values: np.ndarray, n: int) -> np.ndarray:
@@ -54,6 +57,8 @@ class SortedPairs:
         known[known] = self.keys[pos[known]] == keys[known]
         self.counts[pos[known]] += counts[known]  # keys are unique: no repeated positions
         new = ~known
+        if not new.any():
+            return keys[new]
         self.keys = np.insert(self.keys, pos[new], keys[new])
         self.counts = np.insert(self.counts, pos[new], counts[new].astype(np.float64))
         self.seconds = np.insert(self.seconds, pos[new], keys[new] & _MASK)
@@ -129,18 +134,14 @@ class CooccurrenceBaseline:
         """``[len(histories), n_candidates]``."""
         b, n = len(histories), n_candidates
         rows, items = _windows(histories, self.window)
-        # The rows of C that the batch needs, once each (a batch holds few users), then one
-        # product; counts are integers, so the float sums are exact in any order.
-        unique, which = np.unique(items, return_inverse=True)
-        positions, lens = self.pairs.gather(unique)
+        positions, lens = self.pairs.gather(items)
         cols = self.pairs.second(positions)
-        part = np.repeat(np.arange(unique.size), lens)
+        rows = np.repeat(rows, lens)
         keep = cols < n
-        dense = np.zeros((unique.size, n))
-        dense[part[keep], cols[keep]] = self.pairs.counts[positions[keep]]
-        pick = np.zeros((b, unique.size))
-        pick[rows, which] = 1.0
-        return pick @ dense
+        flat = np.bincount(
+            rows[keep] * n + cols[keep], weights=self.pairs.counts[positions[keep]], minlength=b * n
+        )
+        return flat.reshape(b, n)
 
     def tiebreak(self, n_candidates: int) -> np.ndarray:
         return self.popularity.tiebreak(n_candidates)
@@ -196,59 +197,53 @@ class SessionKNNBaseline:
     def neighbours(
         self, users: Sequence[int], histories: Sequence[Sequence[int]]
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Per row the neighbours, most recent first: ``(user [B, S], weight [B, S], valid)``."""
+        """The neighbours of every row as flat ``(row, user, weight)``, by row, most recent
+        first within a row."""
         b, n_users = len(histories), self.users
         s = min(self.sample_size, n_users)
-        if s == 0:
-            empty = np.zeros((b, 0), np.int64)
-            return empty, empty.astype(np.float64), empty.astype(bool)
         qrows, qitems = _windows(histories, self.window)
+        if s == 0 or qitems.size == 0:
+            none = np.zeros(0, np.int64)
+            return none, none, none.astype(np.float64)
         length = np.bincount(qrows, minlength=b).astype(np.float64)  # L per row
         first = np.searchsorted(qrows, np.arange(b))
         p = np.arange(qrows.size) - first[qrows]  # 0 = most recent
         w = (length[qrows] - p) / length[qrows]
         positions, lens = self.by_item.gather(qitems)
         holders = self.by_item.second(positions)
-        num = np.bincount(
-            np.repeat(qrows, lens) * n_users + holders,
-            weights=np.repeat(w, lens),
-            minlength=b * n_users,
-        ).reshape(b, n_users)
+        prows = np.repeat(qrows, lens)
         own = np.asarray(users, np.int64)
-        mine = own < n_users
-        num[np.flatnonzero(mine), own[mine]] = 0.0
-        recency = np.where(num > 0, self.last[:n_users][None, :], -1)
-        if s < n_users:
-            top = np.argpartition(-recency, s - 1, axis=1)[:, :s]
+        other = holders != own[prows]
+        key = prows[other] * n_users + holders[other]
+        # sum of w over the shared items, in window order (np.bincount adds in array order)
+        if b * n_users <= DENSE_RATIO * key.size:  # dense rows x users: when users are few
+            num = np.bincount(key, weights=np.repeat(w, lens)[other], minlength=b * n_users)
+            pair = np.flatnonzero(num > 0)
+            num = num[pair]
         else:
-            top = np.broadcast_to(np.arange(n_users), (b, n_users)).copy()
-        order = np.argsort(-np.take_along_axis(recency, top, axis=1), axis=1, kind="stable")
-        top = np.take_along_axis(top, order, axis=1)
-        valid = np.take_along_axis(recency, top, axis=1) >= 0
-        rank = np.arange(s, dtype=np.float64)[None, :]
-        # max(., 1) only guards rows without a window and users without items (never valid)
-        sim = np.take_along_axis(num, top, axis=1) / (
-            np.sqrt(np.maximum(length, 1.0))[:, None]
-            * np.sqrt(np.maximum(self.size[top], 1).astype(np.float64))
-        )
-        weight = np.where(valid, sim * (1.0 - rank / self.sample_size), 0.0)
-        return top, weight, valid
+            pair, inverse = np.unique(key, return_inverse=True)
+            num = np.bincount(inverse, weights=np.repeat(w, lens)[other])
+        rows, cand = pair // n_users, pair % n_users
+        order = np.lexsort((-self.last[cand], rows))
+        rows, cand, num = rows[order], cand[order], num[order]
+        rank = np.arange(rows.size) - np.searchsorted(rows, rows)
+        keep = rank < s
+        rows, cand, num, rank = rows[keep], cand[keep], num[keep], rank[keep]
+        sim = num / (np.sqrt(length[rows]) * np.sqrt(self.size[cand].astype(np.float64)))
+        return rows, cand, sim * (1.0 - rank / self.sample_size)
 
     def scores(
         self, users: Sequence[int], histories: Sequence[Sequence[int]], n_candidates: int
     ) -> np.ndarray:
         """``[len(users), n_candidates]``."""
         b, n = len(histories), n_candidates
-        top, weight, valid = self.neighbours(users, histories)
-        rows = np.broadcast_to(np.arange(b)[:, None], top.shape)[valid]
-        positions, lens = self.by_user.gather(top[valid])
+        rows, cand, weight = self.neighbours(users, histories)
+        positions, lens = self.by_user.gather(cand)
         cols = self.by_user.second(positions)
         rows = np.repeat(rows, lens)
         keep = cols < n
         flat = np.bincount(
-            rows[keep] * n + cols[keep],
-            weights=np.repeat(weight[valid], lens)[keep],
-            minlength=b * n,
+            rows[keep] * n + cols[keep], weights=np.repeat(weight, lens)[keep], minlength=b * n
         )
         return flat.reshape(b, n)
 

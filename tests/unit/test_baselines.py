@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from feature_store.features import FeatureParams
+from model.evaluation import neighbours
 from model.evaluation.baselines import (
     CooccurrenceBaseline,
     PopularityBaseline,
@@ -144,7 +145,11 @@ def _batches(stream: EvalStream, size: int) -> list[list[Positive]]:
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
 @pytest.mark.parametrize("exclude", ["rated", "positives"])
-def test_per_user_baselines_equal_their_slow_versions(seed: int, exclude: str) -> None:
+@pytest.mark.parametrize("dense_ratio", [0, 10**9])  # sknn: sorted pairs / dense rows x users
+def test_per_user_baselines_equal_their_slow_versions(
+    seed: int, exclude: str, dense_ratio: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(neighbours, "DENSE_RATIO", dense_ratio)
     stream = _random_stream(seed)
     assert len(stream.positives) > 200
     pairs = [
