@@ -23,6 +23,11 @@ _MASK = (1 << _SHIFT) - 1
 #: Session-kNN sums similarities over a dense ``rows x users`` array while it is at most this
 #: many times the shared (row, user) pairs, else over the sorted pairs (same sums).
 DENSE_RATIO = 4
+#: Co-occurrence counts stay a dense matrix while every item index is below this (a small
+#: catalogue fills most pairs), then move to sorted pairs.
+DENSE_ITEMS = 4096
+#: Over sorted pairs, a row first looks at the ``RECENT_FIRST * sample_size`` most recent users.
+RECENT_FIRST = 4
 
 
 def grow(values: np.ndarray, n: int) -> np.ndarray:
@@ -121,19 +126,50 @@ class CooccurrenceBaseline:
             raise ValueError("window must be >= 1")
         self.window = window
         self.pairs = SortedPairs()
+        self.dense: np.ndarray | None = np.zeros((0, 0))  # C while indices < DENSE_ITEMS
         self.popularity = _Popularity()
 
     def learn(self, targets: Sequence[int], histories: Sequence[Sequence[int]]) -> None:
         rows, items = _windows(histories, self.window)
         t = np.asarray(targets, np.int64)
         self.popularity.learn(t)
-        if items.size:
-            self.pairs.add(np.concatenate([t[rows], items]), np.concatenate([items, t[rows]]))
+        if not items.size:
+            return
+        first, second = np.concatenate([t[rows], items]), np.concatenate([items, t[rows]])
+        if self.dense is not None:
+            top = int(first.max()) + 1
+            if top <= DENSE_ITEMS:
+                if top > self.dense.shape[0]:
+                    size = min(DENSE_ITEMS, max(top, 2 * self.dense.shape[0]))
+                    dense = np.zeros((size, size))
+                    dense[: self.dense.shape[0], : self.dense.shape[0]] = self.dense
+                    self.dense = dense
+                np.add.at(self.dense, (first, second), 1.0)
+                return
+            a, b = np.nonzero(self.dense)  # row-major: sorted keys
+            self.pairs.keys = (a.astype(np.int64) << _SHIFT) | b
+            self.pairs.counts = self.dense[a, b]
+            self.pairs.seconds = b.astype(np.int64)
+            self.dense = None
+        self.pairs.add(first, second)
 
     def scores(self, histories: Sequence[Sequence[int]], n_candidates: int) -> np.ndarray:
         """``[len(histories), n_candidates]``."""
         b, n = len(histories), n_candidates
         rows, items = _windows(histories, self.window)
+        if self.dense is not None:
+            out = np.zeros((b, n))
+            size = self.dense.shape[0]
+            known = items < size
+            rows, items = rows[known], items[known]
+            m = min(n, size)
+            # k-th window entry of every row at once (rows are distinct within a k);
+            # integer counts, so the sums are exact in any order.
+            k = np.arange(rows.size) - np.searchsorted(rows, rows)
+            for kth in range(int(k.max(initial=-1)) + 1):
+                pick = k == kth
+                out[rows[pick], :m] += self.dense[items[pick], :m]
+            return out
         positions, lens = self.pairs.gather(items)
         cols = self.pairs.second(positions)
         rows = np.repeat(rows, lens)
@@ -221,8 +257,7 @@ class SessionKNNBaseline:
             pair = np.flatnonzero(num > 0)
             num = num[pair]
         else:
-            pair, inverse = np.unique(key, return_inverse=True)
-            num = np.bincount(inverse, weights=np.repeat(w, lens)[other])
+            pair, num = self._recent_pairs(key, np.repeat(w, lens)[other], b, s)
         rows, cand = pair // n_users, pair % n_users
         order = np.lexsort((-self.last[cand], rows))
         rows, cand, num = rows[order], cand[order], num[order]
@@ -231,6 +266,25 @@ class SessionKNNBaseline:
         rows, cand, num, rank = rows[keep], cand[keep], num[keep], rank[keep]
         sim = num / (np.sqrt(length[rows]) * np.sqrt(self.size[cand].astype(np.float64)))
         return rows, cand, sim * (1.0 - rank / self.sample_size)
+
+    def _recent_pairs(
+        self, key: np.ndarray, w: np.ndarray, b: int, s: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Distinct ``key = row * users + user`` with their summed ``w``, enough of them to
+        hold each row's ``s`` most recent users: a row with at least ``s`` users among the
+        ``RECENT_FIRST * s`` most recent keeps only those (no other can be among its ``s``
+        most recent); the other rows keep all. A user's entries stay or go together."""
+        n_users = self.users
+        order = np.argsort(-self.last[:n_users])
+        global_rank = np.empty(n_users, np.int64)
+        global_rank[order] = np.arange(n_users)
+        near = global_rank[key % n_users] < RECENT_FIRST * s
+        pair, inverse = np.unique(key[near], return_inverse=True)
+        short = np.bincount(pair // n_users, minlength=b) < s
+        if short.any():  # those rows: every shared user
+            near |= short[key // n_users]
+            pair, inverse = np.unique(key[near], return_inverse=True)
+        return pair, np.bincount(inverse, weights=w[near])
 
     def scores(
         self, users: Sequence[int], histories: Sequence[Sequence[int]], n_candidates: int

@@ -145,11 +145,13 @@ def _batches(stream: EvalStream, size: int) -> list[list[Positive]]:
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
 @pytest.mark.parametrize("exclude", ["rated", "positives"])
-@pytest.mark.parametrize("dense_ratio", [0, 10**9])  # sknn: sorted pairs / dense rows x users
+@pytest.mark.parametrize("dense", [0, 1])  # sorted pairs / dense arrays (cooc: from item 30)
 def test_per_user_baselines_equal_their_slow_versions(
-    seed: int, exclude: str, dense_ratio: int, monkeypatch: pytest.MonkeyPatch
+    seed: int, exclude: str, dense: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(neighbours, "DENSE_RATIO", dense_ratio)
+    monkeypatch.setattr(neighbours, "DENSE_RATIO", 10**9 if dense else 0)
+    monkeypatch.setattr(neighbours, "DENSE_ITEMS", 30 if dense else 0)
+    monkeypatch.setattr(neighbours, "RECENT_FIRST", 1)  # sorted pairs: exercise the fallback
     stream = _random_stream(seed)
     assert len(stream.positives) > 200
     pairs = [
