@@ -9,7 +9,8 @@ to the item seen first; a user with an empty window therefore gets popularity.
 
 Items and users are indices (first appearance in the stream). Sparse counts are kept as
 sorted ``int64`` keys ``first << 32 | second`` (:class:`SortedPairs`), so a batch's scores
-are one gather and one ``np.bincount``.
+are one gather and one ``np.bincount`` (co-occurrence over a small catalogue: a dense
+matrix, ``DENSE_ITEMS``). Every storage choice gives the same scores.
 """
 
 from __future__ import annotations
