@@ -1,24 +1,36 @@
-"""A click-stream simulator for demos and end-to-end tests.
+"""Click-stream simulators for demos, end-to-end tests and offline evaluation.
 
-Users have latent tastes (unit vectors in a small space) that drift slowly; items have latent
-vectors and a popularity bias. Each step picks a user, shows a slate of items (mostly popular
-ones, some random) as impressions, and clicks each with probability
-``sigmoid(sharpness * <taste, item> + bias)``. The model can therefore learn something real:
-what a user clicks is predictable from what they clicked before and from similar users.
+Rating mode (:class:`ClickSimulator`): users have latent tastes (unit vectors in a small
+space) that drift slowly; items have latent vectors and a popularity bias. Each step picks a
+user, shows a slate of items (mostly popular ones, some random) as impressions, and clicks
+each with probability ``sigmoid(sharpness * <taste, item> + bias)``. What a user clicks is
+predictable from what they clicked before and from similar users.
 
-:class:`ClickSimulator` is pure (seeded numpy, time passed in); :func:`run` posts its events
-to the ingest API at a target rate.
+Session mode (:class:`SessionSimulator`): anonymous short sessions, each its own user id.
+Items have a popularity and a sparse random transition matrix (``fanout`` successors each,
+Dirichlet weights). A session clicks a popular item first, then each next click re-clicks
+an item it already clicked (probability ``reclick``), else follows the transition matrix
+from the last click (``follow``), else jumps to a popular item. ``concurrent`` sessions are
+open at once and their clicks interleave. What a session clicks next is predictable from
+its last click, hardly from who clicked.
+
+Both are pure (seeded numpy, time passed in). :func:`run` posts events to the ingest API at
+a target rate; :func:`simulated_log` yields a log with event times (deterministic given the
+seed) and :func:`write_ndjson` writes it in the NDJSON format of ``streamrec replay`` and
+``streamrec evaluate --format ndjson``.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol
 
 import numpy as np
+import orjson
 
 log = logging.getLogger(__name__)
 
@@ -94,8 +106,172 @@ def _unit(x: np.ndarray) -> np.ndarray:
     return x / np.linalg.norm(x, axis=-1, keepdims=True)
 
 
+@dataclass(frozen=True)
+class SessionConfig:
+    items: int = 2_000
+    #: Sessions open at once; each event comes from one of them, picked uniformly.
+    concurrent: int = 50
+    #: Clicks per session: ``min_length`` + a geometric number, capped at ``max_length``.
+    min_length: int = 2
+    mean_length: float = 6.0
+    max_length: int = 20
+    #: Successors per item in the transition matrix.
+    fanout: int = 5
+    #: Probability that a click repeats one of the session's earlier clicks (uniformly).
+    reclick: float = 0.15
+    #: Otherwise: probability of following the transition matrix (else a popular item).
+    follow: float = 0.7
+    #: Item popularity: ``rank ** -zipf`` over a random order of the items.
+    zipf: float = 1.0
+    seed: int = 1
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_length <= self.mean_length <= self.max_length:
+            raise ValueError("need 1 <= min_length <= mean_length <= max_length")
+        if not (0 <= self.reclick <= 1 and 0 <= self.follow <= 1):
+            raise ValueError("reclick and follow are probabilities")
+        if self.items <= self.fanout or self.concurrent < 1:
+            raise ValueError("need items > fanout and concurrent >= 1")
+
+
+@dataclass
+class _Session:
+    user: int
+    length: int
+    clicks: list[int] = field(default_factory=list)
+
+
+class SessionSimulator:
+    """Anonymous sessions with re-clicks and strong item-to-item transitions (module doc)."""
+
+    def __init__(self, config: SessionConfig) -> None:
+        c = self.config = config
+        rng = self.rng = np.random.default_rng(config.seed)
+        popularity = (rng.permutation(c.items) + 1.0) ** -c.zipf
+        self.popularity = popularity / popularity.sum()
+        # successors[i]: fanout distinct items != i, uniformly; weights[i] sum to 1.
+        self.successors = np.empty((c.items, c.fanout), np.int64)
+        for i in range(c.items):
+            others = rng.choice(c.items - 1, size=c.fanout, replace=False)
+            self.successors[i] = others + (others >= i)
+        self.weights = rng.dirichlet(np.ones(c.fanout), size=c.items)
+        self._popular_cdf = np.cumsum(self.popularity)
+        self._weights_cdf = np.cumsum(self.weights, axis=1)
+        self._open: list[_Session] = []
+        self._sessions = 0
+
+    def user_id(self, u: int) -> str:
+        return f"sess-{u}"
+
+    def item_id(self, i: int) -> str:
+        return f"sim-i{i}"
+
+    def _new_session(self) -> _Session:
+        c, rng = self.config, self.rng
+        extra = c.mean_length - c.min_length
+        length = c.min_length + (int(rng.geometric(1.0 / (1.0 + extra))) - 1 if extra else 0)
+        self._sessions += 1
+        return _Session(self._sessions - 1, min(length, c.max_length))
+
+    def _next_item(self, session: _Session) -> int:
+        c, rng = self.config, self.rng
+        if session.clicks:
+            if rng.random() < c.reclick:
+                earlier = list(dict.fromkeys(session.clicks))
+                return earlier[int(rng.integers(len(earlier)))]
+            if rng.random() < c.follow:
+                last = session.clicks[-1]
+                k = np.searchsorted(self._weights_cdf[last], rng.random(), side="right")
+                return int(self.successors[last, min(int(k), c.fanout - 1)])
+        k = np.searchsorted(self._popular_cdf, rng.random(), side="right")
+        return min(int(k), c.items - 1)
+
+    def click(self, ts_ms: int) -> dict[str, Any]:
+        """The next click of one of the open sessions, at event time ``ts_ms``."""
+        while len(self._open) < self.config.concurrent:
+            self._open.append(self._new_session())
+        k = int(self.rng.integers(len(self._open)))
+        session = self._open[k]
+        item = self._next_item(session)
+        session.clicks.append(item)
+        if len(session.clicks) >= session.length:
+            self._open[k] = self._new_session()
+        return {
+            "user_id": self.user_id(session.user),
+            "item_id": self.item_id(item),
+            "event_type": "click",
+            "ts": ts_ms,
+        }
+
+    def events(self, clock_ms: Callable[[], int]) -> Iterator[dict[str, Any]]:
+        while True:
+            yield self.click(clock_ms())
+
+
+class Simulator(Protocol):
+    def events(self, clock_ms: Callable[[], int]) -> Iterator[dict[str, Any]]: ...
+
+
+#: 2024-01-01T00:00:00Z: the default first event time of a simulated log.
+LOG_START_MS = 1_704_067_200_000
+MODES = ("rating", "session")
+
+
+def simulated_log(
+    mode: str,
+    events: int,
+    *,
+    seed: int = 1,
+    users: int = 500,
+    items: int = 2_000,
+    start_ms: int = LOG_START_MS,
+    gap_ms: float = 1_000.0,
+    impressions: bool = False,
+) -> Iterator[dict[str, Any]]:
+    """``events`` events of a simulator, with event times from ``start_ms``, deterministic.
+
+    Event times advance by an exponential gap of mean ``gap_ms`` (at least 2 ms) per session
+    click (session mode) or per visit (rating mode: the impressions of a visit at its time,
+    its clicks 1 ms later). Rating mode yields the clicks only unless ``impressions``: every
+    click follows an impression of its item, which would put the item among the user's
+    earlier interactions (``streamrec evaluate --exclude rated``).
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(MODES)}")
+    gaps = np.random.default_rng([seed, 7])  # event times apart from the simulator's draws
+    ts = start_ms
+    left = events
+    if mode == "session":
+        sim = SessionSimulator(SessionConfig(items=items, seed=seed))
+        while left > 0:
+            yield sim.click(ts)
+            left -= 1
+            ts += max(2, round(gaps.exponential(gap_ms)))
+        return
+    visits = ClickSimulator(SimConfig(users=users, items=items, seed=seed))
+    while left > 0:
+        for event in visits.step(ts):
+            if impressions or event["event_type"] != "impression":
+                yield event
+                left -= 1
+                if left == 0:
+                    return
+        ts += max(2, round(gaps.exponential(gap_ms)))
+
+
+def write_ndjson(path: Path, events: Iterable[dict[str, Any]]) -> int:
+    """Write ``events`` one JSON object a line (the ingest schema); returns how many."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    n = 0
+    with path.open("wb") as fh:
+        for event in events:
+            fh.write(orjson.dumps(event) + b"\n")
+            n += 1
+    return n
+
+
 def run(
-    sim: ClickSimulator,
+    sim: Simulator,
     ingest_url: str,
     rate: float,
     *,

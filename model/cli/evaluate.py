@@ -1,7 +1,7 @@
 """Subcommand: evaluate (registered into ``streamrec`` by deploy.cli).
 
 ``streamrec evaluate PATH [PATH ...]`` replays a log test-then-train through the model
-in-process and prints Recall/NDCG next to two baselines; the protocol is in
+in-process and prints Recall/NDCG next to four baselines; the protocol is in
 ``model.evaluation.replay`` (and in ``--help``). TensorFlow is imported only by the handler.
 """
 
@@ -17,6 +17,8 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 FORMATS = ("movielens", "ml-1m", "ml-100k", "ndjson", "csv")
+#: ``model.evaluation.replay.EXCLUDE`` (not imported: the help stays light).
+EXCLUDE = ("rated", "positives")
 PROTOCOL = """\
 Protocol (test-then-train):
   * The log is read, validated and ordered exactly as `streamrec replay` sends it
@@ -28,12 +30,22 @@ Protocol (test-then-train):
   * Micro-batches of --batch-size (128) consecutive positives: each is scored with every
     method as it was before the batch, then every method learns from it (the model:
     --epochs optimizer steps of the live trainer's step on the batch).
-  * Scoring an event: rank every item seen before its micro-batch, minus the items the
-    user interacted with before the event; a hit at K if the event's item is in the top K.
-  * Baselines on the same stream/batches/candidates/exclusions: popularity (all-time
-    positive counts so far) and recent popularity (counts decayed with a half-life of
-    --recent-half-life-days in event time).
-Output: overall Recall@10/20 and NDCG@10/20 and the same per time chunk (--chunks).
+  * Scoring an event: rank every item seen before its micro-batch, minus the user's
+    earlier items (--exclude); a hit at K if the event's item is in the top K.
+    --exclude rated (default): every item of any earlier event of the user (any event
+    type: a low rating, an impression); --exclude positives: only the items of the
+    user's earlier positive events (rated or shown items stay candidates).
+  * Baselines on the same stream/batches/candidates/exclusions (model.evaluation.baselines):
+    popularity: positive counts so far;
+    recent_popularity: positive counts over the last --recent-window positives;
+    cooccurrence: per candidate, the sum over the user's last --cooc-window items of how
+      often the two were target and history item of one learned positive (symmetric);
+    sknn: session-kNN (V-SKNN): the --sknn-sample most recent other users sharing an item
+      with the user's last --sknn-window items, weighted by cosine similarity (recent items
+      weigh more) and recency; a candidate scores the summed weights of its holders.
+    The per-user baselines break ties by popularity.
+Output: overall Recall@10/20 and NDCG@10/20 and the same per time chunk (--chunks); the
+best baseline by Recall@10 and the model's ratios to it and to popularity.
 """
 
 
@@ -54,7 +66,17 @@ def register(sub: Any) -> None:
     p.add_argument("--batch-size", type=int, default=128, help="micro-batch of positives")
     p.add_argument("--warmup", type=float, default=0.1, help="fraction of positives not scored")
     p.add_argument("--chunks", type=int, default=10, help="time chunks of the over-time figures")
-    p.add_argument("--recent-half-life-days", type=float, default=365.0)
+    p.add_argument(
+        "--exclude",
+        choices=EXCLUDE,
+        default="rated",
+        help="earlier items of the user removed from the candidates (default: rated)",
+    )
+    b = p.add_argument_group("baselines")
+    b.add_argument("--recent-window", type=int, default=2000, help="recent_popularity: positives")
+    b.add_argument("--cooc-window", type=int, default=20, help="cooccurrence: user's last items")
+    b.add_argument("--sknn-sample", type=int, default=100, help="sknn: neighbours sampled")
+    b.add_argument("--sknn-window", type=int, default=20, help="sknn: user's last items")
     g = p.add_argument_group("model (ModelConfig / TrainOptions)")
     g.add_argument("--epochs", type=int, default=10, help="optimizer steps per micro-batch")
     g.add_argument("--learning-rate", type=float, default=1.0, help="tables (Adagrad)")
@@ -124,8 +146,8 @@ def register(sub: Any) -> None:
 
 def _handle(args: argparse.Namespace) -> int:
     from feature_store.settings import load_settings
-    from stream.replay.runner import ReplayError
     from stream.replay.formats import ReplayFormatError, parse_mapping
+    from stream.replay.runner import ReplayError
 
     settings = load_settings()
     now_ms = time.time_ns() // 1_000_000
@@ -153,6 +175,7 @@ def _handle(args: argparse.Namespace) -> int:
     doc = result.report("model", args.chunks)
     doc["seconds"] = round(time.monotonic() - started, 1)
     doc["rejected_rows"] = replay_report["rejected"]
+    doc["exclude"] = args.exclude
     doc["config"] = _config(args, settings)
     print(_table(doc))
     if args.json:
@@ -189,7 +212,11 @@ def _config(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
         "prior_weight": _default(args.prior_weight, "prior_weight"),
         "user_admit_after": args.user_admit_after,
         "seed": settings.trainer.seed if args.seed is None else args.seed,
-        "recent_half_life_days": args.recent_half_life_days,
+        "exclude": args.exclude,
+        "recent_window": args.recent_window,
+        "cooc_window": args.cooc_window,
+        "sknn_sample": args.sknn_sample,
+        "sknn_window": args.sknn_window,
         "sampled_negatives": _default(args.negatives, "sampled_negatives"),
         "mask_same_user": bool(_default(args.mask_same_user, "mask_same_user")),
         "logq_estimator": _default(args.logq, "logq_estimator"),
@@ -205,24 +232,24 @@ def _default(value: Any, name: str) -> Any:
         return value
     from dataclasses import fields
 
-    from model.trainer.options import TrainOptions
     from model.towers.two_tower import ModelConfig
+    from model.trainer.options import TrainOptions
 
     defaults = {f.name: f.default for cls in (ModelConfig, TrainOptions) for f in fields(cls)}
     return defaults[name]
 
 
 def _run(args: argparse.Namespace, settings: Any, stream: Any) -> Any:
-    from model.evaluation.baselines import DAY_MS, PopularityBaseline, RecentPopularityBaseline
-    from model.evaluation.replay import (
-        BaselineLearner,
-        EvalOptions,
-        Learner,
-        TwoTowerLearner,
-        evaluate,
+    from model.evaluation.baselines import (
+        CooccurrenceBaseline,
+        PopularityBaseline,
+        RecentPopularityBaseline,
+        SessionKNNBaseline,
     )
-    from model.trainer.core import Trainer, TrainOptions
+    from model.evaluation.learners import BaselineLearner, HistoryLearner, TwoTowerLearner
+    from model.evaluation.replay import EvalOptions, Learner, evaluate
     from model.towers.two_tower import ModelConfig
+    from model.trainer.core import Trainer, TrainOptions
 
     cfg = _config(args, settings)
     trainer = Trainer(
@@ -261,10 +288,15 @@ def _run(args: argparse.Namespace, settings: Any, stream: Any) -> Any:
     learners: list[Learner] = [
         TwoTowerLearner(trainer, cfg["history_len"], cfg["epochs"]).bind(stream.item_ids),
         BaselineLearner(PopularityBaseline()),
-        BaselineLearner(RecentPopularityBaseline(int(args.recent_half_life_days * DAY_MS))),
+        BaselineLearner(RecentPopularityBaseline(args.recent_window)),
+        HistoryLearner(CooccurrenceBaseline(args.cooc_window), stream.item_index),
+        HistoryLearner(SessionKNNBaseline(args.sknn_sample, args.sknn_window), stream.item_index),
     ]
     options = EvalOptions(
-        batch_size=args.batch_size, warmup_fraction=args.warmup, chunks=args.chunks
+        batch_size=args.batch_size,
+        warmup_fraction=args.warmup,
+        chunks=args.chunks,
+        exclude=args.exclude,
     )
     bar = None
     if args.progress:
@@ -289,14 +321,18 @@ def _table(doc: dict[str, Any]) -> str:
     rows = [("model", doc)] + list(doc["baselines"].items())
     lines = [
         f"events {doc['events']}, scored {doc['scored']}, warm-up {doc['warmup']}, "
-        f"{doc['seconds']} s"
+        f"exclude {doc['exclude']}, {doc['seconds']} s"
     ]
     lines.append(f"{'method':<20}" + "".join(f"{k:>12}" for k in keys))
     for name, figs in rows:
         lines.append(f"{name:<20}" + "".join(f"{figs[k]:>12.4f}" for k in keys))
-    pop = doc["baselines"].get("popularity", {}).get("recall@10", 0.0)
-    if pop:
-        lines.append(f"model / popularity Recall@10: {doc['recall@10'] / pop:.2f}x")
+    key = keys[0] if keys else "recall@10"
+    if doc.get("ratio_to_popularity") is not None:
+        lines.append(f"model / popularity {key}: {doc['ratio_to_popularity']:.2f}x")
+    if doc.get("ratio_to_best") is not None:
+        lines.append(
+            f"model / best baseline ({doc['best_baseline']}) {key}: {doc['ratio_to_best']:.2f}x"
+        )
     return "\n".join(lines)
 
 

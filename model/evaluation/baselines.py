@@ -1,17 +1,19 @@
 """Baselines of the test-then-train evaluation (``model.evaluation.replay``), numpy only.
 
-Both score every candidate item with one number shared by all users; the evaluation ranks
-the candidates by that score (ties: the item first seen earlier in the stream wins) and
-drops the items the user already interacted with.
+Items are identified by their position in the evaluation's candidate list (first appearance
+in the stream), users by their first appearance; arrays grow as new ones appear. Every
+baseline learns from the positive events of the learned micro-batches only, in stream order
+("learned before": the state the evaluation scores a batch with).
 
-* :class:`PopularityBaseline` — all-time count of positive events per item so far.
-* :class:`RecentPopularityBaseline` — the same counts, exponentially decayed in event
-  time: an event ``dt`` ms older than the newest event learned from counts
-  ``2 ** (-dt / half_life_ms)``. ``streamrec evaluate`` uses a half-life of 365 days (why:
-  ``docs/decisions.md#recent-popularity``).
+Shared scores (one list for all users; ranked by score, ties to the item seen first):
 
-Items are identified by their position in the evaluation's candidate list (first
-appearance in the stream), so the arrays grow as new items appear.
+* :class:`PopularityBaseline` — number of learned positive events per item.
+* :class:`RecentPopularityBaseline` — the same count over the last ``window`` learned
+  positive events only (a sliding window in event order, not in time).
+
+Per-user scores (``model.evaluation.neighbours``): :class:`CooccurrenceBaseline` and
+:class:`SessionKNNBaseline`, ranked by score, ties to the more popular item (the counts of
+:class:`PopularityBaseline`), then to the item seen first.
 """
 
 from __future__ import annotations
@@ -20,15 +22,14 @@ from collections.abc import Sequence
 
 import numpy as np
 
-DAY_MS = 86_400_000
+from model.evaluation.neighbours import CooccurrenceBaseline, SessionKNNBaseline, grow
 
-
-def _grow(values: np.ndarray, n: int) -> np.ndarray:
-    if values.size >= n:
-        return values
-    out = np.zeros(max(n, 2 * values.size), values.dtype)
-    out[: values.size] = values
-    return out
+__all__ = [
+    "CooccurrenceBaseline",
+    "PopularityBaseline",
+    "RecentPopularityBaseline",
+    "SessionKNNBaseline",
+]
 
 
 class PopularityBaseline:
@@ -45,43 +46,44 @@ class PopularityBaseline:
         idx = np.asarray(item_index, np.int64)
         if idx.size == 0:
             return
-        self.counts = _grow(self.counts, int(idx.max()) + 1)
+        self.counts = grow(self.counts, int(idx.max()) + 1)
         np.add.at(self.counts, idx, 1.0)
 
     def scores(self, n_candidates: int) -> np.ndarray:
         """Score of candidates ``0 .. n_candidates - 1`` (shape ``[n_candidates]``)."""
-        self.counts = _grow(self.counts, n_candidates)
+        self.counts = grow(self.counts, n_candidates)
         return self.counts[:n_candidates].copy()
 
 
 class RecentPopularityBaseline:
-    """Exponentially decayed counts (half-life in event time), valid at the newest event."""
+    """Counts of positive events per item among the last ``window`` learned positives.
+
+    ``score(i) = #{e among the last window learned positive events : item(e) = i}``, the
+    window taken in learning order (stream order), whatever the event times.
+    """
 
     name = "recent_popularity"
 
-    def __init__(self, half_life_ms: int = 365 * DAY_MS) -> None:
-        if half_life_ms <= 0:
-            raise ValueError("half_life_ms must be > 0")
-        self.half_life_ms = half_life_ms
-        self.values = np.zeros(1024, np.float64)
-        self.as_of_ms: int | None = None
+    def __init__(self, window: int = 2_000) -> None:
+        if window < 1:
+            raise ValueError("window must be >= 1")
+        self.window = window
+        self.counts = np.zeros(1024, np.float64)
+        self._recent = np.zeros(0, np.int64)  # items of the last `window` events, oldest first
 
     def learn(
         self, item_index: Sequence[int] | np.ndarray, ts_ms: Sequence[int] | np.ndarray
     ) -> None:
         idx = np.asarray(item_index, np.int64)
-        ts = np.asarray(ts_ms, np.int64)
         if idx.size == 0:
             return
-        newest = int(ts.max())
-        if self.as_of_ms is None:
-            self.as_of_ms = newest
-        if newest > self.as_of_ms:
-            self.values *= 2.0 ** (-(newest - self.as_of_ms) / self.half_life_ms)
-            self.as_of_ms = newest
-        self.values = _grow(self.values, int(idx.max()) + 1)
-        np.add.at(self.values, idx, 2.0 ** (-(self.as_of_ms - ts) / self.half_life_ms))
+        joined = np.concatenate([self._recent, idx])
+        leaving = joined[: max(0, joined.size - self.window)]
+        self._recent = joined[leaving.size :]
+        self.counts = grow(self.counts, int(idx.max()) + 1)
+        np.add.at(self.counts, idx, 1.0)
+        np.subtract.at(self.counts, leaving, 1.0)
 
     def scores(self, n_candidates: int) -> np.ndarray:
-        self.values = _grow(self.values, n_candidates)
-        return self.values[:n_candidates].copy()
+        self.counts = grow(self.counts, n_candidates)
+        return self.counts[:n_candidates].copy()

@@ -15,9 +15,15 @@ Protocol (the default; every number below is an :class:`EvalOptions` field):
    from, not scored.
 3. Every later positive event, in order, is scored: each method ranks the candidates for
    the event's user — every item seen in any event before the event's micro-batch, minus
-   the items the user interacted with (any event type) before the event — and the event
-   counts a hit at K if its item is among the first K. One relevant item per event, so
-   ``recall@K = [rank < K]`` and ``NDCG@K = 1 / log2(rank + 2)`` if ``rank < K``.
+   the user's earlier items (``exclude``, below) — and the event counts a hit at K if its
+   item is among the first K. One relevant item per event, so ``recall@K = [rank < K]``
+   and ``NDCG@K = 1 / log2(rank + 2)`` if ``rank < K``.
+
+   ``exclude`` says which of the user's earlier items leave the candidates: ``rated`` (the
+   default) every item of any event of the user before this one (any event type: a
+   MovieLens rating below the threshold, an impression); ``positives`` only the items of
+   the user's earlier positive events, so an item merely rated or shown stays a candidate.
+   "Earlier" is stream order (event time, then file order).
 4. Then the methods learn from it. Learning happens in micro-batches of
    ``batch_size`` (128) consecutive positives: the batch is scored with every method as it
    was before the batch, then every method learns from the batch. The model takes
@@ -25,9 +31,10 @@ Protocol (the default; every number below is an :class:`EvalOptions` field):
    trainer's step, fed through the ``samples`` wire format: ``Sample.to_json`` ->
    ``model.trainer.samples.decode_sample`` -> ``to_batch``).
 
-Methods: the two-tower model (in-process, the same ``Trainer`` as ``streamrec train``),
-the popularity baseline and the recent-popularity baseline (``model.evaluation.baselines``), all on
-the same stream, the same micro-batches, the same candidates and exclusions.
+Methods: the two-tower model (in-process, the same ``Trainer`` as ``streamrec train``) and
+the baselines of ``model.evaluation.baselines`` (popularity, recent popularity,
+co-occurrence, session-kNN), all on the same stream, the same micro-batches, the same
+candidates and exclusions. The report names the best baseline by Recall@10.
 
 Figures: overall (all scored events) and per chunk (the scored events split into
 ``chunks`` consecutive, near-equal parts, in time order).
@@ -49,13 +56,14 @@ import numpy as np
 import orjson
 
 from feature_store.features import Event, FeatureParams, Sample, UserState, update_user
-from model.evaluation.baselines import PopularityBaseline, RecentPopularityBaseline
 from model.scoring.topk import top_k_rows
 from model.trainer.rolling import recall_ndcg
 
 log = logging.getLogger(__name__)
 
 MOVIELENS_FORMATS = ("movielens", "ml-1m", "ml-100k")
+#: ``EvalOptions.exclude``: which earlier items of the user leave the candidates.
+EXCLUDE = ("rated", "positives")
 
 
 @dataclass(frozen=True)
@@ -64,10 +72,13 @@ class EvalOptions:
     warmup_fraction: float = 0.1
     ks: tuple[int, ...] = (10, 20)
     chunks: int = 10
+    exclude: str = "rated"
 
     def __post_init__(self) -> None:
         if self.batch_size < 1 or self.chunks < 1 or not self.ks:
             raise ValueError("batch_size and chunks must be >= 1, ks non-empty")
+        if self.exclude not in EXCLUDE:
+            raise ValueError(f"exclude must be one of {', '.join(EXCLUDE)}")
         if not 0.0 <= self.warmup_fraction < 1.0:
             raise ValueError("warmup_fraction must be in [0, 1)")
 
@@ -83,6 +94,8 @@ class Positive:
     seen: int
     #: Items that appeared in any event before this one (candidate indices ``< n_items``).
     n_items: int
+    #: Items of the user's positive events before this one: ``user_positives[user][:n]``.
+    seen_positives: int = 0
 
 
 @dataclass
@@ -93,8 +106,18 @@ class EvalStream:
     item_ids: list[str] = field(default_factory=list)
     #: Per user: candidate indices of the items they interacted with, first time first.
     user_items: list[np.ndarray] = field(default_factory=list)
+    #: Per user: candidate indices of the items of their positive events, first time first.
+    user_positives: list[np.ndarray] = field(default_factory=list)
+    #: Item id -> candidate index (the inverse of ``item_ids``).
+    item_index: dict[str, int] = field(default_factory=dict)
     events: int = 0
     duplicates: int = 0
+
+    def excluded(self, pos: Positive, exclude: str = "rated") -> np.ndarray:
+        """The user's earlier items that leave the candidates of ``pos`` (module doc, 3.)."""
+        if exclude == "rated":
+            return self.user_items[pos.user][: pos.seen]
+        return self.user_positives[pos.user][: pos.seen_positives]
 
 
 def evaluation_weights(weights: Mapping[str, float], fmt: str) -> dict[str, float]:
@@ -108,11 +131,13 @@ def evaluation_weights(weights: Mapping[str, float], fmt: str) -> dict[str, floa
 def build_stream(wire_events: Iterable[Mapping[str, Any]], params: FeatureParams) -> EvalStream:
     """Run ordered wire-format events through the feature definitions (see the module doc)."""
     stream = EvalStream()
-    item_index: dict[str, int] = {}
+    item_index = stream.item_index
     user_index: dict[str, int] = {}
     states: list[UserState] = []
     user_lists: list[list[int]] = []
     user_sets: list[set[int]] = []
+    pos_lists: list[list[int]] = []
+    pos_sets: list[set[int]] = []
     for wire in wire_events:
         stream.events += 1
         event = Event(
@@ -130,6 +155,8 @@ def build_stream(wire_events: Iterable[Mapping[str, Any]], params: FeatureParams
             states.append(UserState())
             user_lists.append([])
             user_sets.append(set())
+            pos_lists.append([])
+            pos_sets.append(set())
         outcome = update_user(states[u], event, params)
         if outcome.duplicate:
             stream.duplicates += 1
@@ -140,11 +167,17 @@ def build_stream(wire_events: Iterable[Mapping[str, Any]], params: FeatureParams
             i = item_index[event.item_id] = n_items
             stream.item_ids.append(event.item_id)
         if outcome.sample is not None:
-            stream.positives.append(Positive(outcome.sample, u, i, len(user_lists[u]), n_items))
+            stream.positives.append(
+                Positive(outcome.sample, u, i, len(user_lists[u]), n_items, len(pos_lists[u]))
+            )
+            if i not in pos_sets[u]:
+                pos_sets[u].add(i)
+                pos_lists[u].append(i)
         if i not in user_sets[u]:
             user_sets[u].add(i)
             user_lists[u].append(i)
     stream.user_items = [np.asarray(items, np.int64) for items in user_lists]
+    stream.user_positives = [np.asarray(items, np.int64) for items in pos_lists]
     return stream
 
 
@@ -158,64 +191,84 @@ class Learner(Protocol):
 
     ``scores`` returns ``[n_candidates]`` (one score list shared by the batch's users) or
     ``[len(batch), n_candidates]``; higher is better; ``-inf`` means "cannot recommend".
+    ``tiebreak`` is ``None`` or integer keys ``[n_candidates]``: ties in per-row scores go to
+    the larger key, then to the lower index (see :func:`recommend`).
     """
 
     name: str
 
     def scores(self, batch: Sequence[Positive], n_candidates: int) -> np.ndarray: ...
 
+    def tiebreak(self, n_candidates: int) -> np.ndarray | None: ...
+
     def learn(self, batch: Sequence[Positive]) -> None: ...
-
-
-class BaselineLearner:
-    """Adapts a ``model.evaluation.baselines`` counter to :class:`Learner`."""
-
-    def __init__(self, baseline: PopularityBaseline | RecentPopularityBaseline) -> None:
-        self.baseline = baseline
-        self.name = baseline.name
-
-    def scores(self, batch: Sequence[Positive], n_candidates: int) -> np.ndarray:
-        return self.baseline.scores(n_candidates)
-
-    def learn(self, batch: Sequence[Positive]) -> None:
-        self.baseline.learn([p.item for p in batch], [p.sample.ts_ms for p in batch])
 
 
 def recommend(
     scores: np.ndarray,
-    batch: Sequence[Positive],
-    user_items: Sequence[np.ndarray],
+    excluded: Sequence[np.ndarray],
     k: int,
+    tiebreak: np.ndarray | None = None,
 ) -> np.ndarray:
-    """Top ``k`` candidate indices per row, best first, ``-1``-padded: ``[len(batch), k]``.
+    """Top ``k`` candidate indices per row, best first, ``-1``-padded: ``[len(excluded), k]``.
 
-    Candidates the user interacted with before the event are removed and ``-inf`` scores
-    are never recommended. Shared scores (``[N]``, the baselines): ties go to the lower
-    candidate index (the item seen first). Per-row scores (the model):
-    ``model.scoring.topk.top_k_rows`` on the masked scores.
+    ``excluded[row]`` (the user's earlier items, :meth:`EvalStream.excluded`) is removed and
+    ``-inf`` scores are never recommended. Shared scores (``[N]``): ties go to the lower
+    candidate index (the item seen first). Per-row scores with ``tiebreak`` (integer keys
+    ``[N]``, the per-user baselines): ties go to the larger key, then to the lower index.
+    Per-row scores without it (the model): ``model.scoring.topk.top_k_rows`` on the masked
+    scores.
     """
     n = scores.shape[-1]
-    out = np.full((len(batch), k), -1, np.int64)
+    out = np.full((len(excluded), k), -1, np.int64)
     if n == 0 or k == 0:
         return out
     if scores.ndim == 1:
         order = np.lexsort((np.arange(n), -scores))
         order = order[np.isfinite(scores[order])]
-        for row, pos in enumerate(batch):
-            excluded = user_items[pos.user][: pos.seen]
-            head = order[: k + excluded.size]
-            if excluded.size:
-                head = head[~np.isin(head, excluded)]
+        mark = np.zeros(n + 1, bool)  # mark[gone]: excluded (gone may hold indices >= n)
+        for row, gone in enumerate(excluded):
+            head = order[: k + gone.size]
+            if gone.size:
+                gone = gone[gone < n]
+                mark[gone] = True
+                head = head[~mark[head]]
+                mark[gone] = False
             head = head[:k]
             out[row, : head.size] = head
         return out
     masked = np.array(scores, np.float64)
-    for row, pos in enumerate(batch):
-        excluded = user_items[pos.user][: pos.seen]
-        masked[row, excluded[excluded < n]] = -np.inf
+    for row, gone in enumerate(excluded):
+        masked[row, gone[gone < n]] = -np.inf
+    if tiebreak is not None:
+        return _top_k_ties(masked, np.asarray(tiebreak, np.int64), k, out)
     best = top_k_rows(masked, k)
     best = np.where(np.isfinite(np.take_along_axis(masked, best, axis=1)), best, -1)
     out[:, : best.shape[1]] = best
+    return out
+
+
+def _top_k_ties(masked: np.ndarray, tiebreak: np.ndarray, k: int, out: np.ndarray) -> np.ndarray:
+    """Exact top ``k`` by (score desc, ``tiebreak`` desc, index asc), finite scores only."""
+    b, n = masked.shape
+    kk = min(k, n)
+    # Secondary key, unique per column: larger tiebreak first, then lower index.
+    second = tiebreak[:n] * n + (n - 1 - np.arange(n))
+    top = np.argpartition(-masked, kk - 1, axis=1)[:, :kk]
+    threshold = np.take_along_axis(masked, top, axis=1).min(axis=1, keepdims=True)
+    # Rows whose k-th score is shared with columns left out: pick those ties by the key.
+    inside = (np.take_along_axis(masked, top, axis=1) == threshold).sum(axis=1)
+    total = (masked == threshold).sum(axis=1)
+    for row in np.flatnonzero((total > inside) & np.isfinite(threshold[:, 0])):
+        scores, t = masked[row], threshold[row, 0]
+        above, ties = np.flatnonzero(scores > t), np.flatnonzero(scores == t)
+        best = ties[np.argsort(-second[ties], kind="stable")[: kk - above.size]]
+        top[row] = np.concatenate([above, best])
+    values = np.take_along_axis(masked, top, axis=1)
+    order = np.lexsort((-second[top], -values), axis=1)
+    ranked = np.take_along_axis(top, order, axis=1)
+    finite = np.isfinite(np.take_along_axis(values, order, axis=1))
+    out[:, :kk] = np.where(finite, ranked, -1)
     return out
 
 
@@ -253,7 +306,9 @@ class EvalResult:
         return out
 
     def report(self, model: str, chunks: int) -> dict[str, Any]:
-        """The ``--json`` document: model figures at the top, baselines under ``baselines``."""
+        """The ``--json`` document: model figures at the top, baselines under ``baselines``,
+        the best baseline by Recall@``ks[0]`` and the model's ratios to it and to popularity
+        (``None`` where the baseline scored 0)."""
         doc: dict[str, Any] = dict(self.overall(model))
         doc.update({"events": self.events, "scored": self.scored, "warmup": self.warmup})
         doc["baselines"] = {
@@ -261,8 +316,19 @@ class EvalResult:
             for name in self.values
             if name != model
         }
+        key = f"recall@{self.ks[0]}"
+        if doc["baselines"]:
+            best = max(doc["baselines"], key=lambda name: doc["baselines"][name][key])
+            doc["best_baseline"] = best
+            doc["ratio_to_best"] = _ratio(doc[key], doc["baselines"][best][key])
+        if "popularity" in doc["baselines"]:
+            doc["ratio_to_popularity"] = _ratio(doc[key], doc["baselines"]["popularity"][key])
         doc["over_time"] = {name: self.chunks(name, chunks) for name in self.values}
         return doc
+
+
+def _ratio(value: float, base: float) -> float | None:
+    return value / base if base > 0 else None
 
 
 def _means(values: Mapping[str, np.ndarray], part: slice) -> dict[str, float]:
@@ -293,9 +359,11 @@ def evaluate(
         if start >= warmup:
             n_candidates = batch[0].n_items
             targets = np.fromiter((p.item for p in batch), np.int64, len(batch))
+            excluded = [stream.excluded(p, options.exclude) for p in batch]
             for method in learners:
                 scores = method.scores(batch, n_candidates)
-                ranked = recommend(scores, batch, stream.user_items, max_k)
+                tiebreak = method.tiebreak(n_candidates) if scores.ndim == 2 else None
+                ranked = recommend(scores, excluded, max_k, tiebreak)
                 for k in options.ks:
                     recall, ndcg = recall_ndcg(ranked[:, :k], targets)
                     parts[method.name][f"recall@{k}"].append(recall)
@@ -315,63 +383,6 @@ def evaluate(
             for method, figs in parts.items()
         },
     )
-
-
-class TwoTowerLearner:
-    """The two-tower model behind :class:`Learner` (TensorFlow is imported on creation).
-
-    Scores: user tower of (user, point-in-time history) against the item tower of every
-    candidate the model has a row for, plus the co-visitation term (``model.scoring.covisit``, the
-    trainer's state, as served); candidates without a row score ``-inf``.
-    Learning: the batch's samples go through the ``samples`` wire format into a training
-    :class:`model.trainer.core.Batch`, then ``epochs`` calls of ``Trainer.train_step`` (the
-    item-frequency estimate counts the batch once).
-    """
-
-    name = "model"
-
-    def __init__(self, trainer: Any, history_len: int, epochs: int = 1) -> None:
-        from model.trainer.samples import KeyCache
-
-        self.trainer = trainer
-        self.history_len = history_len
-        self.epochs = epochs
-        self.keys = KeyCache()
-        self._key_pos: dict[int, int] = {}
-        self._item_ids: list[str] = []
-
-    def bind(self, item_ids: list[str]) -> TwoTowerLearner:
-        """The stream's candidate list (index -> item id)."""
-        self._item_ids = item_ids
-        return self
-
-    def _batch(self, batch: Sequence[Positive]) -> Any:
-        from model.trainer.samples import decode_sample, to_batch
-
-        samples = [decode_sample(p.sample.to_json()) for p in batch]
-        return to_batch(samples, self.history_len, self.keys)
-
-    def scores(self, batch: Sequence[Positive], n_candidates: int) -> np.ndarray:
-        for pos in range(len(self._key_pos), n_candidates):
-            self._key_pos[self.keys.item(self._item_ids[pos])] = pos
-        train_batch = self._batch(batch)
-        keys, vectors = self.trainer.item_vectors()
-        out = np.full((len(batch), n_candidates), -np.inf, np.float32)
-        if keys.size == 0:
-            return out
-        where = np.fromiter((self._key_pos.get(int(k), -1) for k in keys), np.int64, keys.size)
-        keep = (where >= 0) & (where < n_candidates)
-        users = self.trainer.user_vectors(train_batch.user_keys, train_batch.history)
-        cols = where[keep]
-        out[:, cols] = users @ vectors[keep].T
-        if self.trainer.covisit is not None:
-            out[:, cols] += self.trainer.covisit_scores(train_batch.history, keys[keep])
-        return out
-
-    def learn(self, batch: Sequence[Positive]) -> None:
-        train_batch = self._batch(batch)
-        for epoch in range(self.epochs):
-            self.trainer.train_step(train_batch, count=epoch == 0)
 
 
 def load_stream(

@@ -1,4 +1,4 @@
-"""``streamrec evaluate`` on MovieLens latest-small: the model against the popularity baseline.
+"""``streamrec evaluate`` on MovieLens latest-small: the model against its baselines.
 
 No services needed (the evaluation runs in-process), but it loads TensorFlow and trains the
 two-tower model on the whole file (100,836 ratings), so it lives with the integration tests.
@@ -62,7 +62,17 @@ def test_report_covers_the_whole_file(report: dict[str, Any]) -> None:
         assert set(figs) >= {"recall@10", "ndcg@10", "recall@20", "ndcg@20", "events", "scored"}
         assert 0.0 < figs["ndcg@10"] <= figs["recall@10"] <= figs["recall@20"] <= 1.0
         assert figs["scored"] == report["scored"]
-    assert set(report["baselines"]) == {"popularity", "recent_popularity"}
+    assert set(report["baselines"]) == {"popularity", "recent_popularity", "cooccurrence", "sknn"}
+    assert report["exclude"] == report["config"]["exclude"] == "rated"
+    best = report["best_baseline"]
+    assert report["baselines"][best]["recall@10"] == max(
+        b["recall@10"] for b in report["baselines"].values()
+    )
+    assert report["ratio_to_best"] == pytest.approx(
+        report["recall@10"] / report["baselines"][best]["recall@10"]
+    )
+    assert report["ratio_to_popularity"] == pytest.approx(_ratio(report))
+    assert set(report["over_time"]) == {"model", *report["baselines"]}
     chunks = report["over_time"]["model"]
     assert sum(c["scored"] for c in chunks) == report["scored"]
     assert report["_png"][:8] == b"\x89PNG\r\n\x1a\n"
@@ -72,6 +82,17 @@ def test_report_covers_the_whole_file(report: dict[str, Any]) -> None:
 def test_model_reaches_twice_popularity(report: dict[str, Any]) -> None:
     assert report["config"]["covisit_weight"] > 0
     assert _ratio(report) >= MIN_RATIO, report["config"]
+
+
+@pytest.mark.timeout(900)
+def test_default_figures_and_the_neighbour_baselines(report: dict[str, Any]) -> None:
+    """The default protocol's figures (seed 7) and the per-user baselines above popularity."""
+    assert (report["recall@10"], report["ndcg@10"]) == pytest.approx((0.1145, 0.0617), abs=5e-5)
+    assert (report["recall@20"], report["ndcg@20"]) == pytest.approx((0.1705, 0.0758), abs=5e-5)
+    base = report["baselines"]
+    popularity = base["popularity"]["recall@10"]
+    assert base["cooccurrence"]["recall@10"] > popularity
+    assert base["sknn"]["recall@10"] > popularity
 
 
 @pytest.mark.timeout(900)

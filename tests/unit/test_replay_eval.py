@@ -10,9 +10,9 @@ import pytest
 
 from feature_store.features import FeatureParams
 from feature_store.settings import FeatureSettings
-from model.evaluation.baselines import PopularityBaseline, RecentPopularityBaseline
+from model.evaluation.baselines import PopularityBaseline
+from model.evaluation.learners import BaselineLearner
 from model.evaluation.replay import (
-    BaselineLearner,
     EvalOptions,
     Positive,
     build_stream,
@@ -100,6 +100,9 @@ class _Recorder:
                 out[row, p.item] = 1.0
         return out
 
+    def tiebreak(self, n_candidates: int) -> np.ndarray | None:
+        return None
+
     def learn(self, batch: Sequence[Positive]) -> None:
         self.calls.append(("learn", [p.sample.sample_id for p in batch]))
 
@@ -144,9 +147,10 @@ def test_recommend_excludes_breaks_ties_by_index_and_skips_minus_inf() -> None:
         Positive(sample=None, user=0, item=2, seen=0, n_items=5),  # type: ignore[arg-type]
         Positive(sample=None, user=1, item=4, seen=0, n_items=5),  # type: ignore[arg-type]
     ]
+    excluded = [user_items[p.user][: p.seen] for p in batch]
     shared = np.array([5.0, 1.0, 1.0, 9.0, -np.inf])
     # order: 3, 0, 1, 2 (1 and 2 tie: lower index first), 4 never.
-    assert recommend(shared, batch, user_items, k=3).tolist() == [
+    assert recommend(shared, excluded, k=3).tolist() == [
         [1, 2, -1],  # 0 and 3 excluded (seen before), 4 is -inf
         [3, 0, 1],
         [3, 0, 1],
@@ -158,10 +162,18 @@ def test_recommend_excludes_breaks_ties_by_index_and_skips_minus_inf() -> None:
             [-np.inf, 0.0, -np.inf, 2.0, -np.inf],
         ]
     )
-    assert recommend(per_row, batch, user_items, k=3).tolist() == [
+    assert recommend(per_row, excluded, k=3).tolist() == [
         [2, 1, 4],
         [2, 4, 1],
         [3, 1, -1],
+    ]
+    # Per-row ties with a tiebreak key: larger key first, then lower index.
+    tied = np.array([[1.0, 2.0, 2.0, 2.0, 0.0], [0.0] * 5, [-np.inf, 0.0, -np.inf, 0.0, 0.0]])
+    key = np.array([0, 1, 3, 1, 0])
+    assert recommend(tied, excluded, k=3, tiebreak=key).tolist() == [
+        [2, 1, 4],  # 0 and 3 excluded
+        [2, 1, 3],
+        [1, 3, 4],
     ]
 
 
@@ -180,20 +192,6 @@ def test_popularity_counts() -> None:
     scores = pop.scores(3)
     assert list(scores) == [1.0, 0.0, 2.0]
     assert pop.scores(2001)[2000] == 1.0
-
-
-def test_recent_popularity_decays_in_event_time() -> None:
-    recent = RecentPopularityBaseline(half_life_ms=1000)
-    recent.learn([0, 1], [1000, 0])  # out of order within a batch: each at its own time
-    assert list(recent.scores(2)) == pytest.approx([1.0, 0.5])
-    recent.learn([1], [3000])
-    # A: 1 * 2**-2; B: 0.5 * 2**-2 + 1.
-    assert list(recent.scores(3)) == pytest.approx([0.25, 1.125, 0.0])
-    recent.learn([0], [2000])  # late event: weighed at its age, as_of does not move back
-    assert recent.as_of_ms == 3000
-    assert recent.scores(1)[0] == pytest.approx(0.25 + 0.5)
-    with pytest.raises(ValueError):
-        RecentPopularityBaseline(half_life_ms=0)
 
 
 def test_movielens_low_ratings_are_interactions_not_positives(tmp_path: Path) -> None:
@@ -223,3 +221,30 @@ def test_movielens_low_ratings_are_interactions_not_positives(tmp_path: Path) ->
         "like": 2.0,
     }
     assert evaluation_weights({"rating": 1.0, "like": 2.0}, "movielens")["rating"] == 0.0
+
+
+def test_exclude_positives_keeps_items_merely_shown_as_candidates() -> None:
+    stream = build_stream(EVENTS, PARAMS)
+    e6 = next(p for p in stream.positives if p.sample.sample_id == "e6")
+    # u2 before e6: clicked A (positive), was shown C (impression).
+    assert stream.excluded(e6, "rated").tolist() == [0, 2]
+    assert stream.excluded(e6, "positives").tolist() == [0]
+    assert list(stream.user_positives[e6.user]) == [0, 1]
+    options = EvalOptions(
+        batch_size=2, warmup_fraction=0.3, ks=(1, 3), chunks=2, exclude="positives"
+    )
+    result = evaluate(stream, [BaselineLearner(PopularityBaseline())], options)
+    # [e8]: A=3, B=3, C=0 and u4 has nothing earlier -> C at 2 either way; e6: C stays a
+    # candidate but ranks after B.
+    assert list(result.values["popularity"]["recall@1"]) == [0, 0, 1, 1, 0]
+    with pytest.raises(ValueError):
+        EvalOptions(exclude="everything")
+
+
+def test_report_names_the_best_baseline_and_the_ratios() -> None:
+    stream = build_stream(EVENTS, PARAMS)
+    learners = [_Recorder(), BaselineLearner(PopularityBaseline())]
+    doc = evaluate(stream, learners, OPTIONS).report("oracle", chunks=2)
+    assert doc["best_baseline"] == "popularity"
+    assert doc["ratio_to_best"] == pytest.approx((3 / 5) / (2 / 5))
+    assert doc["ratio_to_popularity"] == doc["ratio_to_best"]

@@ -1,0 +1,142 @@
+"""The methods of the evaluation behind ``model.evaluation.replay.Learner``.
+
+* :class:`BaselineLearner` — a shared-score baseline (popularity, recent popularity).
+* :class:`HistoryLearner` — a per-user baseline (co-occurrence, session-kNN) fed with each
+  positive's point-in-time history as candidate indices.
+* :class:`TwoTowerLearner` — the two-tower model, in-process (TensorFlow is imported on
+  creation).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from model.evaluation.baselines import (
+    CooccurrenceBaseline,
+    PopularityBaseline,
+    RecentPopularityBaseline,
+    SessionKNNBaseline,
+)
+from model.evaluation.replay import Positive
+
+
+class BaselineLearner:
+    """Adapts a shared-score counter of ``model.evaluation.baselines`` to :class:`Learner`."""
+
+    def __init__(self, baseline: PopularityBaseline | RecentPopularityBaseline) -> None:
+        self.baseline = baseline
+        self.name = baseline.name
+
+    def scores(self, batch: Sequence[Positive], n_candidates: int) -> np.ndarray:
+        return self.baseline.scores(n_candidates)
+
+    def tiebreak(self, n_candidates: int) -> np.ndarray | None:
+        return None
+
+    def learn(self, batch: Sequence[Positive]) -> None:
+        self.baseline.learn([p.item for p in batch], [p.sample.ts_ms for p in batch])
+
+
+class HistoryLearner:
+    """Adapts the per-user baselines (co-occurrence, session-kNN) to :class:`Learner`.
+
+    Each positive's point-in-time history (item ids, most recent first) becomes candidate
+    indices; items the stream has not seen yet cannot occur (histories hold earlier items).
+    """
+
+    def __init__(
+        self, baseline: CooccurrenceBaseline | SessionKNNBaseline, item_index: Mapping[str, int]
+    ) -> None:
+        self.baseline = baseline
+        self.name = baseline.name
+        self.item_index = item_index
+        self.depth = baseline.window
+        self._cached: tuple[Sequence[Positive], list[list[int]]] | None = None
+
+    def _histories(self, batch: Sequence[Positive]) -> list[list[int]]:
+        """The batch's history heads as candidate indices (kept from scoring for learning)."""
+        if self._cached is not None and self._cached[0] is batch:
+            return self._cached[1]
+        index, depth = self.item_index, self.depth
+        histories = [[index[i] for i in p.sample.history[:depth]] for p in batch]
+        self._cached = (batch, histories)  # holds the batch: its identity stays unique
+        return histories
+
+    def scores(self, batch: Sequence[Positive], n_candidates: int) -> np.ndarray:
+        histories = self._histories(batch)
+        if isinstance(self.baseline, SessionKNNBaseline):
+            return self.baseline.scores([p.user for p in batch], histories, n_candidates)
+        return self.baseline.scores(histories, n_candidates)
+
+    def tiebreak(self, n_candidates: int) -> np.ndarray | None:
+        return self.baseline.tiebreak(n_candidates)
+
+    def learn(self, batch: Sequence[Positive]) -> None:
+        targets = [p.item for p in batch]
+        if isinstance(self.baseline, SessionKNNBaseline):
+            self.baseline.learn([p.user for p in batch], targets)
+        else:
+            self.baseline.learn(targets, self._histories(batch))
+
+
+class TwoTowerLearner:
+    """The two-tower model behind :class:`Learner` (TensorFlow is imported on creation).
+
+    Scores: user tower of (user, point-in-time history) against the item tower of every
+    candidate the model has a row for, plus the co-visitation term (``model.scoring.covisit``, the
+    trainer's state, as served); candidates without a row score ``-inf``.
+    Learning: the batch's samples go through the ``samples`` wire format into a training
+    :class:`model.trainer.core.Batch`, then ``epochs`` calls of ``Trainer.train_step`` (the
+    item-frequency estimate counts the batch once).
+    """
+
+    name = "model"
+
+    def __init__(self, trainer: Any, history_len: int, epochs: int = 1) -> None:
+        from model.trainer.samples import KeyCache
+
+        self.trainer = trainer
+        self.history_len = history_len
+        self.epochs = epochs
+        self.keys = KeyCache()
+        self._key_pos: dict[int, int] = {}
+        self._item_ids: list[str] = []
+
+    def bind(self, item_ids: list[str]) -> TwoTowerLearner:
+        """The stream's candidate list (index -> item id)."""
+        self._item_ids = item_ids
+        return self
+
+    def _batch(self, batch: Sequence[Positive]) -> Any:
+        from model.trainer.samples import decode_sample, to_batch
+
+        samples = [decode_sample(p.sample.to_json()) for p in batch]
+        return to_batch(samples, self.history_len, self.keys)
+
+    def scores(self, batch: Sequence[Positive], n_candidates: int) -> np.ndarray:
+        for pos in range(len(self._key_pos), n_candidates):
+            self._key_pos[self.keys.item(self._item_ids[pos])] = pos
+        train_batch = self._batch(batch)
+        keys, vectors = self.trainer.item_vectors()
+        out = np.full((len(batch), n_candidates), -np.inf, np.float32)
+        if keys.size == 0:
+            return out
+        where = np.fromiter((self._key_pos.get(int(k), -1) for k in keys), np.int64, keys.size)
+        keep = (where >= 0) & (where < n_candidates)
+        users = self.trainer.user_vectors(train_batch.user_keys, train_batch.history)
+        cols = where[keep]
+        out[:, cols] = users @ vectors[keep].T
+        if self.trainer.covisit is not None:
+            out[:, cols] += self.trainer.covisit_scores(train_batch.history, keys[keep])
+        return out
+
+    def tiebreak(self, n_candidates: int) -> np.ndarray | None:
+        return None
+
+    def learn(self, batch: Sequence[Positive]) -> None:
+        train_batch = self._batch(batch)
+        for epoch in range(self.epochs):
+            self.trainer.train_step(train_batch, count=epoch == 0)

@@ -1,0 +1,229 @@
+"""The evaluation's baselines against plain, slow re-implementations of their docstring rules.
+
+Small random streams go through ``build_stream`` and the protocol's micro-batches; each
+baseline's scores must equal the slow version's exactly, and so must the rankings of
+``recommend`` (with its exclusions and tie-breaks).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+
+from feature_store.features import FeatureParams
+from model.evaluation import neighbours
+from model.evaluation.baselines import (
+    CooccurrenceBaseline,
+    PopularityBaseline,
+    RecentPopularityBaseline,
+    SessionKNNBaseline,
+)
+from model.evaluation.learners import BaselineLearner, HistoryLearner
+from model.evaluation.replay import EvalStream, Positive, build_stream, recommend
+
+PARAMS = FeatureParams(
+    event_weights={"impression": 0.0, "click": 1.0, "rating": 0.0},
+    history_len=30,
+    history_types=frozenset({"rating"}),
+)
+
+
+def _random_stream(seed: int, events: int = 700, users: int = 25, items: int = 60) -> EvalStream:
+    rng = np.random.default_rng(seed)
+    popular = rng.dirichlet(np.full(items, 0.3))
+    wire = []
+    for n in range(events):
+        wire.append(
+            {
+                "event_id": f"e{n}",
+                "user_id": f"u{rng.integers(users)}",
+                "item_id": f"i{rng.choice(items, p=popular)}",
+                "event_type": str(rng.choice(["click", "click", "rating", "impression"])),
+                "ts": 1_700_000_000_000 + n * 1000 + int(rng.integers(0, 3000)),  # some disorder
+            }
+        )
+    wire.sort(key=lambda e: e["ts"])
+    return build_stream(wire, PARAMS)
+
+
+def _distinct(history: Sequence[int], window: int) -> list[int]:
+    out: list[int] = []
+    for item in history[:window]:
+        if item not in out:
+            out.append(item)
+    return out
+
+
+class _Slow:
+    """Shared state of the slow versions: learned positives in order, item ids -> index."""
+
+    def __init__(self, stream: EvalStream, window: int) -> None:
+        self.index = stream.item_index
+        self.window = window
+        self.popularity: Counter[int] = Counter()
+
+    def query(self, p: Positive) -> list[int]:
+        return _distinct([self.index[i] for i in p.sample.history], self.window)
+
+    def tiebreak(self, n: int) -> np.ndarray:
+        return np.array([self.popularity[i] for i in range(n)], np.int64)
+
+
+class SlowCooccurrence(_Slow):
+    def __init__(self, stream: EvalStream, window: int) -> None:
+        super().__init__(stream, window)
+        self.pairs: Counter[tuple[int, int]] = Counter()
+
+    def learn(self, batch: Sequence[Positive]) -> None:
+        for p in batch:
+            self.popularity[p.item] += 1
+            for j in self.query(p):
+                self.pairs[(p.item, j)] += 1
+                self.pairs[(j, p.item)] += 1
+
+    def scores(self, batch: Sequence[Positive], n: int) -> np.ndarray:
+        out = np.zeros((len(batch), n))
+        for row, p in enumerate(batch):
+            window = self.query(p)
+            for i in range(n):
+                out[row, i] = sum(self.pairs[(j, i)] for j in window)
+        return out
+
+
+class SlowSessionKNN(_Slow):
+    def __init__(self, stream: EvalStream, sample: int, window: int) -> None:
+        super().__init__(stream, window)
+        self.sample = sample
+        self.held: defaultdict[int, set[int]] = defaultdict(set)
+        self.last: dict[int, int] = {}
+        self.learned = 0
+
+    def learn(self, batch: Sequence[Positive]) -> None:
+        for p in batch:
+            self.popularity[p.item] += 1
+            self.held[p.user].add(p.item)
+            self.last[p.user] = self.learned
+            self.learned += 1
+
+    def scores(self, batch: Sequence[Positive], n: int) -> np.ndarray:
+        out = np.zeros((len(batch), n))
+        for row, p in enumerate(batch):
+            window = self.query(p)
+            length = len(window)
+            weight_of = {j: (length - pos) / length for pos, j in enumerate(window)}
+            sharing = [u for u, h in self.held.items() if u != p.user and h & set(window)]
+            sharing.sort(key=lambda u: -self.last[u])
+            for rank, u in enumerate(sharing[: self.sample]):
+                num = 0.0
+                for j in window:
+                    if j in self.held[u]:
+                        num += weight_of[j]
+                sim = num / (math.sqrt(length) * math.sqrt(len(self.held[u])))
+                weight = sim * (1.0 - rank / self.sample)
+                for i in sorted(self.held[u]):
+                    if i < n:
+                        out[row, i] += weight
+        return out
+
+
+def _slow_ranking(
+    scores: np.ndarray, tiebreak: np.ndarray, excluded: np.ndarray, k: int
+) -> list[int]:
+    gone = set(excluded.tolist())
+    keep = [i for i in range(scores.size) if i not in gone]
+    keep.sort(key=lambda i: (-scores[i], -tiebreak[i], i))
+    return keep[:k]
+
+
+def _batches(stream: EvalStream, size: int) -> list[list[Positive]]:
+    return [stream.positives[s : s + size] for s in range(0, len(stream.positives), size)]
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest.mark.parametrize("exclude", ["rated", "positives"])
+@pytest.mark.parametrize("dense", [0, 1])  # sorted pairs / dense arrays (cooc: from item 30)
+def test_per_user_baselines_equal_their_slow_versions(
+    seed: int, exclude: str, dense: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(neighbours, "DENSE_RATIO", 10**9 if dense else 0)
+    monkeypatch.setattr(neighbours, "DENSE_ITEMS", 30 if dense else 0)
+    monkeypatch.setattr(neighbours, "RECENT_FIRST", 1)  # sorted pairs: exercise the fallback
+    stream = _random_stream(seed)
+    assert len(stream.positives) > 200
+    pairs = [
+        (
+            HistoryLearner(CooccurrenceBaseline(window=4), stream.item_index),
+            SlowCooccurrence(stream, window=4),
+        ),
+        (
+            HistoryLearner(SessionKNNBaseline(sample_size=5, window=6), stream.item_index),
+            SlowSessionKNN(stream, sample=5, window=6),
+        ),
+    ]
+    nonzero = 0
+    for batch in _batches(stream, 16):
+        n = batch[0].n_items
+        excluded = [stream.excluded(p, exclude) for p in batch]
+        for fast, slow in pairs:
+            got, want = fast.scores(batch, n), slow.scores(batch, n)
+            assert np.array_equal(got, want), fast.name
+            nonzero += int((got > 0).sum())
+            tiebreak = fast.tiebreak(n)
+            assert tiebreak is not None
+            assert np.array_equal(tiebreak, slow.tiebreak(n))
+            ranked = recommend(got, excluded, 7, tiebreak)
+            for row in range(len(batch)):
+                expected = _slow_ranking(want[row], tiebreak, excluded[row], 7)
+                assert [i for i in ranked[row] if i >= 0] == expected, fast.name
+            fast.learn(batch)
+            slow.learn(batch)
+    assert nonzero > 1000  # the comparison is not vacuous
+
+
+def test_recent_popularity_is_a_count_over_the_last_window_positives() -> None:
+    rng = np.random.default_rng(4)
+    recent = RecentPopularityBaseline(window=50)
+    learned: list[int] = []
+    for size in [3, 40, 1, 77, 120, 5, 0, 60]:  # batches larger and smaller than the window
+        items = rng.integers(0, 30, size)
+        recent.learn(items, np.zeros(size, np.int64))
+        learned.extend(items.tolist())
+        want = Counter(learned[-50:])
+        assert recent.scores(30).tolist() == [float(want[i]) for i in range(30)]
+    with pytest.raises(ValueError):
+        RecentPopularityBaseline(window=0)
+
+
+def test_popularity_learner_ranks_like_counts_with_exclusions() -> None:
+    stream = _random_stream(5)
+    learner = BaselineLearner(PopularityBaseline())
+    counts: Counter[int] = Counter()
+    for batch in _batches(stream, 32):
+        n = batch[0].n_items
+        excluded = [stream.excluded(p, "positives") for p in batch]
+        ranked = recommend(learner.scores(batch, n), excluded, 5)
+        zeros = np.zeros(n, np.int64)
+        for row, gone in enumerate(excluded):
+            scores = np.array([counts[i] for i in range(n)], np.float64)
+            expected = _slow_ranking(scores, zeros, gone, 5)
+            assert [i for i in ranked[row] if i >= 0] == expected
+        learner.learn(batch)
+        counts.update(p.item for p in batch)
+
+
+def test_empty_window_falls_back_to_popularity_and_self_is_no_neighbour() -> None:
+    knn = SessionKNNBaseline(sample_size=3, window=5)
+    knn.learn([0, 0, 1, 2], [4, 5, 4, 6])
+    empty = np.zeros(0, np.int64)
+    assert knn.scores([3], [empty], 7).tolist() == [[0.0] * 7]
+    assert knn.tiebreak(7).tolist() == [0, 0, 0, 0, 2, 1, 1]
+    # User 0 asks with item 4: neighbours are 1 (holds 4) only, not user 0 itself.
+    scores = knn.scores([0], [np.array([4])], 7)[0]
+    assert scores[4] == pytest.approx(1.0) and scores[5] == 0.0 and scores[6] == 0.0
+    cooc = CooccurrenceBaseline(window=2)
+    cooc.learn([3, 4], [np.array([1, 2, 9]), np.array([3, 3])])  # 9 is outside the window
+    assert cooc.scores([np.array([3])], 10)[0].tolist() == [0, 1, 1, 0, 1, 0, 0, 0, 0, 0]
