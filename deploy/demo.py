@@ -141,6 +141,7 @@ def run_demo(settings: Settings, rate: float, duration_s: float | None, users: i
             model = get_json(f"{serving}/model") or {}
             recall = trn.get('streamrec_trainer_quality_rolling{metric=recall@10}')
             pop = trn.get('streamrec_trainer_quality_rolling{metric=popularity_recall@10}')
+            i2i = trn.get('streamrec_trainer_quality_rolling{metric=item2item_recall@10}')
             cur = {"accepted": accepted, "samples": samples, "trained": trained}
 
             def rate_of(name: str, now_vals: dict[str, Any] = cur,
@@ -156,7 +157,8 @@ def run_demo(settings: Settings, rate: float, duration_s: float | None, users: i
                 f"{rate_of('samples'):>6}  trained/s {rate_of('trained'):>7}  model "
                 f"{model.get('version') or '-'} age {f'{age:.0f}s' if age is not None else '-'}"
                 f"  recall@10 {f'{recall:.3f}' if recall is not None else '-'}"
-                f" (popularity {f'{pop:.3f}' if pop is not None else '-'})  serving p99 "
+                f" (popularity {f'{pop:.3f}' if pop is not None else '-'}, item-to-item "
+                f"{f'{i2i:.3f}' if i2i is not None else '-'})  serving p99 "
                 f"{f'{p99:.1f}ms' if p99 is not None else '-'} popular/degraded "
                 f"{probe.share('popular', 'degraded'):.0%}",
                 flush=True,

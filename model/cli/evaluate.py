@@ -99,6 +99,11 @@ def register(sub: Any) -> None:
         "--covisit-weight", type=float, default=None,
         help="weight of the item co-visitation term (0 = towers only; default: ModelConfig)",
     )
+    g.add_argument(
+        "--mix", choices=("learned", "fixed"), default=None,
+        help="weights of the score's parts: learned from the stream (model.scoring.mixer), or "
+        "the constants 1, --prior-weight, --covisit-weight (default: ModelConfig)",
+    )
     g.add_argument("--covisit-window", type=int, default=None, help="default: ModelConfig")
     g.add_argument("--covisit-decay", type=float, default=None, help="default: ModelConfig")
     g.add_argument(
@@ -177,7 +182,10 @@ def _handle(args: argparse.Namespace) -> int:
     doc["rejected_rows"] = replay_report["rejected"]
     doc["exclude"] = args.exclude
     doc["config"] = _config(args, settings)
+    doc["score_weights"] = args.score_weights
     print(_table(doc))
+    print("score weights (" + doc["config"]["mix"] + "): "
+          + ", ".join(f"{k} {v:.3f}" for k, v in args.score_weights.items()))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(doc, indent=2))
@@ -202,6 +210,7 @@ def _config(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
         "history_decay": _default(args.history_decay, "history_decay"),
         "pool_residual": _default(args.pool_residual, "pool_residual"),
         "covisit_weight": _default(args.covisit_weight, "covisit_weight"),
+        "mix": _default(args.mix, "mix"),
         "covisit_window": _default(args.covisit_window, "covisit_window"),
         "covisit_decay": _default(args.covisit_decay, "covisit_decay"),
         "covisit_half_life": _default(args.covisit_half_life, "covisit_half_life"),
@@ -260,6 +269,7 @@ def _run(args: argparse.Namespace, settings: Any, stream: Any) -> Any:
             history_decay=cfg["history_decay"],
             pool_residual=cfg["pool_residual"],
             covisit_weight=cfg["covisit_weight"],
+            mix=cfg["mix"],
             covisit_window=cfg["covisit_window"],
             covisit_decay=cfg["covisit_decay"],
             covisit_half_life=cfg["covisit_half_life"],
@@ -286,7 +296,9 @@ def _run(args: argparse.Namespace, settings: Any, stream: Any) -> Any:
         tag="eval",
     )
     learners: list[Learner] = [
-        TwoTowerLearner(trainer, cfg["history_len"], cfg["epochs"]).bind(stream.item_ids),
+        TwoTowerLearner(trainer, cfg["history_len"], cfg["epochs"]).bind(
+            stream.item_ids, lambda pos: stream.excluded(pos, args.exclude)
+        ),
         BaselineLearner(PopularityBaseline()),
         BaselineLearner(RecentPopularityBaseline(args.recent_window)),
         HistoryLearner(CooccurrenceBaseline(args.cooc_window), stream.item_index),
@@ -310,7 +322,9 @@ def _run(args: argparse.Namespace, settings: Any, stream: Any) -> Any:
             bar.update(done - bar.n)
 
     try:
-        return evaluate(stream, learners, options, progress)
+        result = evaluate(stream, learners, options, progress)
+        args.score_weights = trainer.mixer.as_dict()
+        return result
     finally:
         if bar is not None:
             bar.close()

@@ -9,7 +9,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -104,10 +104,15 @@ class TwoTowerLearner:
         self.keys = KeyCache()
         self._key_pos: dict[int, int] = {}
         self._item_ids: list[str] = []
+        self._excluded: Callable[[Positive], np.ndarray] | None = None
 
-    def bind(self, item_ids: list[str]) -> TwoTowerLearner:
-        """The stream's candidate list (index -> item id)."""
+    def bind(
+        self, item_ids: list[str], excluded: Callable[[Positive], np.ndarray] | None = None
+    ) -> TwoTowerLearner:
+        """The stream's candidate list (index -> item id) and the items each event's ranking
+        leaves out (:meth:`EvalStream.excluded`), which the learned mix leaves out too."""
         self._item_ids = item_ids
+        self._excluded = excluded
         return self
 
     def _batch(self, batch: Sequence[Positive]) -> Any:
@@ -120,17 +125,48 @@ class TwoTowerLearner:
         for pos in range(len(self._key_pos), n_candidates):
             self._key_pos[self.keys.item(self._item_ids[pos])] = pos
         train_batch = self._batch(batch)
-        keys, vectors = self.trainer.item_vectors()
+        learned = self.trainer.config.mix == "learned"
+        if learned:
+            keys, tower, log_q = self.trainer.item_parts()
+        else:
+            keys, vectors = self.trainer.item_vectors()
         out = np.full((len(batch), n_candidates), -np.inf, np.float32)
         if keys.size == 0:
             return out
         where = np.fromiter((self._key_pos.get(int(k), -1) for k in keys), np.int64, keys.size)
         keep = (where >= 0) & (where < n_candidates)
-        users = self.trainer.user_vectors(train_batch.user_keys, train_batch.history)
         cols = where[keep]
+        if learned:
+            return self._mixed(batch, train_batch, keys[keep], tower[keep],
+                               None if log_q is None else log_q[keep], cols, out)
+        users = self.trainer.user_vectors(train_batch.user_keys, train_batch.history)
         out[:, cols] = users @ vectors[keep].T
         if self.trainer.covisit is not None:
             out[:, cols] += self.trainer.covisit_scores(train_batch.history, keys[keep])
+        return out
+
+    def _mixed(
+        self, batch: Sequence[Positive], train_batch: Any, keys: np.ndarray, tower: np.ndarray,
+        log_q: np.ndarray | None, cols: np.ndarray, out: np.ndarray,
+    ) -> np.ndarray:
+        """Scores with the learned mix (``ModelConfig.mix``); then the mix learns from these
+        rows (test, then train), over the candidates the ranking keeps."""
+        trainer = self.trainer
+        trainer.wait_evaluation()
+        parts = trainer.score_parts(
+            trainer.tower_users(train_batch.user_keys, train_batch.history),
+            tower, log_q, train_batch.history, keys,
+        )
+        out[:, cols] = trainer.mixer.score(parts)
+        at = np.full(out.shape[1], -1, np.int64)
+        at[cols] = np.arange(cols.size)
+        learn = [np.array(f, np.float64) for f in parts]
+        if self._excluded is not None:
+            for row, pos in enumerate(batch):
+                gone = self._excluded(pos)
+                gone = at[gone[gone < at.size]]
+                learn[0][row, gone[gone >= 0]] = -np.inf
+        trainer.learn_mix(learn, np.array([at[p.item] if p.item < at.size else -1 for p in batch]))
         return out
 
     def tiebreak(self, n_candidates: int) -> np.ndarray | None:

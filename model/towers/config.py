@@ -71,8 +71,17 @@ class ModelConfig:
     #: targets (and sampled negatives), and the item optimizer touches ~B rows per step,
     #: not every distinct history item of the batch (bench/train.py times both steps).
     train_history: bool = True
+    #: How the parts of the score (towers, prior, co-visitation) are weighted: "learned" —
+    #: weights start at 1, ``prior_weight`` and ``covisit_weight`` and are learnt from the
+    #: stream by softmax cross-entropy on test-then-train scores (``model.scoring.mixer``);
+    #: "fixed" — those constants as they are.
+    mix: str = "learned"
+    #: Adagrad step of the learned mix.
+    mix_lr: float = 0.05
 
     def __post_init__(self) -> None:
+        if self.mix not in ("learned", "fixed") or self.mix_lr <= 0.0:
+            raise ValueError("mix must be 'learned' or 'fixed', mix_lr > 0")
         if not self.user_layers or self.user_layers[-1] != self.embedding_dim:
             raise ValueError("user_layers must end with embedding_dim (the item vector size)")
         if self.compute_dtype not in COMPUTE_DTYPES:

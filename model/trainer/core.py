@@ -18,6 +18,7 @@ import numpy as np
 
 from model.scoring.covisit import CoVisitation
 from model.scoring.covisit import term as covisit_term
+from model.scoring.mixer import ScoreMixer
 from model.trainer.rolling import Evaluator
 from model.towers.frequency import CountFrequencyEstimator
 from model.towers.loss import (
@@ -51,6 +52,19 @@ _SIG = [
 
 def _pick(value: float | None, default: float) -> float:
     return default if value is None else value
+
+
+def _mixer(config: ModelConfig, covisit: bool) -> ScoreMixer:
+    """The score's parts (towers, then the prior and co-visitation where the model has
+    them) with their initial weights; the weights learn only with ``config.mix`` learned."""
+    names, initial = ["tower"], [1.0]
+    if config.prior_weight:
+        names.append("prior")
+        initial.append(config.prior_weight)
+    if covisit:
+        names.append("covisit")
+        initial.append(config.covisit_weight)
+    return ScoreMixer(names, initial, lr=config.mix_lr)
 
 
 def _adagrad(lr: float) -> Any:
@@ -98,6 +112,7 @@ class Trainer:
             if config.covisit_weight
             else None
         )
+        self.mixer = _mixer(config, self.covisit is not None)
         single = self._dedup_step if opts.dedup_lookups else self._single_step
         self._step_fn = tf.function(single, input_signature=_SIG)
         self._step_concrete: Any = None
@@ -347,7 +362,7 @@ class Trainer:
                 self._step_concrete = self._step_fn.get_concrete_function()
             loss_t, head = self._step_concrete(*args)
             loss = float(loss_t)
-            self._head_vectors = user_scoring_vectors(head.numpy(), self.config.prior_weight)
+            self._head_vectors = head.numpy()
         if count and covisit and self.covisit is not None:
             self.covisit.learn(batch.history, batch.item_keys, batch.weights)
         self.maybe_evict()
@@ -363,10 +378,13 @@ class Trainer:
 
     def user_vectors(self, user_keys: np.ndarray, history: np.ndarray) -> np.ndarray:
         """Scoring vectors of users (the user tower, plus the prior's 1: ``model.scoring.prior``)."""
-        vectors = self._user_vec_fn(
+        return user_scoring_vectors(self.tower_users(user_keys, history), self.config.prior_weight)
+
+    def tower_users(self, user_keys: np.ndarray, history: np.ndarray) -> np.ndarray:
+        """The user tower's output of users with their histories (most recent first)."""
+        return self._user_vec_fn(
             tf.constant(user_keys, tf.int64), tf.constant(self._history(history), tf.int64)
         ).numpy()
-        return user_scoring_vectors(vectors, self.config.prior_weight)
 
     def covisit_scores(self, history: np.ndarray, item_keys: np.ndarray) -> np.ndarray:
         """``[B, N]`` float32: the co-visitation term (``model.scoring.covisit``) of each history row
@@ -374,7 +392,7 @@ class Trainer:
         self.wait_evaluation()
         if self.covisit is None:
             return np.zeros((len(history), len(item_keys)), np.float32)
-        return covisit_term(self.covisit.sums(history, item_keys), self.config.covisit_weight)
+        return covisit_term(self.covisit.sums(history, item_keys), self.score_weights()[2])
 
     def item_vectors(self) -> tuple[np.ndarray, np.ndarray]:
         """(keys, scoring vectors float32) of every known item: the item tower output, with
@@ -394,26 +412,79 @@ class Trainer:
         """:meth:`item_vectors` from :meth:`_item_rows` (numpy only: any thread)."""
         if self.config.normalize and rows.size:
             rows = rows / np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-12)
+        tower_w, prior_w, _ = self.score_weights()
+        if tower_w != 1.0:
+            rows = rows * tower_w
         if log_q is None:
             return keys, rows.astype(np.float32)
-        return keys, item_scoring_vectors(
-            rows, log_q, self.config.temperature, self.config.prior_weight
-        )
+        if not prior_w:  # the learned mix switched the prior off: its dimension stays, at 0
+            log_q, prior_w = np.zeros_like(log_q), 1.0
+        return keys, item_scoring_vectors(rows, log_q, self.config.temperature, prior_w)
 
     def _refresh_candidates(
         self, keys: np.ndarray, rows: np.ndarray, log_q: np.ndarray | None
     ) -> None:
-        self.evaluator.set_candidates(*self._scoring_items(keys, rows, log_q))
+        self.evaluator.set_candidates(keys, self._tower_items(rows), log_q)
+
+    # -- the score's parts and their learned weights (model.scoring.mixer) -------------------
+    def score_weights(self) -> tuple[float, float, float]:
+        """(towers, prior, co-visitation) weights of the score as served now: the learned
+        mix, or the config's constants (1, ``prior_weight``, ``covisit_weight``)."""
+        w = self.mixer.as_dict()
+        return w["tower"], w.get("prior", 0.0), w.get("covisit", 0.0)
+
+    def item_parts(self) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """(keys, item side of the towers' part, log q or None) of every known item."""
+        keys, rows, log_q = self._item_rows()
+        return keys, self._tower_items(rows), log_q
+
+    def _tower_items(self, rows: np.ndarray) -> np.ndarray:
+        """Item side of the towers' part: normalised rows, over the temperature when the
+        score has a prior (the towers' part as :meth:`item_vectors` carries it)."""
+        if self.config.normalize and rows.size:
+            rows = rows / np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-12)
+        if self.config.prior_weight:
+            rows = rows / np.float32(self.config.temperature)
+        return np.ascontiguousarray(rows, np.float32)
+
+    def score_parts(
+        self, tower_users: np.ndarray, tower_items: np.ndarray, log_q: np.ndarray | None,
+        history: np.ndarray, item_keys: np.ndarray,
+    ) -> list[np.ndarray]:
+        """``[B, N]`` parts of the score in :attr:`mixer` order: towers, prior, co-visitation
+        (``log1p`` of the sums). ``tower_users`` are raw user tower outputs (no prior 1)."""
+        parts = [tower_users @ tower_items.T]
+        if self.config.prior_weight:
+            q = np.zeros(len(item_keys), np.float32) if log_q is None else log_q
+            parts.append(np.broadcast_to(np.asarray(q, np.float32), parts[0].shape))
+        if self.covisit is not None:
+            parts.append(np.log1p(self.covisit.sums(history, item_keys)))
+        return parts
+
+    def learn_mix(self, parts: list[np.ndarray], target_pos: np.ndarray) -> None:
+        """One step of the learned mix on scored rows (before the model learns them)."""
+        if self.config.mix == "learned":
+            self.mixer.update(parts, target_pos)
 
     def _observe_and_score(
-        self, vectors: np.ndarray | None, targets: np.ndarray, trained: Batch
+        self, vectors: np.ndarray | None, head: Batch, trained: Batch
     ) -> None:
         """Evaluation-thread work of one trained batch, in training order: score its head
-        (``vectors``; None = not evaluated), count its items for the popularity baseline,
-        then let the co-visitation term learn it (off the training thread)."""
-        if vectors is not None:
-            self.evaluator.evaluate(vectors, targets)
-        self.evaluator.popularity.observe(trained.item_keys)
+        with the whole served score (``vectors``: the head's user tower outputs before the
+        batch trained; None = not evaluated), let the learned mix learn from those scores,
+        count the batch's items for the popularity baseline, then let the co-visitation
+        term learn it (off the training thread)."""
+        ev = self.evaluator
+        if vectors is not None and ev.candidate_keys.size:
+            parts = self.score_parts(vectors, ev.candidate_tower, ev.candidate_log_q,
+                                     head.history, ev.candidate_keys)
+            target_pos = ev.positions(head.item_keys)
+            ev.evaluate(self.mixer.score(parts), target_pos, item2item=parts[-1]
+                        if self.covisit is not None else None)
+            self.learn_mix(parts, target_pos)
+        elif vectors is not None:
+            ev.evaluate(None, ev.positions(head.item_keys))
+        ev.popularity.observe(trained.item_keys)
         if self.covisit is not None:
             self.covisit.learn(trained.history, trained.item_keys, trained.weights)
 
@@ -436,14 +507,14 @@ class Trainer:
                 self._evaluation(self._refresh_candidates, *self._item_rows())
                 self._since_refresh = 0
             if self._accumulates(batch):
-                vectors = self.user_vectors(head.user_keys, head.history)
+                vectors = self.tower_users(head.user_keys, head.history)
         loss = self.train_step(batch, covisit=False)
         if evaluating:
             if vectors is None:
                 vectors = self._head_vectors
-            self._evaluation(self._observe_and_score, vectors, head.item_keys, batch)
+            self._evaluation(self._observe_and_score, vectors, head, batch)
         else:
-            self._evaluation(self._observe_and_score, None, head.item_keys, batch)
+            self._evaluation(self._observe_and_score, None, head, batch)
         self._since_refresh += 1
         return loss
 

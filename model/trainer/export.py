@@ -67,7 +67,7 @@ def artifact_arrays(trainer: Trainer, item_ids: Mapping[int, str]) -> dict[str, 
         covisit = {
             "covisit": trainer.covisit.csr(vkeys[named]),
             "covisit_params": {
-                "weight": config.covisit_weight,
+                "weight": trainer.score_weights()[2],
                 "window": config.covisit_window,
                 "decay": config.covisit_decay,
             },

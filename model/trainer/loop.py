@@ -195,6 +195,9 @@ class TrainerService:
         )
         if self.trainer.covisit is not None:
             self.trainer.covisit.load_arrays(restored.arrays)
+        mixer = {k[len("mixer_"):]: v for k, v in restored.arrays.items() if k.startswith("mixer_")}
+        if mixer:
+            self.trainer.mixer.load_state(mixer)
         self.metrics.samples_total.set(self.state.samples_trained)
         log.info(
             "resuming at %s (%d samples trained)", self.state.offsets, self.state.samples_trained
@@ -213,6 +216,7 @@ class TrainerService:
                 "item_ids": ids,
                 "recent_sample_ids": self.recent_ids.to_array(),
                 **covisit,
+                **{f"mixer_{k}": v for k, v in self.trainer.mixer.state().items()},
             },
         )
 
@@ -378,6 +382,8 @@ class TrainerService:
                 "user_layers": list(self.trainer.config.user_layers),
                 "admit_after": self.trainer.config.admit_after,
                 "temperature": self.trainer.config.temperature,
+                "mix": self.trainer.config.mix,
+                "score_weights": self.trainer.mixer.as_dict(),
             },
         }
         publish_version(self.registry, self.trainer, self.item_ids, version, extra, created_at=now)

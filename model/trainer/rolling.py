@@ -116,47 +116,77 @@ class Popularity:
 
 
 class Evaluator:
-    """Holds the candidate set and the rolling figures of model and popularity baseline."""
+    """Holds the candidate set and the rolling figures of the model and two baselines.
+
+    The model's figure scores the whole served score (towers, prior and co-visitation, with
+    the trainer's current weights); next to it, popularity (target counts so far) and the
+    item-to-item memory alone (the co-visitation sums; ties by popularity), on the same rows
+    and candidates.
+    """
 
     def __init__(self, k: int = 10, window: int = 10_000) -> None:
         self.k = k
         self.candidate_keys = np.zeros(0, np.int64)
-        self.candidate_vectors = np.zeros((0, 0), np.float32)
+        self.candidate_tower = np.zeros((0, 0), np.float32)
+        self.candidate_log_q: np.ndarray | None = None
         self._position: dict[int, int] = {}
         self.popularity = Popularity()
         self._pop_top = np.zeros(0, np.int64)
+        self._pop_counts = np.zeros(0, np.float64)
         self.recall = Rolling(window)
         self.ndcg = Rolling(window)
         self.pop_recall = Rolling(window)
         self.pop_ndcg = Rolling(window)
+        self.i2i_recall = Rolling(window)
+        self.i2i_ndcg = Rolling(window)
 
-    def set_candidates(self, keys: np.ndarray, vectors: np.ndarray) -> None:
+    def set_candidates(
+        self, keys: np.ndarray, tower: np.ndarray, log_q: np.ndarray | None = None
+    ) -> None:
+        """The candidates: keys, their item side of the towers' part, their ``log q``."""
         self.candidate_keys = np.asarray(keys, np.int64)
-        self.candidate_vectors = np.ascontiguousarray(vectors, np.float32)
+        self.candidate_tower = np.ascontiguousarray(tower, np.float32)
+        self.candidate_log_q = None if log_q is None else np.asarray(log_q, np.float32)
         keys_list = self.candidate_keys.tolist()
         self._position = dict(zip(keys_list, range(len(keys_list)), strict=True))
         self._pop_top = self.popularity.top(self.candidate_keys, self.k)
+        counts = self.popularity.counts
+        self._pop_counts = np.fromiter(
+            map(counts.get, keys_list, repeat(0)), np.float64, len(keys_list)
+        )
 
-    def evaluate(self, user_vectors: np.ndarray, targets: np.ndarray) -> None:
-        """Score rows against the candidates (before the model trains on them)."""
-        if self.candidate_keys.size == 0 or targets.size == 0:
-            zeros = np.zeros(targets.size)
+    def positions(self, targets: np.ndarray) -> np.ndarray:
+        """Candidate column of each target key (-1: not a candidate)."""
+        return np.fromiter(
+            map(self._position.get, np.asarray(targets).tolist(), repeat(-1)), np.int64,
+            len(targets),
+        )
+
+    def evaluate(
+        self, scores: np.ndarray | None, target_pos: np.ndarray,
+        item2item: np.ndarray | None = None,
+    ) -> None:
+        """Rank rows ``[B, N]`` of scores over the candidates (before the model trains on
+        them); ``item2item`` the item-to-item memory's own scores of the same rows."""
+        n = int(target_pos.size)
+        if scores is None or self.candidate_keys.size == 0 or n == 0:
+            zeros = np.zeros(n)
             for r in (self.recall, self.ndcg, self.pop_recall, self.pop_ndcg):
                 r.add(zeros)
             return
-        rec, ndcg = rank_metrics(
-            user_vectors @ self.candidate_vectors.T,
-            np.fromiter(
-                map(self._position.get, targets.tolist(), repeat(-1)), np.int64, targets.size
-            ),
-            self.k,
-        )
+        rec, ndcg = rank_metrics(scores, target_pos, self.k)
         self.recall.add(rec)
         self.ndcg.add(ndcg)
-        pop_ranked = np.broadcast_to(self._pop_top, (targets.size, self._pop_top.size))
-        prec, pndcg = recall_ndcg(pop_ranked, targets)
+        pop_top = self.positions(self._pop_top)
+        prec, pndcg = recall_ndcg(np.broadcast_to(pop_top, (n, pop_top.size)), target_pos)
         self.pop_recall.add(prec)
         self.pop_ndcg.add(pndcg)
+        if item2item is not None:
+            tie = self._pop_counts / (self._pop_counts.max() + 1.0) if self._pop_counts.size else 0.0
+            irec, indcg = rank_metrics(np.asarray(item2item, np.float64) + 1e-3 * tie,
+                                       target_pos, self.k)
+            self.i2i_recall.add(irec)
+            self.i2i_ndcg.add(indcg)
 
     def summary(self) -> dict[str, float]:
         k = self.k
@@ -165,6 +195,8 @@ class Evaluator:
             f"ndcg@{k}": self.ndcg.value,
             f"popularity_recall@{k}": self.pop_recall.value,
             f"popularity_ndcg@{k}": self.pop_ndcg.value,
+            f"item2item_recall@{k}": self.i2i_recall.value,
+            f"item2item_ndcg@{k}": self.i2i_ndcg.value,
             f"lifetime_recall@{k}": self.recall.lifetime,
             f"lifetime_ndcg@{k}": self.ndcg.lifetime,
             f"lifetime_popularity_recall@{k}": self.pop_recall.lifetime,
