@@ -2,7 +2,7 @@
 
 Reading an artifact needs numpy only (this module must never import TensorFlow).
 
-Layout of one version directory ``<registry_dir>/<model_name>/<version>/`` (formats 1-4)::
+Layout of one version directory ``<registry_dir>/<model_name>/<version>/`` (formats 1-5)::
 
     manifest.json            see below; the only file not listed in manifest["files"]
     item_ids.npy             <U*  [N]        external item ids, row i of item_vectors is item_ids[i]
@@ -18,13 +18,19 @@ Layout of one version directory ``<registry_dir>/<model_name>/<version>/`` (form
     covisit_indptr.npy       i64  [N + 1]    format 4: CSR co-visitation matrix over the items
     covisit_items.npy        i32  [nnz]      (see "Co-visitation term" below)
     covisit_weights.npy      f32  [nnz]
+    attention_*.npy          f32             format 5: the attention tower's weights
+                                             (``model.artifact.attention``)
 
 User tower (exactly what :meth:`ServingArtifact.user_vectors` computes)::
 
     h = history[:manifest["history_len"]]  (most recent first; format 2, absent = all of it)
     K = the entries of h the model knows (in item_hist_keys), at positions p_k of h
     x = concat(user_row(user_key) or default_user_row,
+               [a,]                           (format 5, with manifest["attention"])
                sum_k w_k * item_hist_rows[K_k] or zeros(e_h))
+    a = the attention tower (``model.scoring.attention``) over the item_hist_rows of the
+        known entries among history[:attention["len"]] (format 5); without attention["pool"]
+        x = concat(user row, a), the pool is not read
     w_k = d ** p_k / sum_j d ** p_j,  d = manifest["history_decay"]  (1 = the plain mean)
     for each layer i:  x = act_i(x @ W_i + b_i)         act_i in {"relu", "linear"}
                        (a trainer's ``pool_residual`` is folded into these layers:
@@ -45,13 +51,13 @@ matrix of ``covisit_indptr.npy`` (i64 [N + 1]), ``covisit_items.npy`` (i32 [nnz]
 ``covisit_items[indptr[r]:indptr[r + 1]]`` (:meth:`ServingArtifact.covisit_scores`).
 
 Format versions: 2 adds ``score_bias`` and ``history_len``; 3 adds ``history_decay``; 4 adds
-``covisit``. The writer writes the lowest version that expresses the artifact (without
+``covisit``; 5 adds ``attention`` (``model.artifact.attention``). The writer writes the lowest version that expresses the artifact (without
 the format-2 keys it stays format 1, without the format-3 keys format 2, and so on, each
-readable by older readers); the reader reads all four.
+readable by older readers); the reader reads all five.
 
 ``manifest.json``::
 
-    {"format": "streamrec-artifact", "format_version": 1 | 2 | 3 | 4,
+    {"format": "streamrec-artifact", "format_version": 1 | 2 | 3 | 4 | 5,
      "version": str, "created_at": RFC 3339 UTC str | null,
      "normalize": bool,
      "score_bias": bool,                  (format 2; absent = false)
@@ -59,6 +65,8 @@ readable by older readers); the reader reads all four.
      "history_decay": float in (0, 1],    (format 3; absent = 1, the plain mean)
      "covisit": {"weight": float > 0, "window": int >= 1, "decay": float in (0, 1]},
                                           (format 4; absent = no co-visitation term)
+     "attention": {"blocks": 1 | 2, "heads": int, "len": int, "pool": bool},
+                                          (format 5; absent = the pool tower)
      "dims": {"items": N, "d": d, "hist_items": H, "hist_dim": e_h, "users": U, "user_dim": e_u},
      "layers": [{"w": "layer_0_w.npy", "b": "layer_0_b.npy", "activation": "relu"}, ...],
      "files": {"<name>.npy": {"sha256": hex, "bytes": int, "shape": [...], "dtype": str}, ...},
@@ -88,6 +96,7 @@ from typing import Any
 import numpy as np
 
 from feature_store.ids import item_keys, user_key
+from model.artifact.attention import AttentionWeights, attention_arrays, load_attention
 from model.artifact.manifest import (
     ACTIVATIONS,
     COVISIT_FILES,
@@ -156,10 +165,14 @@ def write_artifact(
     history_decay: float = 1.0,
     covisit: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
     covisit_params: Mapping[str, Any] | None = None,
+    attention: Mapping[str, Any] | None = None,
     manifest_extra: Mapping[str, Any] | None = None,
     created_at: datetime | None = None,
 ) -> dict[str, Any]:
-    """Write one artifact into ``directory`` and return its manifest (see the module doc)."""
+    """Write one artifact into ``directory`` and return its manifest (see the module doc).
+
+    ``attention`` (format 5): ``{"pos": [N, e_h], "blocks": [{name: array}], "heads": int,
+    "pool": bool}`` (``model.artifact.attention``)."""
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     extra = dict(manifest_extra or {})
@@ -199,6 +212,15 @@ def write_artifact(
               np.asarray(weights, np.float32))
         check_covisit_arrays(*cv, n=int(ids.shape[0]))
         arrays.update(zip(COVISIT_FILES, cv, strict=True))
+    attention_entry = None
+    if attention is not None:
+        arrays.update(attention_arrays(attention["pos"], attention["blocks"]))
+        attention_entry = {
+            "blocks": len(attention["blocks"]),
+            "heads": int(attention["heads"]),
+            "len": int(np.shape(attention["pos"])[0]),
+            "pool": bool(attention["pool"]),
+        }
     layer_specs = []
     for i, (w, b, act) in enumerate(layers):
         if act not in ACTIVATIONS:
@@ -221,7 +243,7 @@ def write_artifact(
     manifest: dict[str, Any] = {
         "format": FORMAT,
         "format_version": format_version(
-            score_bias, history_len, history_decay, covisit is not None
+            score_bias, history_len, history_decay, covisit is not None, attention is not None
         ),
         "version": version,
         "created_at": created_at.isoformat() if created_at else None,
@@ -254,6 +276,9 @@ def write_artifact(
             "window": int(covisit_params["window"]),
             "decay": float(covisit_params["decay"]),
         }
+    if attention_entry is not None:
+        manifest["attention"] = attention_entry
+        load_attention(manifest, arrays)  # shapes and values, as the reader checks them
     check_dims(manifest, arrays)
     (out / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
     log.info("wrote artifact %s (%d items) to %s", version, ids.shape[0], out)
@@ -278,6 +303,8 @@ class ServingArtifact:
     item_index: Mapping[str, int] = field(repr=False)
     #: CSR co-visitation matrix over the items (format 4): (indptr, neighbours, weights).
     covisit: tuple[np.ndarray, np.ndarray, np.ndarray] | None = field(default=None, repr=False)
+    #: The attention user tower (format 5).
+    attention: AttentionWeights | None = field(default=None, repr=False)
 
     @property
     def history_len(self) -> int | None:
@@ -347,9 +374,9 @@ class ServingArtifact:
     ) -> np.ndarray:
         """User tower output, float32 ``[B, d]``; unknown users get the default row, the
         history (most recent first) is cut to ``history_len``, the items of it the model
-        does not know are skipped and the known ones pooled (``model.scoring.pooling``: recency
-        weights). With ``score_bias`` the last
-        column is the constant 1 that adds each item's bias to its score."""
+        does not know are skipped and the known ones pooled (``model.scoring.pooling``:
+        recency weights) and, in format 5, attended to (``model.scoring.attention``). With
+        ``score_bias`` the last column is the constant 1 that adds each item's bias to its score."""
         if len(user_ids) != len(histories):
             raise ValueError("user_ids and histories differ in length")
         b = len(user_ids)
@@ -360,15 +387,18 @@ class ServingArtifact:
         if found.any():
             urows[found] = self.user_rows[pos[found]]
         hrows = np.zeros((b, self.item_hist_rows.shape[1]), np.float32)
-        window, decay = self.history_len, self.history_decay
-        for i, hist in enumerate(histories):
-            hist = hist[:window] if window is not None else hist
-            if not hist:
-                continue
-            hpos, hfound = self._lookup(item_keys(hist), self.item_hist_keys)
+        window, decay, att = self.history_len, self.history_decay, self.attention
+        cut = None if window is None else max(window, att.length if att else 0)
+        lookups = [self._lookup(item_keys(list(h[:cut])), self.item_hist_keys) for h in histories]
+        for i, (hpos, hfound) in enumerate(lookups):
+            hpos, hfound = hpos[:window], hfound[:window]
             if hfound.any():
                 hrows[i] = pool_history(hpos, hfound, self.item_hist_rows, decay)
-        x = np.concatenate([urows, hrows], axis=1)
+        if att is None:
+            x = np.concatenate([urows, hrows], axis=1)
+        else:
+            a = att.outputs(lookups, self.item_hist_rows)
+            x = np.concatenate([urows, a, hrows] if att.pool else [urows, a], axis=1)
         for w, bias, act in self.layers:
             x = x @ w + bias
             if act == "relu":
@@ -447,6 +477,7 @@ def load_artifact(directory: str | Path, *, verify: bool = True) -> ServingArtif
         except ArtifactError as exc:
             raise ArtifactError(f"{path}: {exc}") from exc
         covisit = (indptr, neighbours, weights)
+    attention = load_attention(manifest, arrays, f"{path}: ")
     return ServingArtifact(
         path=path,
         manifest=manifest,
@@ -461,4 +492,5 @@ def load_artifact(directory: str | Path, *, verify: bool = True) -> ServingArtif
         normalize=bool(manifest.get("normalize", False)),
         item_index={str(item): i for i, item in enumerate(ids.tolist())},
         covisit=covisit,
+        attention=attention,
     )
