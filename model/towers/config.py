@@ -100,7 +100,9 @@ class ModelConfig:
     #: "pool": the user tower reads the history through its recency pool alone. "attention":
     #: it also reads the output of a small causal Transformer over the last ``attention_len``
     #: items (``model.towers.attention``; MLP input ``concat(user row, attention, pool)``, the
-    #: pool keeping its residual; artifact format 5).
+    #: pool keeping its residual; artifact format 5). Not the default: on MovieLens
+    #: latest-small (``streamrec evaluate``) it trails the pool tower on every seed and costs
+    #: about half of the step's examples/s (figures: the commit message of this line).
     user_tower: str = "pool"
     #: Pre-norm blocks (multi-head attention + feed-forward) of the attention tower (1-2).
     attention_blocks: int = 1
