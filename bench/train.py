@@ -34,7 +34,8 @@ the step look faster than it runs in steady state).
   first version whose Kafka offsets cover it minus its event time.
 
 JSON keys: ``step_examples_per_s`` (batch 512), ``step_examples_per_s_by_batch``,
-``step_history_len``, ``step_mean_history_entries``,
+``step_history_len``, ``step_tower`` (``--user-tower``, ``--attention-len``,
+``--attention-blocks``: the step's user tower), ``step_mean_history_entries``,
 ``step_examples_per_s_frozen_history``, ``step_compare_512`` (with ``--compare-rounds``: the
 deduplicated and the reference step, median and rounds) (and ``*_per_cpu_s*``: examples per CPU second of the
 process, steadier than wall time on a shared machine), ``e2e_examples_per_s`` (and
@@ -86,13 +87,16 @@ def _history_entries(batches: list[Any], hist: int) -> float:
 
 
 def _step_trainer(
-    batch: int, train_history: bool = True, dedup: bool = True, hist: int = HIST
+    batch: int, train_history: bool = True, dedup: bool = True, hist: int = HIST,
+    tower: dict[str, Any] | None = None,
 ) -> Any:
+    """``tower``: ``ModelConfig`` fields of the user tower (``--user-tower``, ``--attention-*``);
+    ``hist`` is then the pool's window (the attention reads ``attention_len``)."""
     from model.trainer.core import Trainer, TrainOptions
     from model.towers.two_tower import ModelConfig
 
     return Trainer(
-        ModelConfig(history_len=hist, train_history=train_history),
+        ModelConfig(history_len=hist, train_history=train_history, **(tower or {})),
         TrainOptions(batch_size=batch, eval_rows=0, dedup_lookups=dedup),
         tag=f"b{batch}{int(train_history)}{int(dedup)}",
     )
@@ -126,12 +130,13 @@ def bench_step_compare(
 
 def bench_step(
     batch: int, seconds: float, train_history: bool = True, dedup: bool = True,
-    hist: int = HIST, warm: int = WARM_SAMPLES,
+    hist: int = HIST, warm: int = WARM_SAMPLES, tower: dict[str, Any] | None = None,
 ) -> tuple[float, float, float]:
     """(examples per wall second, per CPU second of this process, mean history entries per
     row) of the step with a ``hist``-item window on batches taken after ``warm`` samples."""
-    trainer = _step_trainer(batch, train_history, dedup, hist)
-    batches = _batches(max(8, int(seconds * 80_000 / batch) + 6), batch, hist=hist, warm=warm)
+    trainer = _step_trainer(batch, train_history, dedup, hist, tower)
+    window = trainer.config.window
+    batches = _batches(max(8, int(seconds * 80_000 / batch) + 6), batch, hist=window, warm=warm)
     for b in batches[:5]:
         trainer.train_step(b, covisit=False)
     done, started, cpu = 0, time.perf_counter(), time.process_time()
@@ -141,7 +146,7 @@ def bench_step(
         if time.perf_counter() - started > seconds:
             break
     wall, per_cpu = done / (time.perf_counter() - started), done / (time.process_time() - cpu)
-    return wall, per_cpu, _history_entries(batches[5:], hist)
+    return wall, per_cpu, _history_entries(batches[5:], window)
 
 
 def _settings(root: Path) -> Any:
@@ -342,9 +347,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--compare-rounds", type=int, default=0,
                         help="also time the deduplicated and the reference step side by side at "
                              "batch 512 for this many rounds of --step-seconds each")
+    parser.add_argument("--user-tower", choices=("pool", "attention"), default="pool",
+                        help="user tower of the step's model (ModelConfig.user_tower)")
+    parser.add_argument("--attention-len", type=int, default=None)
+    parser.add_argument("--attention-blocks", type=int, default=None)
     args = parser.parse_args(argv)
     skip = set(filter(None, args.skip.split(",")))
     from model.towers.two_tower import ModelConfig
+    tower: dict[str, Any] = {"user_tower": args.user_tower}
+    for name in ("attention_len", "attention_blocks"):
+        if getattr(args, name) is not None:
+            tower[name] = getattr(args, name)
     result: dict[str, Any] = {"load_avg_start": os.getloadavg()[0]}
     root = Path(tempfile.mkdtemp(prefix="bench-train-"))
     try:
@@ -352,17 +365,19 @@ def main(argv: list[str] | None = None) -> int:
             by_batch, by_cpu = {}, {}
             hist = args.step_history or ModelConfig().history_len
             for b in (int(x) for x in args.batches.split(",")):
-                wall, cpu, entries = bench_step(b, args.step_seconds, hist=hist, warm=args.warm_samples)
+                wall, cpu, entries = bench_step(b, args.step_seconds, hist=hist, warm=args.warm_samples,
+                                                tower=tower)
                 by_batch[str(b)], by_cpu[str(b)] = round(wall), round(cpu)
                 print(f"step batch {b} (history window {hist}, {entries} entries per row): "
                       f"{wall:,.0f} examples/s ({cpu:,.0f} per CPU second)")
             result["step_history_len"] = hist
+            result["step_tower"] = tower
             result["step_mean_history_entries"] = entries
             result["step_examples_per_s_by_batch"] = by_batch
             result["step_examples_per_cpu_s_by_batch"] = by_cpu
             result["step_examples_per_s"] = by_batch.get("512", next(iter(by_batch.values())))
             wall, cpu, _ = bench_step(512, args.step_seconds, train_history=False, hist=hist,
-                                      warm=args.warm_samples)
+                                      warm=args.warm_samples, tower=tower)
             result["step_examples_per_s_frozen_history"] = round(wall)
             result["step_examples_per_cpu_s_frozen_history"] = round(cpu)
             print(f"step batch 512, history rows frozen: {wall:,.0f} examples/s "

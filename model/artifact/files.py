@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from feature_store.ids import item_keys, user_key
+from model.artifact.attention import AttentionWeights, attention_arrays, load_attention
 from model.artifact.manifest import (
     ACTIVATIONS,
     COVISIT_FILES,
@@ -89,10 +90,14 @@ def write_artifact(
     history_decay: float = 1.0,
     covisit: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
     covisit_params: Mapping[str, Any] | None = None,
+    attention: Mapping[str, Any] | None = None,
     manifest_extra: Mapping[str, Any] | None = None,
     created_at: datetime | None = None,
 ) -> dict[str, Any]:
-    """Write one artifact into ``directory`` and return its manifest (FORMAT.md)."""
+    """Write one artifact into ``directory`` and return its manifest (FORMAT.md).
+
+    ``attention`` (format 5): ``{"pos": [N, e_h], "blocks": [{name: array}], "heads": int,
+    "pool": bool}`` (``model.artifact.attention``)."""
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     extra = dict(manifest_extra or {})
@@ -132,6 +137,15 @@ def write_artifact(
               np.asarray(weights, np.float32))
         check_covisit_arrays(*cv, n=int(ids.shape[0]))
         arrays.update(zip(COVISIT_FILES, cv, strict=True))
+    attention_entry = None
+    if attention is not None:
+        arrays.update(attention_arrays(attention["pos"], attention["blocks"]))
+        attention_entry = {
+            "blocks": len(attention["blocks"]),
+            "heads": int(attention["heads"]),
+            "len": int(np.shape(attention["pos"])[0]),
+            "pool": bool(attention["pool"]),
+        }
     layer_specs = []
     for i, (w, b, act) in enumerate(layers):
         if act not in ACTIVATIONS:
@@ -154,7 +168,7 @@ def write_artifact(
     manifest: dict[str, Any] = {
         "format": FORMAT,
         "format_version": format_version(
-            score_bias, history_len, history_decay, covisit is not None
+            score_bias, history_len, history_decay, covisit is not None, attention is not None
         ),
         "version": version,
         "created_at": created_at.isoformat() if created_at else None,
@@ -187,6 +201,9 @@ def write_artifact(
             "window": int(covisit_params["window"]),
             "decay": float(covisit_params["decay"]),
         }
+    if attention_entry is not None:
+        manifest["attention"] = attention_entry
+        load_attention(manifest, arrays)  # shapes and values, as the reader checks them
     check_dims(manifest, arrays)
     (out / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
     log.info("wrote artifact %s (%d items) to %s", version, ids.shape[0], out)
@@ -211,6 +228,8 @@ class ServingArtifact:
     item_index: Mapping[str, int] = field(repr=False)
     #: CSR co-visitation matrix over the items (format 4): (indptr, neighbours, weights).
     covisit: tuple[np.ndarray, np.ndarray, np.ndarray] | None = field(default=None, repr=False)
+    #: The attention user tower (format 5).
+    attention: AttentionWeights | None = field(default=None, repr=False)
 
     @property
     def history_len(self) -> int | None:
@@ -280,9 +299,9 @@ class ServingArtifact:
     ) -> np.ndarray:
         """User tower output, float32 ``[B, d]``; unknown users get the default row, the
         history (most recent first) is cut to ``history_len``, the items of it the model
-        does not know are skipped and the known ones pooled (``model.scoring.pooling``: recency
-        weights). With ``score_bias`` the last
-        column is the constant 1 that adds each item's bias to its score."""
+        does not know are skipped and the known ones pooled (``model.scoring.pooling``:
+        recency weights) and, in format 5, attended to (``model.scoring.attention``). With
+        ``score_bias`` the last column is the constant 1 that adds each item's bias to its score."""
         if len(user_ids) != len(histories):
             raise ValueError("user_ids and histories differ in length")
         b = len(user_ids)
@@ -293,15 +312,18 @@ class ServingArtifact:
         if found.any():
             urows[found] = self.user_rows[pos[found]]
         hrows = np.zeros((b, self.item_hist_rows.shape[1]), np.float32)
-        window, decay = self.history_len, self.history_decay
-        for i, hist in enumerate(histories):
-            hist = hist[:window] if window is not None else hist
-            if not hist:
-                continue
-            hpos, hfound = self._lookup(item_keys(hist), self.item_hist_keys)
+        window, decay, att = self.history_len, self.history_decay, self.attention
+        cut = None if window is None else max(window, att.length if att else 0)
+        lookups = [self._lookup(item_keys(list(h[:cut])), self.item_hist_keys) for h in histories]
+        for i, (hpos, hfound) in enumerate(lookups):
+            hpos, hfound = hpos[:window], hfound[:window]
             if hfound.any():
                 hrows[i] = pool_history(hpos, hfound, self.item_hist_rows, decay)
-        x = np.concatenate([urows, hrows], axis=1)
+        if att is None:
+            x = np.concatenate([urows, hrows], axis=1)
+        else:
+            a = att.outputs(lookups, self.item_hist_rows)
+            x = np.concatenate([urows, a, hrows] if att.pool else [urows, a], axis=1)
         for w, bias, act in self.layers:
             x = x @ w + bias
             if act == "relu":
@@ -380,6 +402,7 @@ def load_artifact(directory: str | Path, *, verify: bool = True) -> ServingArtif
         except ArtifactError as exc:
             raise ArtifactError(f"{path}: {exc}") from exc
         covisit = (indptr, neighbours, weights)
+    attention = load_attention(manifest, arrays, f"{path}: ")
     return ServingArtifact(
         path=path,
         manifest=manifest,
@@ -394,4 +417,5 @@ def load_artifact(directory: str | Path, *, verify: bool = True) -> ServingArtif
         normalize=bool(manifest.get("normalize", False)),
         item_index={str(item): i for i, item in enumerate(ids.tolist())},
         covisit=covisit,
+        attention=attention,
     )

@@ -16,15 +16,15 @@ import numpy as np
 from model.errors import ModelError
 
 FORMAT = "streamrec-artifact"
-FORMAT_VERSION = 4
+FORMAT_VERSION = 5
 #: Versions the reader accepts (see the module doc).
-READABLE_VERSIONS = (1, 2, 3, 4)
+READABLE_VERSIONS = (1, 2, 3, 4, 5)
 MANIFEST = "manifest.json"
 ACTIVATIONS = ("relu", "linear")
 RESERVED = frozenset(
     {
         "format", "format_version", "version", "created_at", "normalize", "score_bias",
-        "history_len", "history_decay", "covisit", "dims", "layers", "files",
+        "history_len", "history_decay", "covisit", "attention", "dims", "layers", "files",
     }
 )
 
@@ -34,8 +34,14 @@ class ArtifactError(ModelError):
 
 
 def format_version(
-    score_bias: bool, history_len: int | None, history_decay: float, covisit: bool = False
+    score_bias: bool,
+    history_len: int | None,
+    history_decay: float,
+    covisit: bool = False,
+    attention: bool = False,
 ) -> int:
+    if attention:
+        return 5
     if covisit:
         return 4
     if history_decay != 1.0:
@@ -46,6 +52,9 @@ def format_version(
 def check_dims(manifest: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> None:
     dims = manifest["dims"]
     width = dims["user_dim"] + dims["hist_dim"]
+    attention = manifest.get("attention")
+    if isinstance(attention, dict) and attention.get("pool", False):
+        width += dims["hist_dim"]  # format 5: the attention output beside the pool
     for i, spec in enumerate(manifest["layers"]):
         w, b = arrays[spec["w"]], arrays[spec["b"]]
         if w.ndim != 2 or w.shape[0] != width or b.shape != (w.shape[1],):

@@ -114,6 +114,16 @@ def register(sub: Any) -> None:
         "--history-grad", type=int, choices=(0, 1), default=None,
         help="0: history rows learn only as targets/negatives (default: ModelConfig.train_history)",
     )
+    g.add_argument(
+        "--user-tower", choices=("pool", "attention"), default=None,
+        help="history pool alone, or with causal self-attention (default: ModelConfig)",
+    )
+    for name in ("blocks", "heads", "len", "ffn"):
+        g.add_argument(f"--attention-{name}", type=int, default=None, help="default: ModelConfig")
+    g.add_argument(
+        "--attention-pool", type=int, choices=(0, 1), default=None,
+        help="1: the attention tower also reads the pool (default: ModelConfig)",
+    )
     g.add_argument("--admit-after", type=int, default=1)
     g.add_argument("--no-normalize", action="store_true", help="no L2 normalisation")
     g.add_argument("--seed", type=int, default=None, help="default: trainer setting")
@@ -215,6 +225,12 @@ def _config(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
         "covisit_decay": _default(args.covisit_decay, "covisit_decay"),
         "covisit_half_life": _default(args.covisit_half_life, "covisit_half_life"),
         "train_history": bool(_default(args.history_grad, "train_history")),
+        "user_tower": _default(args.user_tower, "user_tower"),
+        **{
+            f"attention_{n}": _default(getattr(args, f"attention_{n}"), f"attention_{n}")
+            for n in ("blocks", "heads", "len", "ffn")
+        },
+        "attention_pool": bool(_default(args.attention_pool, "attention_pool")),
         "admit_after": args.admit_after,
         "normalize": not args.no_normalize,
         "normalize_user": not args.no_normalize_user,
@@ -274,6 +290,7 @@ def _run(args: argparse.Namespace, settings: Any, stream: Any) -> Any:
             covisit_decay=cfg["covisit_decay"],
             covisit_half_life=cfg["covisit_half_life"],
             train_history=cfg["train_history"],
+            **{k: v for k, v in cfg.items() if k.startswith(("user_tower", "attention_"))},
             temperature=cfg["temperature"],
             normalize=cfg["normalize"],
             admit_after=cfg["admit_after"],
@@ -296,7 +313,7 @@ def _run(args: argparse.Namespace, settings: Any, stream: Any) -> Any:
         tag="eval",
     )
     learners: list[Learner] = [
-        TwoTowerLearner(trainer, cfg["history_len"], cfg["epochs"]).bind(
+        TwoTowerLearner(trainer, trainer.config.window, cfg["epochs"]).bind(
             stream.item_ids, lambda pos: stream.excluded(pos, args.exclude)
         ),
         BaselineLearner(PopularityBaseline()),

@@ -16,7 +16,8 @@ memorise. For each scored row with its target among the candidates::
 
 averaged over the rows, then one Adagrad step (``lr / sqrt(accumulated squared gradient)``).
 Weights start at the given initial values (the former constants) and stay within
-``[0, max_weight]``: a part can be switched off by the data, never turned into its opposite.
+``[min_weight, max_weight]``: the data can turn a part (nearly) off, never into its opposite,
+and a part that exists keeps a positive weight (the artifact's fields require one).
 """
 
 from __future__ import annotations
@@ -35,17 +36,19 @@ class ScoreMixer:
         initial: Sequence[float],
         lr: float = 0.05,
         max_weight: float = 10.0,
+        min_weight: float = 1e-3,
         learn: Sequence[bool] | None = None,
     ) -> None:
         if len(names) != len(initial) or not names:
             raise ValueError("one initial weight per part name is required")
-        if lr <= 0 or max_weight <= 0:
-            raise ValueError("lr and max_weight must be > 0")
+        if lr <= 0 or not 0 <= min_weight < max_weight:
+            raise ValueError("lr must be > 0 and 0 <= min_weight < max_weight")
         self.names = tuple(names)
         self.weights = np.asarray(initial, np.float64).copy()
         self.learn_mask = np.ones(len(names), bool) if learn is None else np.asarray(learn, bool)
         self.lr = float(lr)
         self.max_weight = float(max_weight)
+        self.min_weight = float(min_weight)
         self.accum = np.full(len(names), 1e-8)
         self.updates = 0
 
@@ -89,8 +92,8 @@ class ScoreMixer:
         grad = np.array([np.mean((p * f).sum(axis=1) - f[r, cols]) for f in feats])
         grad = np.where(self.learn_mask, grad, 0.0)
         self.accum += grad * grad
-        self.weights = np.clip(self.weights - self.lr * grad / np.sqrt(self.accum), 0.0,
-                               self.max_weight)
+        self.weights = np.clip(self.weights - self.lr * grad / np.sqrt(self.accum),
+                               self.min_weight, self.max_weight)
         self.updates += 1
         return loss
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 COMPUTE_DTYPES = ("float32", "bfloat16")
+USER_TOWERS = ("pool", "attention")
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,32 @@ class ModelConfig:
     mix: str = "learned"
     #: Adagrad step of the learned mix.
     mix_lr: float = 0.05
+    #: "pool": the user tower reads the history through its recency pool alone. "attention":
+    #: it also reads the output of a small causal Transformer over the last ``attention_len``
+    #: items (``model.towers.attention``; MLP input ``concat(user row, attention, pool)``, the
+    #: pool keeping its residual; artifact format 5). Not the default: on MovieLens
+    #: latest-small (``streamrec evaluate``) it trails the pool tower on every seed and costs
+    #: about half of the step's examples/s (figures: the commit message of this line).
+    user_tower: str = "pool"
+    #: Pre-norm blocks (multi-head attention + feed-forward) of the attention tower (1-2).
+    attention_blocks: int = 1
+    attention_heads: int = 2
+    #: Most recent history items the attention reads (the pool still reads ``history_len``).
+    attention_len: int = 20
+    #: Hidden width of each block's feed-forward layer.
+    attention_ffn: int = 64
+    #: Whether the attention tower also feeds the recency pool to the MLP and its residual
+    #: (False: ``concat(user row, attention)``, the residual on the attention output).
+    attention_pool: bool = True
+
+    @property
+    def attention(self) -> bool:
+        return self.user_tower == "attention"
+
+    @property
+    def window(self) -> int:
+        """Most recent history items the model reads (the pool's and the attention's)."""
+        return max(self.history_len, self.attention_len) if self.attention else self.history_len
 
     def __post_init__(self) -> None:
         if self.mix not in ("learned", "fixed") or self.mix_lr <= 0.0:
@@ -96,3 +123,11 @@ class ModelConfig:
             raise ValueError("pool_residual must be >= 0")
         if not 0.0 < self.history_decay <= 1.0:
             raise ValueError("history_decay must be in (0, 1]")
+        if self.user_tower not in USER_TOWERS:
+            raise ValueError(f"user_tower must be one of {USER_TOWERS}")
+        if not 1 <= self.attention_blocks <= 2 or not 1 <= self.attention_len <= 50:
+            raise ValueError("attention_blocks must be 1-2, attention_len 1-50")
+        if self.attention_heads < 1 or (self.attention and self.embedding_dim % self.attention_heads):
+            raise ValueError("attention_heads must divide embedding_dim")
+        if self.attention_ffn < 1:
+            raise ValueError("attention_ffn must be >= 1")

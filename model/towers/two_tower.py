@@ -5,6 +5,11 @@
   L2-normalised — exactly the tower
   ``model.artifact.files.ServingArtifact.user_vectors`` recomputes in numpy. The pool is the
   recency-weighted mean of :func:`pool_weights` (``ModelConfig.history_decay``; 1 = mean).
+* Attention user tower (``ModelConfig.user_tower == "attention"``): the MLP reads
+  ``concat(user_row, attention(last attention_len rows), pool)`` (``model.towers.attention``;
+  with ``attention_pool`` False ``concat(user_row, attention)``, the residual then on the
+  attention output). The model's window is ``ModelConfig.window``; the pool reads its first
+  ``history_len`` entries.
 * Item tower: the item's row of the item table (the table the history shares), optionally
   L2-normalised. Score = dot product (divided by the temperature in the loss).
 * Every sparse id goes through a ``tfra.dynamic_embedding`` table (no vocabulary, no hashing
@@ -36,6 +41,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from model.towers.attention import AttentionTower
 from model.towers.config import ModelConfig
 from model.towers.tables import EmbeddingTable
 from model.towers.tf_env import de, tf, tf_keras
@@ -77,6 +83,9 @@ class LookupPlan(NamedTuple):
     target_idx: tf.Tensor  # [B] row of each target item in item_keys
     hist_keys: tf.Tensor  # [H] distinct keys the history rows are read from
     pool: tf.SparseTensor  # [B, H] history pooling weights (``pool_weights``)
+    #: [B, L] row of each history entry among the history rows (attention tower only;
+    #: entries that are not known point anywhere and are masked)
+    hist_pos: tf.Tensor | None = None
 
 
 class TwoTower(tf.Module):
@@ -99,7 +108,14 @@ class TwoTower(tf.Module):
         init = tf_keras.initializers.GlorotUniform(seed=config.seed + 2)
         self.kernels: list[tf.Variable] = []
         self.biases: list[tf.Variable] = []
+        self.attention: AttentionTower | None = None
         width = 2 * e
+        if config.attention:
+            self.attention = AttentionTower(
+                e, config.attention_len, config.attention_blocks, config.attention_heads,
+                config.attention_ffn, config.seed + 100,
+            )
+            width += e if config.attention_pool else 0
         for i, out in enumerate(config.user_layers):
             self.kernels.append(tf.Variable(init([width, out]), name=f"user_w{i}"))
             self.biases.append(tf.Variable(tf.zeros([out]), name=f"user_b{i}"))
@@ -109,7 +125,8 @@ class TwoTower(tf.Module):
     # -- variables ------------------------------------------------------------------------
     @property
     def dense_variables(self) -> list[tf.Variable]:
-        return [v for pair in zip(self.kernels, self.biases, strict=True) for v in pair]
+        dense = [v for pair in zip(self.kernels, self.biases, strict=True) for v in pair]
+        return dense + (self.attention.variables_list if self.attention is not None else [])
 
     @property
     def activations(self) -> list[str]:
@@ -189,11 +206,17 @@ class TwoTower(tf.Module):
         user_keys, user_idx = tf.unique(u_eff)
         coords = tf.where(known)  # [K, 2] (row, position) of each known history entry
         rows = coords[:, 0]
-        weights = tf.gather_nd(pool_weights(known, self.config.history_decay), coords)
+        weights = tf.gather_nd(
+            pool_weights(self.pool_mask(known, keep_shape=True), self.config.history_decay),
+            coords,
+        )
+        hist_pos = None
         if self.config.train_history:
             hist = tf.gather_nd(history, coords)
             item_keys, idx = tf.unique(tf.concat([i_eff, hist], axis=0))
             target_idx, hist_idx, hist_keys = idx[:b], idx[b:], item_keys
+            if self.attention is not None:
+                hist_pos = tf.scatter_nd(coords, hist_idx, tf.shape(history, out_type=tf.int64))
         else:
             item_keys, target_idx = tf.unique(i_eff)
             # The distinct keys of the whole effective history, as read_rows reads them (an
@@ -201,12 +224,14 @@ class TwoTower(tf.Module):
             h_eff = tf.where(known, history, tf.constant(DEFAULT_KEY, tf.int64))
             hist_keys, idx = tf.unique(tf.reshape(h_eff, [-1]))
             hist_idx = tf.gather_nd(tf.reshape(idx, tf.shape(history)), coords)
+            if self.attention is not None:
+                hist_pos = tf.reshape(idx, tf.shape(history))
         pool = tf.SparseTensor(
             tf.stack([rows, tf.cast(hist_idx, tf.int64)], axis=1),
             weights,
             tf.cast(tf.stack([b, tf.size(hist_keys)]), tf.int64),
         )
-        return LookupPlan(user_keys, user_idx, item_keys, target_idx, hist_keys, pool)
+        return LookupPlan(user_keys, user_idx, item_keys, target_idx, hist_keys, pool, hist_pos)
 
     def widen_pool(self, plan: LookupPlan, n_rows: tf.Tensor) -> LookupPlan:
         """``plan`` whose pool reads the first of ``n_rows`` item rows (``item_keys`` then
@@ -222,45 +247,80 @@ class TwoTower(tf.Module):
         return de.shadow_ops.embedding_lookup(table.shadow, keys)
 
     def planned_towers(
-        self, plan: LookupPlan, u_uniq: tf.Tensor, i_uniq: tf.Tensor
+        self, plan: LookupPlan, u_uniq: tf.Tensor, i_uniq: tf.Tensor, known: tf.Tensor | None = None
     ) -> tuple[tf.Tensor, tf.Tensor]:
         """:meth:`towers` from the distinct rows of :meth:`plan` (``u_uniq``/``i_uniq`` are the
-        rows of ``plan.user_keys``/``plan.item_keys``)."""
-        u_rows, pooled = self.planned_inputs(plan, u_uniq, i_uniq)
-        return self.user_mlp(u_rows, pooled), self.item_tower(tf.gather(i_uniq, plan.target_idx))
+        rows of ``plan.user_keys``/``plan.item_keys``; ``known`` for the attention tower)."""
+        u_rows, pooled, attended = self.planned_inputs(plan, u_uniq, i_uniq, known)
+        uv = self.user_mlp(u_rows, pooled, attended)
+        return uv, self.item_tower(tf.gather(i_uniq, plan.target_idx))
 
     def planned_inputs(
-        self, plan: LookupPlan, u_uniq: tf.Tensor, i_uniq: tf.Tensor
-    ) -> tuple[tf.Tensor, tf.Tensor]:
-        """The user MLP's inputs from the distinct rows of :meth:`plan`: (user rows, pool).
-        ``i_uniq`` may continue past ``plan.item_keys`` if the pool was widened to it
-        (:meth:`widen_pool`)."""
+        self, plan: LookupPlan, u_uniq: tf.Tensor, i_uniq: tf.Tensor, known: tf.Tensor | None = None
+    ) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor | None]:
+        """The user MLP's inputs from the distinct rows of :meth:`plan`: (user rows, pool,
+        attention output or None). ``i_uniq`` may continue past ``plan.item_keys`` if the
+        pool was widened to it (:meth:`widen_pool`); the attention needs ``known``."""
         if self.config.train_history:
             h_uniq = i_uniq
         else:
             h_uniq = tf.stop_gradient(self.items.params.lookup(plan.hist_keys))
         pooled = tf.sparse.sparse_dense_matmul(plan.pool, h_uniq)
-        return tf.gather(u_uniq, plan.user_idx), pooled
+        attended = None
+        if self.attention is not None:
+            if known is None or plan.hist_pos is None:
+                raise ValueError("the attention tower needs the plan's hist_pos and known")
+            attended = self.attend(tf.gather(h_uniq, plan.hist_pos), known)
+        return tf.gather(u_uniq, plan.user_idx), pooled, attended
 
     # -- math -----------------------------------------------------------------------------------
     def user_tower(self, u_rows: tf.Tensor, h_rows: tf.Tensor, known: tf.Tensor) -> tf.Tensor:
-        return self.user_mlp(u_rows, self.history_pool(h_rows, known))
+        pooled = self.history_pool(h_rows, known)
+        return self.user_mlp(u_rows, pooled, self.attend(h_rows, known))
+
+    def pool_mask(self, known: tf.Tensor, keep_shape: bool = False) -> tf.Tensor:
+        """The entries of the window the pool reads: its first ``history_len`` (all of it
+        unless the attention's window is longer); ``keep_shape``: as a mask of the window."""
+        hl = self.config.history_len
+        if self.config.window <= hl:
+            return known
+        if not keep_shape:
+            return known[:, :hl]
+        return tf.logical_and(known, tf.range(tf.shape(known)[1])[None, :] < hl)
 
     def history_pool(self, h_rows: tf.Tensor, known: tf.Tensor) -> tf.Tensor:
         """The (recency-weighted) pool of dense ``[B, L, d]`` history rows: ``[B, d]``."""
+        known = self.pool_mask(known)
+        h_rows = h_rows[:, : self.config.history_len] if self.config.window > self.config.history_len else h_rows
         weights = pool_weights(known, self.config.history_decay)[..., None]
         return tf.reduce_sum(h_rows * weights, axis=1)
 
-    def user_mlp(self, u_rows: tf.Tensor, pooled: tf.Tensor) -> tf.Tensor:
-        """Dense layers on ``concat(user row, history pool)`` plus ``pool_residual`` times
-        the pool (float32 inputs)."""
-        x = tf.cast(tf.concat([u_rows, pooled], axis=-1), self.compute_dtype)
+    def attend(self, h_rows: tf.Tensor, known: tf.Tensor) -> tf.Tensor | None:
+        """The attention tower's output over the window's first ``attention_len`` dense rows
+        (None for the pool tower)."""
+        if self.attention is None:
+            return None
+        n = self.config.attention_len
+        return self.attention(h_rows[:, :n], known[:, :n])
+
+    def user_mlp(
+        self, u_rows: tf.Tensor, pooled: tf.Tensor, attended: tf.Tensor | None = None
+    ) -> tf.Tensor:
+        """Dense layers on ``concat(user row, [attention,] history pool)`` plus
+        ``pool_residual`` times the pool (float32 inputs); see the module doc."""
+        parts, residual = [u_rows, pooled], pooled
+        if attended is not None:
+            if self.config.attention_pool:
+                parts = [u_rows, attended, pooled]
+            else:
+                parts, residual = [u_rows, attended], attended
+        x = tf.cast(tf.concat(parts, axis=-1), self.compute_dtype)
         for w, b, act in zip(self.kernels, self.biases, self.activations, strict=True):
             x = tf.matmul(x, tf.cast(w, self.compute_dtype)) + tf.cast(b, self.compute_dtype)
             if act == "relu":
                 x = tf.nn.relu(x)
         if self.config.pool_residual:
-            x = x + tf.cast(self.config.pool_residual * pooled, self.compute_dtype)
+            x = x + tf.cast(self.config.pool_residual * residual, self.compute_dtype)
         return self._finish(x) if self.config.normalize_user else x
 
     def item_tower(self, i_rows: tf.Tensor) -> tf.Tensor:

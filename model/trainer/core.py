@@ -186,7 +186,7 @@ class Trainer:
         total = total_w if accum else tf.maximum(tf.reduce_sum(w), 1e-12)
         kwargs = {"neg_vecs": neg_vecs, **negs, **self._loss_extra(uk)}
         if self.options.aux_weight:
-            query, w_aux = history_pool_query(pooled, known, w, uv.dtype)
+            query, w_aux = history_pool_query(pooled, self.model.pool_mask(known), w, uv.dtype)
             uv = tf.concat([uv, query], axis=0)
             w = tf.concat([tf.cast(w, tf.float32), self.options.aux_weight * w_aux], axis=0)
         temp = self.config.temperature
@@ -212,7 +212,7 @@ class Trainer:
                 u_eff, i_eff, h_eff, negs["neg_keys"]
             )
             pooled = self.model.history_pool(h_rows, known)
-            uv = self.model.user_mlp(u_rows, pooled)
+            uv = self.model.user_mlp(u_rows, pooled, self.model.attend(h_rows, known))
             iv = self.model.item_tower(i_rows)
             targets = (iv, ik, log_q, w)
             loss = self._loss(uv, pooled, known, targets, self.model.item_tower(n_rows), negs, uk)
@@ -247,8 +247,8 @@ class Trainer:
         with tf.GradientTape() as tape:
             u_uniq = model.shadow_rows(model.users, plan.user_keys)
             i_all = model.shadow_rows(model.items, all_keys)
-            u_rows, pooled = model.planned_inputs(plan, u_uniq, i_all)
-            uv = model.user_mlp(u_rows, pooled)
+            u_rows, pooled, attended = model.planned_inputs(plan, u_uniq, i_all, known)
+            uv = model.user_mlp(u_rows, pooled, attended)
             iv = model.item_tower(tf.gather(i_all, plan.target_idx))
             neg_vecs = model.item_tower(tf.gather(i_all, neg_idx))
             loss = self._loss(uv, pooled, known, (iv, ik, log_q, w), neg_vecs, negs, uk)
@@ -309,7 +309,9 @@ class Trainer:
                 if not self.config.train_history:
                     h_rows = tf.stop_gradient(h_rows)
                 pooled = self.model.history_pool(h_rows, kn)
-                uv = self.model.user_mlp(tf.gather(u_uniq, uidx), pooled)
+                uv = self.model.user_mlp(
+                    tf.gather(u_uniq, uidx), pooled, self.model.attend(h_rows, kn)
+                )
                 targets = (self.model.item_tower(rows[:bg]), ikg, lq, wg)
                 neg_vecs = self.model.item_tower(rows[bg + n_hist :])
                 loss = self._loss(uv, pooled, kn, targets, neg_vecs, negs, ukg, total_w)
@@ -369,8 +371,8 @@ class Trainer:
         return loss
 
     def _history(self, history: np.ndarray) -> np.ndarray:
-        """The model's window of a (most recent first) history: ``ModelConfig.history_len``."""
-        return history[:, : self.config.history_len]
+        """The model's window of a (most recent first) history: ``ModelConfig.window``."""
+        return history[:, : self.config.window]
 
     def _accumulates(self, batch: Batch) -> bool:
         n = self.options.grad_accum_steps

@@ -20,7 +20,11 @@ What is exported (the format is ``model/artifact/FORMAT.md``):
 * with ``ModelConfig.prior_weight``, the popularity prior as one more dimension of both
   sides (``model.scoring.prior``: the artifact's ``score_bias``);
 * with ``ModelConfig.covisit_weight``, the trainer's co-visitation pairs among the exported
-  items (``model.scoring.covisit``: artifact format 4).
+  items (``model.scoring.covisit``: artifact format 4);
+* with ``ModelConfig.user_tower == "attention"``, the attention tower's weights (artifact
+  format 5, ``model.artifact.attention``); the history window is then ``ModelConfig.window``
+  and the residual is folded on the last block of the MLP input (the pool, or the attention
+  output without ``attention_pool``).
 """
 
 from __future__ import annotations
@@ -55,8 +59,10 @@ def artifact_arrays(trainer: Trainer, item_ids: Mapping[int, str]) -> dict[str, 
         (w.numpy(), b.numpy(), act)
         for w, b, act in zip(model.kernels, model.biases, model.activations, strict=True)
     ]
+    # the residual's source is the last block of the MLP input (see TwoTower.user_mlp)
+    before = config.embedding_dim * (2 if config.attention and config.attention_pool else 1)
     tower = export_fields(
-        fold_pool_residual(layers, config.embedding_dim, config.pool_residual),
+        fold_pool_residual(layers, before, config.pool_residual),
         config.prior_weight,
         config.normalize and config.normalize_user,
         config.history_len,
@@ -72,8 +78,18 @@ def artifact_arrays(trainer: Trainer, item_ids: Mapping[int, str]) -> dict[str, 
                 "decay": config.covisit_decay,
             },
         }
+    attention: dict[str, Any] = {}
+    if model.attention is not None:
+        pos, blocks = model.attention.export()
+        attention = {
+            "attention": {
+                "pos": pos, "blocks": blocks, "heads": config.attention_heads,
+                "pool": config.attention_pool,
+            }
+        }
     return {
         **covisit,
+        **attention,
         "item_ids": [item_ids[int(k)] for k in vkeys[named]],
         "item_vectors": vecs[named],
         "item_hist_keys": hkeys,

@@ -251,7 +251,7 @@ class TrainerService:
             self.trainer.options.batch_size,
             # only the model's window is hashed into keys (a sample carries the features'
             # longer history: 50 entries against the model's 10 by default)
-            min(self.history_len, self.trainer.config.history_len),
+            min(self.history_len, self.trainer.config.window),
             self.loop.batch_timeout_s,
             self.loop.poll_timeout_ms,
         )

@@ -140,7 +140,10 @@ def test_format_versions(tmp_path: Path) -> None:
     assert manifest["format_version"] == 1 and "score_bias" not in manifest
     assert not load_artifact(tmp_path / "a").score_bias
     cv = {"weight": 1.0, "window": 3, "decay": 0.9}
-    bad_cases = [(1, {"score_bias": True}), (5, {}), (2, {"score_bias": "yes"}),
+    att = {"blocks": 1, "heads": 2, "len": 4, "pool": True}
+    bad_cases = [(1, {"score_bias": True}), (6, {}), (2, {"score_bias": "yes"}),
+                 (4, {"attention": att}), (5, {"attention": att}),  # no attention files
+                 (5, {"attention": {**att, "blocks": 3}}), (5, {"attention": {"blocks": 1}}),
                  (3, {"covisit": cv}), (4, {"covisit": {**cv, "window": 0}}),
                  (4, {"covisit": {"weight": 1.0}}), (4, {"covisit": cv}),
                  (1, {"history_len": 5}), (2, {"history_len": 0}), (2, {"history_len": 2.5}),
