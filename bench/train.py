@@ -71,8 +71,8 @@ WARM_SAMPLES = 200_000
 def _batches(
     n_batches: int, batch: int, seed: int = 1, hist: int = HIST, warm: int = 0
 ) -> list[Any]:
-    from model.trainer.samples import KeyCache, to_batch
     from model.evaluation.synthetic import SyntheticConfig, SyntheticStream
+    from model.trainer.samples import KeyCache, to_batch
 
     stream = SyntheticStream(SyntheticConfig(users=10_000, items=20_000, clusters=50, seed=seed))
     for _ in range(warm):
@@ -92,8 +92,8 @@ def _step_trainer(
 ) -> Any:
     """``tower``: ``ModelConfig`` fields of the user tower (``--user-tower``, ``--attention-*``);
     ``hist`` is then the pool's window (the attention reads ``attention_len``)."""
-    from model.trainer.core import Trainer, TrainOptions
     from model.towers.two_tower import ModelConfig
+    from model.trainer.core import Trainer, TrainOptions
 
     return Trainer(
         ModelConfig(history_len=hist, train_history=train_history, **(tower or {})),
@@ -170,9 +170,9 @@ def _settings(root: Path) -> Any:
 def _service(settings: Any, consumer: str = "auto", **loop: Any) -> Any:
     """The trainer service as ``streamrec train`` builds it: the live model defaults
     (``ModelConfig()``), the settings' batch size and export cadence."""
+    from model.towers.two_tower import ModelConfig
     from model.trainer.core import TrainOptions
     from model.trainer.loop import LoopOptions, build_service
-    from model.towers.two_tower import ModelConfig
 
     service = build_service(
         settings,
@@ -197,8 +197,8 @@ def bench_e2e(
     with the samples consumer ``consumer`` (``LoopOptions.consumer``), on the ``n`` samples
     after the first ``warm`` of the synthetic stream (full histories; the trainer starts
     empty)."""
-    from model.trainer.samples import encode_sample
     from model.evaluation.synthetic import SyntheticConfig, SyntheticStream
+    from model.trainer.samples import encode_sample
     from stream.kafka_client import make_producer
 
     settings = _settings(root)
@@ -222,10 +222,10 @@ def bench_e2e(
 
 def bench_export(n_ids: int, root: Path) -> dict[str, Any]:
     from model.artifact.files import load_artifact
-    from model.trainer.export import write_version
     from model.towers.tf_env import tf
-    from model.trainer.core import Trainer, TrainOptions
     from model.towers.two_tower import ModelConfig
+    from model.trainer.core import Trainer, TrainOptions
+    from model.trainer.export import write_version
 
     trainer = Trainer(ModelConfig(), TrainOptions(), tag=f"x{n_ids}")
     rng = np.random.default_rng(0)
@@ -252,8 +252,8 @@ def bench_export(n_ids: int, root: Path) -> dict[str, Any]:
 
 
 def bench_freshness(seconds: float, rate: float, root: Path) -> dict[str, float]:
-    from model.trainer.samples import Sample, encode_sample
     from model.evaluation.synthetic import SyntheticConfig, SyntheticStream
+    from model.trainer.samples import Sample, encode_sample
     from stream.kafka_client import make_producer
 
     settings = _settings(root)

@@ -178,7 +178,7 @@ class RedisOnlineStore(OnlineStore):
         import redis
 
         self._prefix = redis_settings.key_prefix
-        features = feature_settings or FeatureSettings()  # type: ignore[call-arg]
+        features = feature_settings or FeatureSettings()
         self._user_ttl = int(features.user_ttl_s)
         self._item_ttl = int(features.item_ttl_s)
         password = redis_settings.password

@@ -221,7 +221,7 @@ class Recommender:
             ranked = rank_with_model(
                 model.artifact, [asks[i].user_id for i in todo], histories,
                 [asks[i].k for i in todo], [asks[i].exclude_seen for i in todo])
-        except Exception:  # noqa: BLE001 - a model bug must not fail the requests
+        except Exception:
             log.exception("model %s failed on a batch of %d", model.version, len(todo))
             for i, hist in zip(todo, histories, strict=True):
                 self.metrics.fallbacks.labels(m.MODEL_ERROR).inc()

@@ -216,7 +216,7 @@ class StatsCollector:
                 await self.scrape_once()
             except asyncio.CancelledError:
                 raise
-            except Exception:  # noqa: BLE001 - the dashboard must outlive any one bad tick
+            except Exception:
                 log.exception("stats scrape failed")
             next_at = max(next_at + self.interval_s, loop.time())
             await asyncio.sleep(next_at - loop.time())

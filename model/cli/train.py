@@ -82,9 +82,9 @@ def run_train(args: argparse.Namespace) -> int:
 
     server = HealthServer(settings.stack.bind_host, port, metrics, status).start()
     try:
+        from model.towers.two_tower import ModelConfig
         from model.trainer.core import TrainOptions
         from model.trainer.loop import LoopOptions, TrainerService
-        from model.towers.two_tower import ModelConfig
 
         config = ModelConfig(
             embedding_dim=tcfg.embedding_dim,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from model.towers.tf_env import de, tf
 
 
@@ -30,11 +32,11 @@ class EmbeddingTable(tf.Module):
         )
 
     @property
-    def params(self):  # type: ignore[no-untyped-def]
+    def params(self) -> Any:
         return self.layer.params
 
     @property
-    def shadow(self):  # type: ignore[no-untyped-def]
+    def shadow(self) -> Any:
         return self.layer.shadow
 
     def sightings(self, keys: tf.Tensor) -> tf.Tensor:

@@ -14,9 +14,9 @@ import os
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import tensorflow as tf  # noqa: E402
-import tensorflow_recommenders_addons as tfra  # noqa: E402
-import tf_keras  # noqa: E402
-from tensorflow_recommenders_addons import dynamic_embedding as de  # noqa: E402
+import tensorflow as tf
+import tensorflow_recommenders_addons as tfra
+import tf_keras
+from tensorflow_recommenders_addons import dynamic_embedding as de
 
 __all__ = ["de", "tf", "tf_keras", "tfra"]

@@ -19,7 +19,7 @@ import numpy as np
 from model.scoring.covisit import CoVisitation
 from model.scoring.covisit import term as covisit_term
 from model.scoring.mixer import ScoreMixer
-from model.trainer.rolling import Evaluator
+from model.scoring.prior import item_scoring_vectors, user_scoring_vectors
 from model.towers.frequency import CountFrequencyEstimator
 from model.towers.loss import (
     FrequencyEstimator,
@@ -27,12 +27,12 @@ from model.towers.loss import (
     history_pool_query,
     in_batch_softmax_loss,
 )
-from model.trainer.negatives import NegativeSampler
-from model.scoring.prior import item_scoring_vectors, user_scoring_vectors
-from model.trainer.samples import Batch
 from model.towers.tf_env import de, tf, tf_keras
-from model.trainer.options import TrainOptions
 from model.towers.two_tower import DEFAULT_KEY, ModelConfig, TwoTower
+from model.trainer.negatives import NegativeSampler
+from model.trainer.options import TrainOptions
+from model.trainer.rolling import Evaluator
+from model.trainer.samples import Batch
 
 log = logging.getLogger(__name__)
 

@@ -38,9 +38,9 @@ from typing import Any
 import numpy as np
 
 from model.artifact.files import write_artifact
+from model.artifact.registry import Registry
 from model.scoring.pooling import fold_pool_residual
 from model.scoring.prior import export_fields
-from model.artifact.registry import Registry
 from model.trainer.core import Trainer
 
 log = logging.getLogger(__name__)

@@ -149,7 +149,7 @@ class ConfluentSource:
             return True
         from confluent_kafka import KafkaError, KafkaException
 
-        if err.code() == KafkaError._PARTITION_EOF:
+        if err.code() == KafkaError._PARTITION_EOF:  # noqa: SLF001 - confluent-kafka names its internal codes so
             return False
         if err.fatal():
             raise KafkaException(err)

@@ -52,8 +52,15 @@ def _put(out: Any, item: object, stop: Any, parent: int) -> bool:
     return False
 
 
-def _child(out: Any, stop: Any, parent: int, source_args: tuple[Any, ...],
-           fetch_args: tuple[Any, ...]) -> None:
+#: ``open_source`` arguments before its clock and wait: kafka, group id, offsets, backend,
+#: max records; ``ChunkFetcher`` arguments after its source: batch size, history length,
+#: batch timeout (s), poll timeout (ms).
+SourceArgs = tuple["KafkaSettings", str, dict[str, int], str, int]
+FetchArgs = tuple[int, int, float, int]
+
+
+def _child(out: Any, stop: Any, parent: int, source_args: SourceArgs,
+           fetch_args: FetchArgs) -> None:
     failure = None
     tune_gc()  # this process only decodes (stream.gc_tuning: what the collector cost)
     try:
@@ -87,7 +94,7 @@ def _widen_pipe(q: Any, size: int = 1 << 20) -> None:
     try:
         import fcntl
 
-        fcntl.fcntl(q._writer.fileno(), fcntl.F_SETPIPE_SZ, size)
+        fcntl.fcntl(q._writer.fileno(), fcntl.F_SETPIPE_SZ, size)  # noqa: SLF001 - no public pipe handle
     except (ImportError, AttributeError, OSError):  # not Linux, or a capped pipe size
         pass
 
@@ -114,8 +121,8 @@ class ProcessFetcher:
         self._queue = ctx.Queue(maxsize=depth)
         _widen_pipe(self._queue)
         self._stop = ctx.Event()
-        source_args = (kafka, group_id, dict(offsets), backend, max_records)
-        fetch_args = (batch_size, history_len, batch_timeout_s, poll_timeout_ms)
+        source_args: SourceArgs = (kafka, group_id, dict(offsets), backend, max_records)
+        fetch_args: FetchArgs = (batch_size, history_len, batch_timeout_s, poll_timeout_ms)
         self._process = ctx.Process(
             target=_child,
             args=(self._queue, self._stop, os.getpid(), source_args, fetch_args),
@@ -141,7 +148,7 @@ class ProcessFetcher:
                 ) from None
         if isinstance(item, _Failure):
             raise RuntimeError(f"sample fetcher failed: {item[0]}")
-        return item  # type: ignore[no-any-return]
+        return item
 
     def stop(self) -> None:
         self._stop.set()

@@ -36,16 +36,16 @@ import numpy as np
 
 from feature_store.settings import Settings
 from model.artifact.files import ArtifactError
+from model.artifact.registry import Registry, RegistryError
+from model.towers.two_tower import ModelConfig
 from model.trainer.checkpoint import CheckpointStore
+from model.trainer.core import Trainer, TrainOptions
 from model.trainer.dedupe import RecentIds
 from model.trainer.export import publish_version
-from model.artifact.registry import Registry, RegistryError
-from model.trainer.samples import digest_of_hashes
-from model.trainer.core import Trainer, TrainOptions
 from model.trainer.fetch import Chunk, ChunkFetcher, RecordSource, Rejected, open_source
 from model.trainer.fetch_process import ProcessFetcher
 from model.trainer.metrics import TrainerMetrics
-from model.towers.two_tower import ModelConfig
+from model.trainer.samples import digest_of_hashes
 
 log = logging.getLogger(__name__)
 

@@ -96,7 +96,7 @@ class HealthServer:
                 self.end_headers()
                 self.wfile.write(body)
 
-            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+            def log_message(self, format: str, *args: Any) -> None:
                 log.debug("http: " + format, *args)
 
         self.metrics = metrics

@@ -171,16 +171,16 @@ def run_replay_cmd(args: argparse.Namespace) -> int:
             progress=not args.no_progress and sys.stderr.isatty(),
         )
     except (ReplayError, ReplayFormatError, SchemaError, ValueError) as exc:
-        print(f"replay: {exc}", file=sys.stderr)  # noqa: T201 - CLI output
+        print(f"replay: {exc}", file=sys.stderr)
         return 1
     except (KafkaError, KafkaUnavailable) as exc:
-        print(f"replay: Kafka at {settings.kafka.bootstrap} failed: {exc}", file=sys.stderr)  # noqa: T201 - CLI output
+        print(f"replay: Kafka at {settings.kafka.bootstrap} failed: {exc}", file=sys.stderr)
         return 1
     for row in report.malformed:
-        print(f"  malformed {row['file']}:{row['line']}: {row['reason']}", file=sys.stderr)  # noqa: T201 - CLI output
+        print(f"  malformed {row['file']}:{row['line']}: {row['reason']}", file=sys.stderr)
     if report.rejected_total > len(report.malformed):
-        print(f"  ... and {report.rejected_total - len(report.malformed)} more", file=sys.stderr)  # noqa: T201 - CLI output
-    print(report.summary())  # noqa: T201 - CLI output
+        print(f"  ... and {report.rejected_total - len(report.malformed)} more", file=sys.stderr)
+    print(report.summary())
     if args.json_path:
         args.json_path.write_text(json.dumps(report.as_dict(), indent=2) + "\n")
     return 0

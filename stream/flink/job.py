@@ -258,7 +258,7 @@ def keyed_by_first_field(stream: Any, value_type: Any) -> Any:
 
     selector = get_gateway().jvm.KeyByKeySelector()
     key_type = Types.ROW([Types.STRING()]).get_java_type_info()
-    return KeyedStream(stream._j_data_stream.keyBy(selector, key_type), value_type, stream)
+    return KeyedStream(stream._j_data_stream.keyBy(selector, key_type), value_type, stream)  # noqa: SLF001 - PyFlink has no public Java handle
 
 
 def build_job(env: Any, args: argparse.Namespace, settings: Any) -> None:

@@ -118,10 +118,10 @@ def parse_event(
         event_id=_id(data, "event_id"),
         user_id=_id(data, "user_id"),
         item_id=_id(data, "item_id"),
-        event_type=event_type,  # type: ignore[arg-type]
+        event_type=event_type,  # type: ignore[arg-type]  # checked by ok_event_type
         ts_ms=ts,
-        value=None if value is None else float(value),  # type: ignore[arg-type]
-        context=context,  # type: ignore[arg-type]
+        value=None if value is None else float(value),
+        context=context,
     )
 
 

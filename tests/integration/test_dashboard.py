@@ -28,8 +28,8 @@ import pytest
 
 from feature_store.settings import Settings, to_env
 from feature_store.store import HistoryEntry, UserFeatures, open_store
-from model.trainer.samples import encode_sample
 from model.evaluation.synthetic import SyntheticConfig, SyntheticStream
+from model.trainer.samples import encode_sample
 from tests.support import free_port, repo_root, wait_until
 
 pytestmark = pytest.mark.integration

@@ -19,8 +19,8 @@ import pytest
 from feature_store.settings import Settings
 from model.artifact.files import load_artifact
 from model.artifact.registry import Registry
-from model.trainer.samples import Sample, encode_sample, sample_digest
 from model.evaluation.synthetic import SyntheticConfig, SyntheticStream
+from model.trainer.samples import Sample, encode_sample, sample_digest
 from tests.support import consume, free_port, isolated_settings, repo_root, wait_until
 
 pytestmark = pytest.mark.integration
@@ -55,9 +55,9 @@ class InProcessRun:
 @pytest.fixture(scope="module")
 def in_process_run(stack: Settings, tmp_path_factory: pytest.TempPathFactory) -> InProcessRun:
     """One trainer run in this process over a planted-preference stream with poison records."""
+    from model.towers.two_tower import ModelConfig
     from model.trainer.core import TrainOptions
     from model.trainer.loop import LoopOptions, build_service
-    from model.towers.two_tower import ModelConfig
 
     settings = isolated_settings(stack, tmp_path_factory.mktemp("trainer"))
     cfg = SyntheticConfig(users=1000, items=500, clusters=20, history_len=20, seed=11)

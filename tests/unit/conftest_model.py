@@ -9,10 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cache
 
-from model.trainer.samples import KeyCache, Sample, to_batch
 from model.evaluation.synthetic import SyntheticConfig, SyntheticStream
-from model.trainer.core import Batch, Trainer, TrainOptions
 from model.towers.two_tower import ModelConfig
+from model.trainer.core import Batch, Trainer, TrainOptions
+from model.trainer.samples import KeyCache, Sample, to_batch
 
 HISTORY_LEN = 20
 BATCH = 256

@@ -17,7 +17,7 @@ import pytest
 
 pytest.importorskip("pyflink")
 
-from feature_store.features import (  # noqa: E402
+from feature_store.features import (
     Event,
     FeatureParams,
     ItemState,
@@ -33,10 +33,10 @@ from feature_store.features import (  # noqa: E402
     window_count,
     window_counts,
 )
-from feature_store.redis_store import decode_user, encode_user_values  # noqa: E402
-from feature_store.settings import DEFAULT_EVENT_WEIGHTS, load_settings  # noqa: E402
-from stream.cli.features import settings_json  # noqa: E402
-from stream.flink.functions import (  # noqa: E402
+from feature_store.redis_store import decode_user, encode_user_values
+from feature_store.settings import DEFAULT_EVENT_WEIGHTS, load_settings
+from stream.cli.features import settings_json
+from stream.flink.functions import (
     KAFKA_ORDER,
     ItemBatchStage,
     StateCache,

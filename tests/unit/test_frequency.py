@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from model.towers.frequency import CountFrequencyEstimator, CountFrequencyNp
-from model.trainer.negatives import NegativeSampler
 from model.towers.tf_env import tf
+from model.trainer.negatives import NegativeSampler
 
 
 @pytest.mark.parametrize("half_life", [0.0, 40.0])

@@ -9,8 +9,8 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
-from tests.support import REPO_ROOT
 from tests.layering import Violation, violations
+from tests.support import REPO_ROOT
 
 
 def test_the_tree_keeps_the_ladder() -> None:

@@ -17,8 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from feature_store.settings import DEFAULT_EVENT_WEIGHTS
-from stream.replay.runner import ReplayOptions, ReplayReport, ReplaySource, build_plan
 from stream.replay.formats import read_rows
+from stream.replay.runner import ReplayOptions, ReplayReport, ReplaySource, build_plan
 
 NOW_MS = 1_750_000_000_000
 TYPES = list(DEFAULT_EVENT_WEIGHTS)

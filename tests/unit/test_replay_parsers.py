@@ -10,6 +10,13 @@ from typing import Any
 import pytest
 
 from feature_store.settings import DEFAULT_EVENT_WEIGHTS, load_settings
+from stream.replay.formats import (
+    ReplayFormatError,
+    detect_format,
+    parse_mapping,
+    read_rows,
+    row_event_id,
+)
 from stream.replay.runner import (
     ReplayError,
     ReplayOptions,
@@ -21,13 +28,6 @@ from stream.replay.runner import (
     parse_time_arg,
     plan_id,
     run_replay,
-)
-from stream.replay.formats import (
-    ReplayFormatError,
-    detect_format,
-    parse_mapping,
-    read_rows,
-    row_event_id,
 )
 
 NOW_MS = 1_750_000_000_000

@@ -12,6 +12,7 @@ import orjson
 import pytest
 
 from model.trainer.dedupe import id_hashes
+from model.trainer.fetch import Chunk, ChunkFetcher, ConfluentSource, KafkaPythonSource
 from model.trainer.samples import (
     KeyCache,
     Sample,
@@ -23,7 +24,6 @@ from model.trainer.samples import (
     encode_sample,
     to_batch,
 )
-from model.trainer.fetch import Chunk, ChunkFetcher, ConfluentSource, KafkaPythonSource
 
 
 class TP(NamedTuple):

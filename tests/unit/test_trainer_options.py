@@ -9,7 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from model.evaluation.synthetic import SyntheticConfig, SyntheticStream
+from model.towers.tf_env import tf
+from model.towers.two_tower import DEFAULT_KEY, ModelConfig
 from model.trainer.checkpoint import CheckpointStore
+from model.trainer.core import Batch, Trainer, TrainOptions
 from model.trainer.samples import (
     KeyCache,
     SampleError,
@@ -18,10 +22,6 @@ from model.trainer.samples import (
     sample_digest,
     to_batch,
 )
-from model.evaluation.synthetic import SyntheticConfig, SyntheticStream
-from model.towers.tf_env import tf
-from model.trainer.core import Batch, Trainer, TrainOptions
-from model.towers.two_tower import DEFAULT_KEY, ModelConfig
 
 HIST = 5
 CFG = ModelConfig(embedding_dim=8, user_layers=(16, 8), history_len=HIST)

@@ -10,12 +10,12 @@ import pytest
 from feature_store.ids import item_key, user_key
 from model.artifact.files import load_artifact
 from model.scoring.topk import top_k_rows
-from model.trainer.rolling import rank_metrics, recall_ndcg
-from model.trainer.export import write_version
-from model.trainer.samples import KeyCache, to_batch
 from model.towers.tf_env import tf
-from model.trainer.core import Trainer, TrainOptions
 from model.towers.two_tower import DEFAULT_KEY, ModelConfig, TwoTower
+from model.trainer.core import Trainer, TrainOptions
+from model.trainer.export import write_version
+from model.trainer.rolling import rank_metrics, recall_ndcg
+from model.trainer.samples import KeyCache, to_batch
 from tests.unit.conftest_model import BATCH, HISTORY_LEN, Trained, shared_trainer
 
 
