@@ -84,6 +84,25 @@ class SortedPairs:
         return self.seconds[positions]
 
 
+def _row_sums(
+    rows: np.ndarray, cols: np.ndarray, weights: np.ndarray, b: int, n: int, chunk: int = 8
+) -> np.ndarray:
+    """``out[r, c] = sum of weights[k] with (rows[k], cols[k]) = (r, c)``, added in array order;
+    ``rows`` ascending. Done ``chunk`` rows at a time, so the output being added to stays in
+    cache."""
+    out = np.zeros((b, n))
+    edges = np.searchsorted(rows, np.arange(0, b + chunk, chunk))
+    for first in range(0, b, chunk):
+        lo, hi = edges[first // chunk], edges[first // chunk + 1]
+        if hi > lo:
+            m = min(chunk, b - first)
+            part = np.bincount(
+                (rows[lo:hi] - first) * n + cols[lo:hi], weights=weights[lo:hi], minlength=m * n
+            )
+            out[first : first + m] = part.reshape(m, n)
+    return out
+
+
 def _windows(histories: Sequence[Sequence[int]], window: int) -> tuple[np.ndarray, np.ndarray]:
     """Row label and item of every window entry of a batch, rows in order."""
     rows: list[int] = []
@@ -175,10 +194,7 @@ class CooccurrenceBaseline:
         cols = self.pairs.second(positions)
         rows = np.repeat(rows, lens)
         keep = cols < n
-        flat = np.bincount(
-            rows[keep] * n + cols[keep], weights=self.pairs.counts[positions[keep]], minlength=b * n
-        )
-        return flat.reshape(b, n)
+        return _row_sums(rows[keep], cols[keep], self.pairs.counts[positions[keep]], b, n)
 
     def tiebreak(self, n_candidates: int) -> np.ndarray:
         return self.popularity.tiebreak(n_candidates)
@@ -297,10 +313,7 @@ class SessionKNNBaseline:
         cols = self.by_user.second(positions)
         rows = np.repeat(rows, lens)
         keep = cols < n
-        flat = np.bincount(
-            rows[keep] * n + cols[keep], weights=np.repeat(weight, lens)[keep], minlength=b * n
-        )
-        return flat.reshape(b, n)
+        return _row_sums(rows[keep], cols[keep], np.repeat(weight, lens)[keep], b, n)
 
     def tiebreak(self, n_candidates: int) -> np.ndarray:
         return self.popularity.tiebreak(n_candidates)
