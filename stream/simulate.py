@@ -1,10 +1,14 @@
 """Click-stream simulators for demos, end-to-end tests and offline evaluation.
 
 Rating mode (:class:`ClickSimulator`): users have latent tastes (unit vectors in a small
-space) that drift slowly; items have latent vectors and a popularity bias. Each step picks a
-user, shows a slate of items (mostly popular ones, some random) as impressions, and clicks
-each with probability ``sigmoid(sharpness * <taste, item> + bias)``. What a user clicks is
-predictable from what they clicked before and from similar users.
+space) that drift slowly; items have latent vectors and a popularity ``p_i`` (Zipf by rank,
+exponent ``popularity_exponent``). Each step picks a user, who chooses the items they click
+from the whole catalogue with probability ``softmax_i(sharpness * <taste, item_i> + log
+p_i)`` (a multinomial-logit choice: taste times popularity), about ``clicks`` of them, and
+sees them among a slate of popular items (the impressions). What a user clicks is predictable
+from what they clicked before and from similar users; popularity alone predicts only part of
+it (an earlier version drew clicks from random slates, where popularity was nearly all there
+was to learn: docs/decisions.md#simulator).
 
 Session mode (:class:`SessionSimulator`): anonymous short sessions, each its own user id.
 Items have a popularity and a sparse random transition matrix (``fanout`` successors each,
@@ -41,8 +45,10 @@ class SimConfig:
     items: int = 2_000
     dim: int = 8
     slate: int = 10
-    sharpness: float = 6.0
-    bias: float = -3.0
+    sharpness: float = 8.0
+    popularity_exponent: float = 0.8
+    #: Mean number of clicks of a visit (at least one).
+    clicks: float = 1.5
     drift: float = 0.02
     seed: int = 1
 
@@ -64,8 +70,10 @@ class ClickSimulator:
         self.rng = rng
         self.tastes = _unit(rng.normal(size=(config.users, config.dim)))
         self.item_vecs = _unit(rng.normal(size=(config.items, config.dim)))
-        popularity = rng.zipf(1.3, size=config.items).astype(np.float64)
+        popularity = 1.0 / np.arange(1, config.items + 1) ** config.popularity_exponent
+        rng.shuffle(popularity)
         self.popularity = popularity / popularity.sum()
+        self._log_pop = np.log(self.popularity)
 
     def user_id(self, u: int) -> str:
         return f"sim-u{u}"
@@ -73,20 +81,20 @@ class ClickSimulator:
     def item_id(self, i: int) -> str:
         return f"sim-i{i}"
 
-    def click_prob(self, u: int, items: np.ndarray) -> np.ndarray:
-        c = self.config
-        return 1.0 / (1.0 + np.exp(-(c.sharpness * (self.item_vecs[items] @ self.tastes[u]) + c.bias)))
+    def choice_probs(self, u: int) -> np.ndarray:
+        """Probability of each item to be user ``u``'s next click."""
+        logits = self.config.sharpness * (self.item_vecs @ self.tastes[u]) + self._log_pop
+        e = np.exp(logits - logits.max())
+        return e / e.sum()
 
     def step(self, ts_ms: int) -> list[dict[str, Any]]:
         """Events of one user visit at event time ``ts_ms``: impressions, then clicks."""
         c, rng = self.config, self.rng
         u = int(rng.integers(c.users))
-        n_pop = c.slate // 2
-        slate = np.unique(np.concatenate([
-            rng.choice(c.items, size=n_pop, p=self.popularity),
-            rng.integers(c.items, size=c.slate - n_pop),
-        ]))
-        clicked = slate[rng.random(len(slate)) < self.click_prob(u, slate)]
+        n_clicks = min(1 + int(rng.poisson(max(c.clicks - 1.0, 0.0))), c.items)
+        clicked = rng.choice(c.items, size=n_clicks, replace=False, p=self.choice_probs(u))
+        shown = rng.choice(c.items, size=max(c.slate - n_clicks, 0), p=self.popularity)
+        slate = np.unique(np.concatenate([clicked, shown]))
         events = [self._event(u, int(i), "impression", ts_ms) for i in slate]
         events += [self._event(u, int(i), "click", ts_ms + 1) for i in clicked]
         if c.drift:
