@@ -2,6 +2,7 @@
 
 * ``manifest`` — format constants, manifest validation and dimension checks.
 * ``files`` — writing and loading one version (:class:`ServingArtifact`, what serving reads).
+* ``attention`` — the attention tower's files (format 5).
 * ``registry`` — publishing, listing, pinning and rolling back versions; the Redis pointer.
 
 The one part of ``model`` that serving imports: it never imports TensorFlow (a test checks).

@@ -4,6 +4,8 @@
 * ``prior`` — the popularity prior folded into the dot product.
 * ``covisit`` — the item co-visitation term and its streaming state.
 * ``topk`` — exact top-k selection: serving's pruned search and the evaluation's ranking.
+* ``attention`` — the attention user tower in numpy (the served twin of the TF one).
+* ``mixer`` — the learned weights of the score's parts.
 
 Numpy only: never imports TensorFlow (a test checks it).
 """

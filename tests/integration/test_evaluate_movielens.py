@@ -4,9 +4,10 @@ No services needed (the evaluation runs in-process), but it loads TensorFlow and
 two-tower model on the whole file (100,836 ratings), so it lives with the integration tests.
 The evaluation runs once per module; the tests read its ``--json`` report.
 
-``MIN_RATIO`` is the Recall@10 ratio (model / popularity, same run) that the default
-settings must reach: the target of issue 7 (2x popularity). A second test keeps the two
-towers honest on their own (the model without its co-visitation term, ``model.scoring.covisit``).
+The floors below are Recall@10 ratios in the same run, a margin under what the defaults
+measure (docs/decisions.md#score-mix): the model against popularity and against the best
+baseline, and the two towers on their own (the model without its co-visitation term,
+``model.scoring.covisit``) against popularity and against item co-occurrence.
 """
 
 from __future__ import annotations
@@ -24,15 +25,14 @@ pytestmark = pytest.mark.integration
 
 RATINGS = shared_data() / "ml-latest-small" / "ratings.csv"
 POSITIVES = 48_580  # ratings >= 4.0 in the file
-#: Model Recall@10 / popularity Recall@10 the default settings must reach (measured
-#: 2.13x/2.14x/2.16x on seeds 7/1/2 with the defaults of ModelConfig/TrainOptions).
+#: Model / popularity (measured 2.12x, seed 7).
 MIN_RATIO = 2.0
-#: The same for the towers and the prior alone (``--covisit-weight 0``: 1.88x/1.90x/1.91x;
-#: 1.86x/1.84x/1.83x before the pool residual; 1.73x/1.76x/1.72x at temperature 0.05 and
-#: prior weight 3; 1.63x-1.67x before explicit ratings entered the history; 1.45x without
-#: the auxiliary history-pool loss; 1.04x before mixed negatives, the decayed-count prior
-#: and the 10-item history window).
+#: Model / the best baseline (session-kNN, measured 1.39x).
+MIN_BEST_RATIO = 1.25
+#: Towers and prior alone (``--covisit-weight 0``) / popularity.
 MIN_TOWERS_RATIO = 1.75
+#: Towers and prior alone / item co-occurrence (measured 1.33x with the constant mix).
+MIN_TOWERS_COOC_RATIO = 1.15
 
 
 @pytest.fixture(scope="module")
@@ -85,10 +85,9 @@ def test_model_reaches_twice_popularity(report: dict[str, Any]) -> None:
 
 
 @pytest.mark.timeout(900)
-def test_default_figures_and_the_neighbour_baselines(report: dict[str, Any]) -> None:
-    """The default protocol's figures (seed 7) and the per-user baselines above popularity."""
-    assert (report["recall@10"], report["ndcg@10"]) == pytest.approx((0.1145, 0.0617), abs=5e-5)
-    assert (report["recall@20"], report["ndcg@20"]) == pytest.approx((0.1705, 0.0758), abs=5e-5)
+def test_the_model_beats_the_best_baseline(report: dict[str, Any]) -> None:
+    """The model above the best baseline, and the per-user baselines above popularity."""
+    assert report["ratio_to_best"] >= MIN_BEST_RATIO, report["best_baseline"]
     base = report["baselines"]
     popularity = base["popularity"]["recall@10"]
     assert base["cooccurrence"]["recall@10"] > popularity
@@ -105,3 +104,5 @@ def test_towers_alone_against_popularity(tmp_path: Path) -> None:
     doc = json.loads(out.read_text())
     assert doc["config"]["covisit_weight"] == 0
     assert _ratio(doc) >= MIN_TOWERS_RATIO, doc["config"]
+    cooc = doc["baselines"]["cooccurrence"]["recall@10"]
+    assert doc["recall@10"] >= MIN_TOWERS_COOC_RATIO * cooc, doc["config"]
