@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -32,26 +31,6 @@ def user(uid: str, as_of: int, items: tuple[str, ...] = ("a",)) -> UserFeatures:
         last_seen_ms=as_of,
         as_of_ms=as_of,
     )
-
-
-@pytest.fixture
-def client(settings: Settings) -> Iterator[Any]:
-    """A plain Redis client on the test server, to look at the keys the store writes."""
-    import redis
-
-    c = redis.Redis(host=settings.redis.host, port=settings.redis.port, db=settings.redis.db)
-    yield c
-    c.close()
-
-
-@pytest.fixture
-def store(settings: Settings, client: Any) -> Iterator[RedisOnlineStore]:
-    s = RedisOnlineStore(settings.redis, settings.features, client=client)
-    yield s
-    keys = list(client.scan_iter(match=f"{settings.redis.key_prefix}*", count=1000))
-    if keys:
-        client.delete(*keys)
-    s.close()
 
 
 def test_round_trip_and_unknown_ids(store: RedisOnlineStore) -> None:

@@ -193,26 +193,6 @@ def job_id(
 
 
 @pytest.fixture
-def client(settings: Settings) -> Iterator[Any]:
-    """A plain Redis client on the test server, to look at the keys the job writes."""
-    import redis
-
-    c = redis.Redis(host=settings.redis.host, port=settings.redis.port, db=settings.redis.db)
-    yield c
-    c.close()
-
-
-@pytest.fixture
-def store(settings: Settings, client: Any) -> Iterator[RedisOnlineStore]:
-    s = RedisOnlineStore(settings.redis, settings.features, client=client)
-    yield s
-    keys = list(client.scan_iter(match=f"{settings.redis.key_prefix}*", count=1000))
-    if keys:
-        client.delete(*keys)
-    s.close()
-
-
-@pytest.fixture
 def cluster_job(settings: Settings, tmp_path: Path) -> Iterator[Namespace]:
     """The feature job submitted to the stack's Flink cluster; cancelled afterwards."""
     # Thread mode needs flink-python on the cluster's own classpath (deploy/components.py).
