@@ -168,7 +168,8 @@ def write_artifact(
     manifest: dict[str, Any] = {
         "format": FORMAT,
         "format_version": format_version(
-            score_bias, history_len, history_decay, covisit is not None, attention is not None
+            score_bias, history_len, history_decay, covisit is not None, attention is not None,
+            bool(covisit_params and covisit_params.get("last_weight", 0.0)),
         ),
         "version": version,
         "created_at": created_at.isoformat() if created_at else None,
@@ -201,6 +202,8 @@ def write_artifact(
             "window": int(covisit_params["window"]),
             "decay": float(covisit_params["decay"]),
         }
+        if covisit_params.get("last_weight", 0.0):
+            manifest["covisit"]["last_weight"] = float(covisit_params["last_weight"])
     if attention_entry is not None:
         manifest["attention"] = attention_entry
         load_attention(manifest, arrays)  # shapes and values, as the reader checks them
@@ -258,6 +261,7 @@ class ServingArtifact:
             return [empty] * len(histories)
         params = self.manifest["covisit"]
         window, weight = int(params["window"]), float(params["weight"])
+        last = float(params.get("last_weight", 0.0))
         scale = position_weights(window, float(params["decay"]))
         indptr, neighbours, weights = self.covisit
         out = []
@@ -270,7 +274,14 @@ class ServingArtifact:
             cols, sums = accumulate(
                 indptr[rows[pos]], indptr[rows[pos] + 1], scale[pos], neighbours, weights
             )
-            out.append((cols, term(sums, weight)))
+            added = term(sums, weight)
+            if last and pos[0] == 0:  # format 6: the most recent item's own term
+                r = rows[:1]
+                lcols, lsums = accumulate(indptr[r], indptr[r + 1], np.ones(1),
+                                          neighbours, weights)
+                at = np.searchsorted(cols, lcols)  # lcols is a subset of cols (both sorted)
+                added[at] += term(lsums, last)
+            out.append((cols, added))
         return out
 
     @property

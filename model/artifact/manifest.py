@@ -16,9 +16,9 @@ import numpy as np
 from model.errors import ModelError
 
 FORMAT = "streamrec-artifact"
-FORMAT_VERSION = 5
+FORMAT_VERSION = 6
 #: Versions the reader accepts (see the module doc).
-READABLE_VERSIONS = (1, 2, 3, 4, 5)
+READABLE_VERSIONS = (1, 2, 3, 4, 5, 6)
 MANIFEST = "manifest.json"
 ACTIVATIONS = ("relu", "linear")
 RESERVED = frozenset(
@@ -39,7 +39,10 @@ def format_version(
     history_decay: float,
     covisit: bool = False,
     attention: bool = False,
+    covisit_last: bool = False,
 ) -> int:
+    if covisit_last:
+        return 6
     if attention:
         return 5
     if covisit:
@@ -104,11 +107,17 @@ COVISIT_FILES = ("covisit_indptr.npy", "covisit_items.npy", "covisit_weights.npy
 
 
 def check_covisit_params(params: Any, where: str = "", version: int = FORMAT_VERSION) -> None:
-    """Raise unless ``params`` is a valid ``covisit`` manifest entry (format 4)."""
+    """Raise unless ``params`` is a valid ``covisit`` manifest entry (format 4; format 6 adds
+    ``last_weight``, the weight of the most recent history item's own term)."""
     if version < 4:
         raise ArtifactError(f"{where}covisit is not valid in format {version}")
-    if not isinstance(params, dict) or set(params) != {"weight", "window", "decay"}:
-        raise ArtifactError(f"{where}covisit must hold exactly weight, window and decay")
+    keys = {"weight", "window", "decay"} | ({"last_weight"} if version >= 6 else set())
+    if not isinstance(params, dict) or not {"weight", "window", "decay"} <= set(params) <= keys:
+        raise ArtifactError(f"{where}covisit must hold weight, window and decay"
+                            + (" (and last_weight)" if version >= 6 else ""))
+    last = params.get("last_weight", 0.0)
+    if isinstance(last, bool) or not isinstance(last, (int, float)) or not last >= 0:
+        raise ArtifactError(f"{where}covisit last_weight {last!r} is not >= 0")
     weight, window, decay = params["weight"], params["window"], params["decay"]
     if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight > 0:
         raise ArtifactError(f"{where}covisit weight {weight!r} is not > 0")

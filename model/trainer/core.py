@@ -54,6 +54,12 @@ def _pick(value: float | None, default: float) -> float:
     return default if value is None else value
 
 
+#: Candidate columns a live step of the learned mix samples (plus the batch's targets).
+MIX_SAMPLE = 2048
+#: Rows of each scored head the item-to-item baseline's live figure is taken on.
+I2I_ROWS = 32
+
+
 def _mixer(config: ModelConfig, covisit: bool) -> ScoreMixer:
     """The score's parts (towers, then the prior and co-visitation where the model has
     them) with their initial weights; the weights learn only with ``config.mix`` learned."""
@@ -64,6 +70,9 @@ def _mixer(config: ModelConfig, covisit: bool) -> ScoreMixer:
     if covisit:
         names.append("covisit")
         initial.append(config.covisit_weight)
+        if config.mix == "learned":  # the most recent item's own term, learnt from 0
+            names.append("covisit_last")
+            initial.append(0.0)
     return ScoreMixer(names, initial, lr=config.mix_lr)
 
 
@@ -113,6 +122,7 @@ class Trainer:
             else None
         )
         self.mixer = _mixer(config, self.covisit is not None)
+        self._mix_rng = np.random.default_rng(config.seed)
         single = self._dedup_step if opts.dedup_lookups else self._single_step
         self._step_fn = tf.function(single, input_signature=_SIG)
         self._step_concrete: Any = None
@@ -394,7 +404,11 @@ class Trainer:
         self.wait_evaluation()
         if self.covisit is None:
             return np.zeros((len(history), len(item_keys)), np.float32)
-        return covisit_term(self.covisit.sums(history, item_keys), self.score_weights()[2])
+        out = covisit_term(self.covisit.sums(history, item_keys), self.score_weights()[2])
+        last = self.last_weight()
+        if last:
+            out += covisit_term(self.covisit.sums(history[:, :1], item_keys), last)
+        return out
 
     def item_vectors(self) -> tuple[np.ndarray, np.ndarray]:
         """(keys, scoring vectors float32) of every known item: the item tower output, with
@@ -435,6 +449,10 @@ class Trainer:
         w = self.mixer.as_dict()
         return w["tower"], w.get("prior", 0.0), w.get("covisit", 0.0)
 
+    def last_weight(self) -> float:
+        """Weight of the most recent history item's own co-visitation term (0: none)."""
+        return self.mixer.as_dict().get("covisit_last", 0.0)
+
     def item_parts(self) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """(keys, item side of the towers' part, log q or None) of every known item."""
         keys, rows, log_q = self._item_rows()
@@ -461,6 +479,8 @@ class Trainer:
             parts.append(np.broadcast_to(np.asarray(q, np.float32), parts[0].shape))
         if self.covisit is not None:
             parts.append(np.log1p(self.covisit.sums(history, item_keys)))
+            if "covisit_last" in self.mixer.names:
+                parts.append(np.log1p(self.covisit.sums(history[:, :1], item_keys)))
         return parts
 
     def learn_mix(self, parts: list[np.ndarray], target_pos: np.ndarray) -> None:
@@ -478,17 +498,69 @@ class Trainer:
         term learn it (off the training thread)."""
         ev = self.evaluator
         if vectors is not None and ev.candidate_keys.size:
-            parts = self.score_parts(vectors, ev.candidate_tower, ev.candidate_log_q,
-                                     head.history, ev.candidate_keys)
-            target_pos = ev.positions(head.item_keys)
-            ev.evaluate(self.mixer.score(parts), target_pos, item2item=parts[-1]
-                        if self.covisit is not None else None)
-            self.learn_mix(parts, target_pos)
+            self._score_head(vectors, head)
         elif vectors is not None:
             ev.evaluate(None, ev.positions(head.item_keys))
         ev.popularity.observe(trained.item_keys)
         if self.covisit is not None:
             self.covisit.learn(trained.history, trained.item_keys, trained.weights)
+
+    def _score_head(self, vectors: np.ndarray, head: Batch) -> None:
+        """The live figures of one head against every candidate, with the served score built
+        in float32 (the co-visitation parts added at their non-zeros), then one step of the
+        learned mix on a uniform sample of :data:`MIX_SAMPLE` candidate columns plus the
+        targets (uniform negatives: the sampled softmax needs no correction)."""
+        ev = self.evaluator
+        keys, n = ev.candidate_keys, ev.candidate_keys.size
+        target_pos = ev.positions(head.item_keys)
+        tower = vectors @ ev.candidate_tower.T
+        w = self.mixer.as_dict()
+        score = tower * np.float32(w["tower"])
+        if "prior" in w and ev.candidate_log_q is not None:
+            score += np.float32(w["prior"]) * ev.candidate_log_q[None, :]
+        sparse: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        item2item = None
+        if self.covisit is not None:
+            where = self.covisit.positions(keys)
+            sparse.append(self._covisit_sparse(head.history, where))
+            if "covisit_last" in w:
+                sparse.append(self._covisit_sparse(head.history[:, :1], where))
+            for (r, c, v), name in zip(sparse, ("covisit", "covisit_last"), strict=False):
+                score[r, c] += np.float32(w[name]) * v
+            r, c, v = sparse[0]
+            item2item = np.zeros((min(len(score), I2I_ROWS), n), np.float32)
+            keep = r < item2item.shape[0]
+            item2item[r[keep], c[keep]] = v[keep]
+        ev.evaluate(score, target_pos, item2item=item2item)
+        if self.config.mix != "learned":
+            return
+        cols = np.union1d(self._mix_rng.choice(n, min(n, MIX_SAMPLE), replace=False),
+                          target_pos[target_pos >= 0])
+        sub_target = np.where(target_pos >= 0, np.searchsorted(cols, target_pos), -1)
+        parts = [tower[:, cols]]
+        if "prior" in w:
+            q = (np.zeros(cols.size, np.float32) if ev.candidate_log_q is None
+                 else ev.candidate_log_q[cols])
+            parts.append(np.broadcast_to(q, (len(tower), cols.size)))
+        sub = np.full(n, -1, np.int64)
+        sub[cols] = np.arange(cols.size)
+        for r, c, v in sparse:
+            part = np.zeros((len(tower), cols.size), np.float32)
+            keep = sub[c] >= 0
+            part[r[keep], sub[c[keep]]] = v[keep]
+            parts.append(part)
+        self.mixer.update(parts, sub_target)
+
+    def _covisit_sparse(
+        self, history: np.ndarray, where: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(row, candidate column, ``log1p`` of the co-visitation sum) of the non-zeros;
+        ``where`` maps the state's dense ids to candidate columns (``positions``)."""
+        assert self.covisit is not None
+        rows, ids, s = self.covisit.row_sums(history)
+        col = where[ids]
+        ok = col >= 0
+        return rows[ok], col[ok], np.log1p(s[ok]).astype(np.float32)
 
     def fit_batch(self, batch: Batch) -> float:
         """Test-then-train: score the first ``eval_rows`` rows with the model as it was

@@ -74,6 +74,7 @@ def artifact_arrays(trainer: Trainer, item_ids: Mapping[int, str]) -> dict[str, 
             "covisit": trainer.covisit.csr(vkeys[named]),
             "covisit_params": {
                 "weight": trainer.score_weights()[2],
+                "last_weight": trainer.last_weight(),
                 "window": config.covisit_window,
                 "decay": config.covisit_decay,
             },

@@ -181,10 +181,12 @@ class Evaluator:
         prec, pndcg = recall_ndcg(np.broadcast_to(pop_top, (n, pop_top.size)), target_pos)
         self.pop_recall.add(prec)
         self.pop_ndcg.add(pndcg)
-        if item2item is not None:
-            tie = self._pop_counts / (self._pop_counts.max() + 1.0) if self._pop_counts.size else 0.0
-            irec, indcg = rank_metrics(np.asarray(item2item, np.float64) + 1e-3 * tie,
-                                       target_pos, self.k)
+        if item2item is not None:  # on its first rows (the caller picks how many)
+            tie = (self._pop_counts / (self._pop_counts.max() + 1.0)).astype(np.float32) \
+                if self._pop_counts.size else np.float32(0.0)
+            rows = len(item2item)
+            irec, indcg = rank_metrics(item2item + np.float32(1e-3) * tie,
+                                       target_pos[:rows], self.k)
             self.i2i_recall.add(irec)
             self.i2i_ndcg.add(indcg)
 

@@ -141,7 +141,9 @@ def test_format_versions(tmp_path: Path) -> None:
     assert not load_artifact(tmp_path / "a").score_bias
     cv = {"weight": 1.0, "window": 3, "decay": 0.9}
     att = {"blocks": 1, "heads": 2, "len": 4, "pool": True}
-    bad_cases = [(1, {"score_bias": True}), (6, {}), (2, {"score_bias": "yes"}),
+    bad_cases = [(1, {"score_bias": True}), (7, {}), (2, {"score_bias": "yes"}),
+                 (4, {"covisit": {**cv, "last_weight": 1.0}}),  # last_weight is format 6
+                 (6, {"covisit": {**cv, "last_weight": -1.0}}),
                  (4, {"attention": att}), (5, {"attention": att}),  # no attention files
                  (5, {"attention": {**att, "blocks": 3}}), (5, {"attention": {"blocks": 1}}),
                  (3, {"covisit": cv}), (4, {"covisit": {**cv, "window": 0}}),

@@ -176,6 +176,27 @@ def test_artifact_serves_the_trainers_term(tmp_path: Path) -> None:
     assert ranked[0][0].score == pytest.approx(2.0 * math.log1p(2.0), rel=1e-6)
 
 
+def test_artifact_serves_the_last_items_own_term(tmp_path: Path) -> None:
+    """Format 6: ``last_weight * log1p(C[h_0, i])`` on top of the windowed term."""
+    ids = [f"i{k}" for k in range(6)]
+    keys = item_keys(ids)
+    cv = CoVisitation(WINDOW, DECAY, 0.0)
+    hist = np.array([[keys[0], 0], [keys[3], keys[0]], [keys[5], keys[3]], [keys[3], 0]])
+    cv.learn(hist, np.array([keys[1], keys[2], keys[4], keys[4]]), np.ones(4))
+    params = {"weight": 2.0, "last_weight": 0.7, "window": WINDOW, "decay": DECAY}
+    art = load_artifact(_artifact(tmp_path, cv, covisit_params=params))
+    assert art.manifest["format_version"] == 6
+    assert art.manifest["covisit"]["last_weight"] == 0.7
+    histories = [["i3", "i0"], ["unknown", "i3", "i0"], ["i0"]]
+    served = art.covisit_scores(histories)
+    padded = np.array([[keys[3], keys[0], 0], [9, keys[3], keys[0]], [keys[0], 0, 0]])
+    expected = term(cv.sums(padded, keys), 2.0) + term(cv.sums(padded[:, :1], keys), 0.7)
+    for (rows, added), want in zip(served, expected, strict=True):
+        got = np.zeros(6, np.float32)
+        got[rows] = added
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
 def test_artifacts_without_the_term_keep_their_format(tmp_path: Path) -> None:
     art = load_artifact(_artifact(tmp_path, None))
     assert art.manifest["format_version"] == 1 and art.covisit is None
