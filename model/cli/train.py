@@ -10,6 +10,8 @@ import logging
 import signal
 from typing import Any
 
+from model.trainer.options import TrainOptions
+
 log = logging.getLogger(__name__)
 
 EPILOG = """\
@@ -59,8 +61,9 @@ def register(sub: Any) -> None:
     p.add_argument("--aux-weight", type=float,
                    help="weight of the item-to-item history-pool term of the loss (0 = off, "
                         "faster steps; default: TrainOptions.aux_weight)")
-    p.add_argument("--eval-rows", type=int, default=128,
-                   help="rows per batch scored test-then-train (0 = off; default 128)")
+    p.add_argument("--eval-rows", type=int, default=TrainOptions.eval_rows,
+                   help="rows per batch scored test-then-train (0 = off; default "
+                   f"{TrainOptions.eval_rows})")
     p.set_defaults(func=run_train)
 
 

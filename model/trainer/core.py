@@ -56,9 +56,6 @@ def _pick(value: float | None, default: float) -> float:
 
 #: Candidate columns a live step of the learned mix samples (plus the batch's targets).
 MIX_SAMPLE = 2048
-#: Rows of each head the live figures and the mix's step are taken on: the whole served
-#: score over every candidate costs ~0.5 ms a row at 20k candidates, on the evaluation thread.
-LIVE_ROWS = 32
 
 
 def _mixer(config: ModelConfig, covisit: bool) -> ScoreMixer:
@@ -507,15 +504,15 @@ class Trainer:
             self.covisit.learn(trained.history, trained.item_keys, trained.weights)
 
     def _score_head(self, vectors: np.ndarray, head: Batch) -> None:
-        """The live figures of the first :data:`LIVE_ROWS` rows of a head against every
+        """The live figures of a head (``TrainOptions.eval_rows``) against every
         candidate, with the served score built in float32 (the co-visitation parts added at
         their non-zeros), then one step of the learned mix on a uniform sample of
         :data:`MIX_SAMPLE` candidate columns plus the targets (uniform negatives: the
         sampled softmax needs no correction)."""
         ev = self.evaluator
         keys, n = ev.candidate_keys, ev.candidate_keys.size
-        vectors, history = vectors[:LIVE_ROWS], head.history[:LIVE_ROWS]
-        target_pos = ev.positions(head.item_keys[:LIVE_ROWS])
+        history = head.history
+        target_pos = ev.positions(head.item_keys)
         tower = vectors @ ev.candidate_tower.T
         w = self.mixer.as_dict()
         score = tower * np.float32(w["tower"])
