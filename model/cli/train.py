@@ -64,6 +64,9 @@ def register(sub: Any) -> None:
     p.add_argument("--eval-rows", type=int, default=TrainOptions.eval_rows,
                    help="rows per batch scored test-then-train (0 = off; default "
                    f"{TrainOptions.eval_rows})")
+    p.add_argument("--eval-every", type=int, default=TrainOptions.eval_every,
+                   help="score the head of every N-th batch only (1 = every batch; default "
+                   f"{TrainOptions.eval_every})")
     p.set_defaults(func=run_train)
 
 
@@ -111,6 +114,7 @@ def run_train(args: argparse.Namespace) -> int:
             max_user_rows=args.max_user_rows,
             max_item_rows=args.max_item_rows,
             eval_rows=args.eval_rows,
+            eval_every=args.eval_every,
             **({} if args.aux_weight is None else {"aux_weight": args.aux_weight}),
         )
         loop = LoopOptions(

@@ -40,6 +40,10 @@ PAD_KEY = 0
 _LOW = np.int64(0xFFFFFFFF)
 #: Buffered pair updates that trigger a merge (the trainer also merges before reading).
 MERGE_EVERY = 1 << 18
+#: Largest groups x targets that :func:`accumulate` counts densely.
+DENSE_MAX = 1 << 22
+#: ... and at most this many times the entries summed (else sorting them is cheaper).
+DENSE_RATIO = 8
 
 
 def position_weights(window: int, decay: float) -> np.ndarray:
@@ -54,11 +58,17 @@ def accumulate(
     targets: np.ndarray,
     weights: np.ndarray,
     groups: np.ndarray | None = None,
+    n_targets: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """``(t, s)``: for every target ``t`` in the slices ``targets[starts[j]:ends[j]]``, the sum
     ``s`` of ``scale[j] * weights[k]`` over the slices' entries ``k`` that name it (``t`` sorted,
     distinct). With ``groups`` (``[J]`` ints >= 0), sums are kept apart per group of slices
-    and ``t`` is ``group << 32 | target``."""
+    and ``t`` is ``group << 32 | target``.
+
+    ``n_targets`` (every target is below it) lets the sums be counted in a dense array
+    instead of sorting the entries when groups x targets is at most :data:`DENSE_MAX` and
+    :data:`DENSE_RATIO` times the entries (the trainer's head of 32 rows over all items): the
+    same triples, the same float sums (both add in input order)."""
     lens = (ends - starts).astype(np.int64)
     total = int(lens.sum())
     if total == 0:
@@ -68,8 +78,16 @@ def accumulate(
     idx = offsets + np.arange(total, dtype=np.int64)
     vals = weights[idx] * np.repeat(scale, lens)
     found = targets[idx].astype(np.int64)
-    if groups is not None:
-        found |= np.repeat(np.asarray(groups, np.int64), lens) << 32
+    group_of = None if groups is None else np.repeat(np.asarray(groups, np.int64), lens)
+    n_groups = 1 if group_of is None else int(group_of.max()) + 1
+    if n_targets is not None and n_groups * n_targets <= min(DENSE_MAX, DENSE_RATIO * total):
+        flat = found if group_of is None else group_of * n_targets + found
+        size = n_groups * int(n_targets)
+        hits = np.flatnonzero(np.bincount(flat, minlength=size))
+        sums = np.bincount(flat, vals, minlength=size)[hits]
+        return (hits // n_targets) << 32 | hits % n_targets, sums
+    if group_of is not None:
+        found |= group_of << 32
     uniq, inv = np.unique(found, return_inverse=True)
     return uniq, np.bincount(inv, vals)
 
@@ -109,6 +127,9 @@ class CoVisitation:
         self._pend_codes: list[np.ndarray] = []
         self._pend_weights: list[np.ndarray] = []
         self._pending = 0
+        #: Bumped when the state is replaced (:meth:`load_arrays`): dense ids only grow
+        #: in between, so maps over them can be extended rather than rebuilt.
+        self.generation = 0
 
     # -- ids -----------------------------------------------------------------------------------
     def ids(self, keys: np.ndarray, add: bool = False) -> np.ndarray:
@@ -195,7 +216,8 @@ class CoVisitation:
         first = ids[rows, pos]
         starts = np.searchsorted(self.codes, first << 32)
         ends = np.searchsorted(self.codes, (first + 1) << 32)
-        found, s = accumulate(starts, ends, self._scale[pos], self.codes & _LOW, self.weights, rows)
+        found, s = accumulate(starts, ends, self._scale[pos], self.codes & _LOW, self.weights, rows,
+                              n_targets=self.keys.size)
         return found >> 32, found & _LOW, s
 
     def sums(self, history: np.ndarray, candidates: np.ndarray) -> np.ndarray:
@@ -246,6 +268,7 @@ class CoVisitation:
 
     def load_arrays(self, arrays: dict[str, np.ndarray]) -> None:
         """Restore :meth:`to_arrays` (absent keys: an empty state)."""
+        self.generation += 1
         self.keys = np.asarray(arrays.get("covisit_keys", np.zeros(0, np.int64)), np.int64)
         order = np.argsort(self.keys, kind="stable")
         self._sorted, self._sorted_ids = self.keys[order], order.astype(np.int64)

@@ -107,6 +107,9 @@ class Trainer:
         self._evict_in: int | None = None
         self._eval_pending: Future[None] | None = None
         self._since_refresh = opts.eval_refresh_steps
+        self._batches_fit = 0
+        #: (candidate keys, co-visitation generation, ids mapped, column of each id)
+        self._columns: tuple[np.ndarray, int, int, np.ndarray] | None = None
         self._head_vectors: np.ndarray | None = None
         self.negatives = NegativeSampler(opts.sampled_negatives, config.seed)
         self.covisit = (
@@ -521,7 +524,7 @@ class Trainer:
         sparse: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         item2item = None
         if self.covisit is not None:
-            where = self.covisit.positions(keys)
+            where = self._covisit_columns(keys)
             sparse.append(self._covisit_sparse(history, where))
             if "covisit_last" in w:
                 sparse.append(self._covisit_sparse(history[:, :1], where))
@@ -550,6 +553,20 @@ class Trainer:
             parts.append(part)
         self.mixer.update(parts, sub_target)
 
+    def _covisit_columns(self, keys: np.ndarray) -> np.ndarray:
+        """Candidate column of each co-visitation dense id (-1: not a candidate), kept
+        between candidate refreshes and extended by the ids added since."""
+        cv = self.covisit
+        assert cv is not None
+        ids, cached = cv.keys, self._columns
+        if cached is None or cached[0] is not keys or cached[1] != cv.generation:
+            cached = (keys, cv.generation, 0, np.zeros(0, np.int64))
+        if cached[2] < ids.size:
+            new = self.evaluator.positions(ids[cached[2]:])
+            cached = (keys, cv.generation, ids.size, np.concatenate([cached[3], new]))
+        self._columns = cached
+        return cached[3]
+
     def _covisit_sparse(
         self, history: np.ndarray, where: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -562,15 +579,17 @@ class Trainer:
         return rows[ok], col[ok], np.log1p(s[ok]).astype(np.float32)
 
     def fit_batch(self, batch: Batch) -> float:
-        """Test-then-train: score the first ``eval_rows`` rows with the model as it was
-        before this batch, then train on the batch; returns the training loss.
+        """Test-then-train: score the first ``eval_rows`` rows of every ``eval_every``-th
+        batch with the model as it was before this batch, then train on the batch; returns
+        the training loss.
 
         The single-step path scores the user vectors its own forward pass computed before
         the update (ids first seen in this batch have just been admitted there, so they
         score with their fresh row rather than the default row: both are untrained).
         """
         opts = self.options
-        evaluating = opts.eval_rows > 0
+        evaluating = opts.eval_rows > 0 and self._batches_fit % opts.eval_every == 0
+        self._batches_fit += 1
         head = batch.rows(slice(0, opts.eval_rows))
         vectors = None
         if evaluating:

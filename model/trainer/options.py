@@ -71,6 +71,10 @@ class TrainOptions:
     #: whole served score over every candidate and a step of the learnt mix: ~0.5 ms a row at
     #: 20k candidates on the evaluation thread, which must keep pace with the train step.
     eval_rows: int = 32
+    #: Score the head of every this-many-th batch only (1 = each batch): the figures are a
+    #: sample of the stream either way, and each scored head costs about as much evaluation
+    #: CPU as a quarter of a 512-sample train step (why 4: docs/decisions.md#live-figures).
+    eval_every: int = 4
     eval_refresh_steps: int = 20
     #: Score a batch's head on a second thread while the next batch trains (numpy's
     #: scoring matmul and rank count release the GIL); False = inline.
@@ -88,6 +92,8 @@ class TrainOptions:
     def __post_init__(self) -> None:
         if self.aux_weight < 0.0:
             raise ValueError("aux_weight must be >= 0")
+        if self.eval_every < 1:
+            raise ValueError("eval_every must be >= 1")
         if self.grad_accum_steps < 1 or self.loss_groups < 1:
             raise ValueError("grad_accum_steps and loss_groups must be >= 1")
         if self.logq_estimator not in ("gap", "count"):

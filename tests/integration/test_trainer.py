@@ -68,7 +68,8 @@ def in_process_run(stack: Settings, tmp_path_factory: pytest.TempPathFactory) ->
     service = build_service(
         settings,
         ModelConfig(history_len=20),
-        TrainOptions(batch_size=256, eval_rows=128, eval_refresh_steps=10, eval_window=5_000),
+        TrainOptions(batch_size=256, eval_rows=128, eval_every=1, eval_refresh_steps=10,
+                     eval_window=5_000),
         LoopOptions(export_every_s=3600, export_every_samples=15_000, max_samples=len(samples)),
         clock=lambda: datetime.now(UTC),
     )

@@ -216,3 +216,18 @@ def test_bad_covisit_input_is_refused(tmp_path: Path) -> None:
         _artifact(tmp_path, None, covisit=out_of_range,
                   covisit_params={"weight": 1.0, "window": 3, "decay": 0.8})
     assert cv.csr(np.zeros(0, np.int64))[0].tolist() == [0]
+
+
+def test_accumulate_dense_path_equals_sorted_path() -> None:
+    rng = np.random.default_rng(3)
+    targets = rng.integers(0, 50, 400)
+    weights = rng.random(400)
+    starts = rng.integers(0, 300, 30)
+    ends = starts + rng.integers(0, 100, 30)
+    scale = rng.random(30)
+    groups = np.sort(rng.integers(0, 8, 30))
+    for g in (None, groups):
+        t_sorted, s_sorted = accumulate(starts, ends, scale, targets, weights, g)
+        t_dense, s_dense = accumulate(starts, ends, scale, targets, weights, g, n_targets=50)
+        assert t_dense.tolist() == t_sorted.tolist()
+        assert s_dense.tolist() == s_sorted.tolist()  # same order of additions: equal bits

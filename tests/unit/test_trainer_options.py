@@ -375,7 +375,7 @@ def test_evaluation_on_its_thread_scores_the_same_as_inline() -> None:
     """``eval_async``: each batch's head is scored on the evaluation thread against the
     candidates of its own refresh; the figures equal the inline evaluation's."""
     batches = _batches(6, 48, seed=17)
-    opts = TrainOptions(eval_rows=16, eval_refresh_steps=2, learning_rate=0.3)
+    opts = TrainOptions(eval_rows=16, eval_every=1, eval_refresh_steps=2, learning_rate=0.3)
     trainers = [
         Trainer(CFG, replace(opts, eval_async=a), tag=f"evalasync{int(a)}") for a in (False, True)
     ]
@@ -386,3 +386,17 @@ def test_evaluation_on_its_thread_scores_the_same_as_inline() -> None:
     assert threaded == inline
     assert inline["evaluated_samples"] == 6 * 16
     assert inline["recall@10"] > 0.0  # something was hit: the comparison is not of zeros
+
+
+def test_eval_every_scores_every_nth_batch_and_still_counts_all() -> None:
+    """``eval_every=3`` over 6 batches scores the heads of batches 0 and 3 only, while the
+    popularity baseline and the co-visitation still learn every batch."""
+    batches = _batches(6, 48, seed=17)
+    t = Trainer(CFG, TrainOptions(eval_rows=16, eval_every=3, eval_refresh_steps=2,
+                                  learning_rate=0.3), tag="evalevery")
+    for b in batches:
+        t.fit_batch(b)
+    assert t.quality()["evaluated_samples"] == 2 * 16
+    assert sum(t.evaluator.popularity.counts.values()) == sum(len(b) for b in batches)
+    with pytest.raises(ValueError, match="eval_every"):
+        TrainOptions(eval_every=0)
