@@ -13,6 +13,7 @@ import (see DESIGN.md: ``stream``, ``model`` and ``serving`` depend on ``feature
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Literal
 
@@ -194,10 +195,10 @@ class ServingSettings(BaseModel):
     admin_token: SecretStr | None = Field(None, description="Token for pin/rollback.")
     max_body_bytes: int = Field(64 * 1024, description="Largest request body (413 beyond).")
     workers: int = Field(
-        1,
+        default_factory=lambda: os.cpu_count() or 1,
         ge=1,
-        description="Worker processes of `streamrec serve` (one per core for the lowest tail "
-        "latency; each loads and swaps versions itself, and /metrics is per worker).",
+        description="Worker processes of `streamrec serve` (default: one per core, for the "
+        "lowest tail latency; each loads and swaps versions itself; /metrics sums them all).",
     )
 
 

@@ -7,7 +7,8 @@ reads, concurrently and each under its own deadline:
 * the trainer's ``/metrics`` (``streamrec_trainer_samples_total`` and the rolling
   test-then-train gauges ``streamrec_trainer_quality_rolling{metric="recall@K"}`` /
   ``{metric="popularity_recall@K"}``),
-* the serving app's own registry (``streamrec_serving_request_seconds`` by answer source),
+* the serving app's metrics, every worker's (``streamrec_serving_request_seconds`` by answer
+  source; see ``serving.metrics``),
 * the end offsets of the ``samples`` topic (what the feature job has produced; any callable
   returning that sum, e.g. :class:`serving.dashboard.TopicEndOffsets`),
 * the served model version and its age (from the app's loader).
