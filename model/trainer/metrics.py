@@ -58,6 +58,11 @@ class TrainerMetrics:
         self.trained_through = Gauge(
             f"{NS}_trained_through_ms", "Event time of the newest trained sample", registry=r
         )
+        self.consumed_offsets = Gauge(
+            f"{NS}_consumed_offsets",
+            "Next samples-topic offset to train, summed over partitions (the topic's end "
+            "offsets minus this is the trainer's lag in records)", registry=r,
+        )
         self.k = k
 
     def set_quality(self, summary: dict[str, float]) -> None:

@@ -1,0 +1,70 @@
+"""The Prometheus rules in deploy/prometheus: valid (`promtool check rules`), each alert seen
+firing and not firing in `promtool test rules`, and naming only metrics we export."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from datetime import UTC, datetime
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from tests.support import REPO_ROOT
+
+RULES_DIR = REPO_ROOT / "deploy" / "prometheus"
+SUFFIXES = ("", "_total", "_bucket", "_count", "_sum")
+
+
+def promtool() -> str:
+    exe = shutil.which("promtool")
+    if exe is None:
+        pytest.fail("promtool not found: `make setup` installs Debian's prometheus package")
+    return exe
+
+
+def run(*args: str) -> str:
+    proc = subprocess.run([promtool(), *args], cwd=RULES_DIR, capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout
+
+
+def test_rules_are_valid() -> None:
+    assert "SUCCESS" in run("check", "rules", "rules.yml")
+
+
+def test_rules_unit_tests_pass() -> None:
+    assert "SUCCESS" in run("test", "rules", "rules_test.yml")
+
+
+def test_every_alert_has_a_firing_case() -> None:
+    rules = (RULES_DIR / "rules.yml").read_text()
+    tests = (RULES_DIR / "rules_test.yml").read_text()
+    alerts = re.findall(r"^\s*- alert: (\w+)", rules, re.M)
+    assert len(alerts) >= 9
+    for name in alerts:
+        case = re.search(rf"alertname: {name}\n\s*exp_alerts:\n\s*- exp_labels", tests)
+        assert case, f"no test sees {name} firing"
+
+
+def exported_names() -> set[str]:
+    from model.trainer.metrics import TrainerMetrics
+    from serving.metrics import ServingMetrics
+    from stream import monitor
+    from stream.ingest.metrics import IngestMetrics
+
+    families = {f.name for f in ServingMetrics(clock=lambda: datetime.now(UTC)).exposition.collect()}
+    families |= {f.name for f in TrainerMetrics().registry.collect()}
+    ingest = IngestMetrics(CollectorRegistry())
+    families |= {f.name for f in ingest.registry.collect()}
+    families |= {getattr(monitor, n) for n in dir(monitor) if n.isupper()
+                 and isinstance(getattr(monitor, n), str) and getattr(monitor, n).startswith("streamrec_")}
+    return {f + s for f in families for s in SUFFIXES}
+
+
+def test_rules_name_only_exported_metrics() -> None:
+    used = set(re.findall(r"\bstreamrec_\w+", (RULES_DIR / "rules.yml").read_text()))
+    assert used, "the rules name no metric"
+    assert used <= exported_names(), used - exported_names()
