@@ -202,6 +202,21 @@ class ServingSettings(BaseModel):
     )
 
 
+class PrometheusSettings(BaseModel):
+    """Monitoring on the local stack: Prometheus and the pipeline exporter it scrapes."""
+
+    model_config = _SECTION
+    port: int = Field(9090, description="Port of Prometheus (`streamrec up` starts it).")
+    exporter_port: int = Field(8003, description="Port of `streamrec exporter` (/metrics).")
+    flink_reporter_port: int = Field(
+        9249, description="First port of Flink's Prometheus reporters (the JobManager, then "
+        "one per TaskManager).")
+    scrape_interval_s: float = Field(15.0, gt=0, description="Prometheus scrape interval.")
+    evaluation_interval_s: float = Field(15.0, gt=0, description="Rule evaluation interval.")
+    rules_file: Path | None = Field(
+        None, description="Alert rules (default: deploy/prometheus/rules.yml of the checkout).")
+
+
 class Settings(BaseSettings):
     """Everything a streamrec process can be configured with."""
 
@@ -221,6 +236,7 @@ class Settings(BaseSettings):
     ingest: IngestSettings = IngestSettings()
     trainer: TrainerSettings = TrainerSettings()
     serving: ServingSettings = ServingSettings()
+    prometheus: PrometheusSettings = PrometheusSettings()
 
 
 def to_env(settings: Settings) -> dict[str, str]:

@@ -107,7 +107,14 @@ class PipelineCollector(Collector):
             self._admin = KafkaAdminClient(
                 bootstrap_servers=self.settings.kafka.bootstrap,
                 request_timeout_ms=int(self.timeout_s * 1000) + 1000)
-        offsets = self._admin.list_consumer_group_offsets(self.features_group)
+        from kafka.errors import KafkaError
+
+        try:
+            groups = self._admin.list_group_offsets({self.features_group: None})
+        except KafkaError as exc:  # e.g. no such group yet: no lag figure, Kafka still up
+            log.debug("offsets of group %s unavailable: %r", self.features_group, exc)
+            return {}
+        offsets = groups.get(self.features_group, {})
         return {tp.partition: int(meta.offset) for tp, meta in offsets.items()
                 if tp.topic == topic and meta.offset >= 0}
 

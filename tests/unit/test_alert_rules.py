@@ -3,10 +3,12 @@ firing and not firing in `promtool test rules`, and naming only metrics we expor
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -68,3 +70,16 @@ def test_rules_name_only_exported_metrics() -> None:
     used = set(re.findall(r"\bstreamrec_\w+", (RULES_DIR / "rules.yml").read_text()))
     assert used, "the rules name no metric"
     assert used <= exported_names(), used - exported_names()
+
+
+def test_generated_prometheus_config_is_valid(tmp_path: Path) -> None:
+    from deploy.components import PROMETHEUS_RULES, prometheus_config
+    from feature_store.settings import load_settings
+
+    config = prometheus_config(load_settings(flink={"taskmanagers": 2}), PROMETHEUS_RULES)
+    jobs = {j["job_name"]: j["static_configs"][0]["targets"] for j in config["scrape_configs"]}
+    assert set(jobs) == {"prometheus", "ingest", "trainer", "serving", "exporter", "flink"}
+    assert len(jobs["flink"]) == 3  # the JobManager and two TaskManagers
+    path = tmp_path / "prometheus.yml"
+    path.write_text(json.dumps(config))
+    assert "SUCCESS" in run("check", "config", str(path))
