@@ -153,7 +153,8 @@ def _print_targets(settings: Any, rows: Any, wait: bool) -> None:
         except (OSError, ValueError, KeyError) as exc:
             print(f"prometheus: targets unreadable ({exc})")
             return
-        if time.monotonic() >= deadline or all(t["health"] != "unknown" for t in targets):
+        if time.monotonic() >= deadline or (
+                targets and all(t["health"] != "unknown" for t in targets)):
             break
         time.sleep(0.5)
     down = [t for t in targets if t["health"] != "up"]
