@@ -22,6 +22,7 @@ from typing import Any
 
 import httpx
 
+from feature_store import metric_names as names
 from feature_store.settings import Settings
 from streamrec.client import Client, StreamrecError
 
@@ -43,15 +44,6 @@ def scrape(url: str, timeout_s: float = 2.0) -> dict[str, float]:
             labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
             out[f"{s.name}{{{labels}}}" if labels else s.name] = float(s.value)
     return out
-
-
-def first(metrics: dict[str, float], *needles: str) -> float | None:
-    """The first metric whose name contains every needle (case-insensitive)."""
-    for name, value in metrics.items():
-        low = name.lower()
-        if all(n in low for n in needles):
-            return value
-    return None
 
 
 def samples_end_offset(settings: Settings) -> int | None:
@@ -139,13 +131,13 @@ def run_demo(settings: Settings, rate: float, duration_s: float | None, users: i
             dt = max(1e-6, now - prev_t)
             ing = scrape(f"{ingest}/metrics")
             trn = scrape(f"{trainer}/metrics")
-            accepted = first(ing, "events_accepted_total")
-            trained = trn.get("streamrec_trainer_samples_total")
+            accepted = ing.get(names.INGEST_ACCEPTED_TOTAL)
+            trained = trn.get(names.TRAINER_SAMPLES_TOTAL)
             samples = samples_end_offset(settings)
             model = _model(status_client)
-            recall = trn.get('streamrec_trainer_quality_rolling{metric=recall@10}')
-            pop = trn.get('streamrec_trainer_quality_rolling{metric=popularity_recall@10}')
-            i2i = trn.get('streamrec_trainer_quality_rolling{metric=item2item_recall@10}')
+            recall = trn.get(f"{names.TRAINER_QUALITY}{{metric=recall@10}}")
+            pop = trn.get(f"{names.TRAINER_QUALITY}{{metric=popularity_recall@10}}")
+            i2i = trn.get(f"{names.TRAINER_QUALITY}{{metric=item2item_recall@10}}")
             cur = {"accepted": accepted, "samples": samples, "trained": trained}
 
             def rate_of(name: str, now_vals: dict[str, Any] = cur,

@@ -1,4 +1,4 @@
-"""Every Prometheus metric the serving API exports, defined in this one module.
+"""Every Prometheus metric the serving API exports (names in ``feature_store.metric_names``).
 
 Metrics live on a per-app ``CollectorRegistry`` (no process-global state), so several apps
 (tests) can coexist in one process. Lifetime counters only; windowed rates are PromQL's job.
@@ -31,16 +31,17 @@ from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 from prometheus_client.registry import Collector
 
-PREFIX = "streamrec_serving"
-REQUEST_SECONDS = f"{PREFIX}_request_seconds"
-MODEL_VERSION_AGE = f"{PREFIX}_model_version_age_seconds"
-MODEL_CREATED = f"{PREFIX}_model_created_timestamp_seconds"
-MODEL_TRAINED_THROUGH = f"{PREFIX}_model_trained_through_timestamp_seconds"
-MODEL_TRAINED_THROUGH_AGE = f"{PREFIX}_model_trained_through_age_seconds"
-MODEL_SWAPS = f"{PREFIX}_model_swaps"
-MODEL_REFUSED = f"{PREFIX}_model_refused"
-FALLBACKS = f"{PREFIX}_fallbacks"
-MODEL_ITEMS = f"{PREFIX}_model_items"
+from feature_store import metric_names as names
+
+REQUEST_SECONDS = names.SERVING_REQUEST_SECONDS
+MODEL_VERSION_AGE = names.SERVING_MODEL_VERSION_AGE
+MODEL_CREATED = names.SERVING_MODEL_CREATED
+MODEL_TRAINED_THROUGH = names.SERVING_MODEL_TRAINED_THROUGH
+MODEL_TRAINED_THROUGH_AGE = names.SERVING_MODEL_TRAINED_THROUGH_AGE
+MODEL_SWAPS = names.SERVING_MODEL_SWAPS
+MODEL_REFUSED = names.SERVING_MODEL_REFUSED
+FALLBACKS = names.SERVING_FALLBACKS
+MODEL_ITEMS = names.SERVING_MODEL_ITEMS
 
 #: Reasons counted by ``fallbacks``.
 NO_MODEL = "no_model"

@@ -1,5 +1,5 @@
 """The pipeline exporter: what no single process can report about itself, as Prometheus
-metrics (names defined here, once).
+metrics (names in ``feature_store.metric_names``).
 
 Read at every scrape, each under its own deadline:
 
@@ -31,15 +31,16 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from feature_store import metric_names as names
 from feature_store.settings import Settings
 
 log = logging.getLogger(__name__)
 
-TOPIC_RECORDS = "streamrec_kafka_topic_records"  # a counter: exposed with ``_total``
-CONSUMER_LAG = "streamrec_kafka_consumer_lag_records"
-KAFKA_UP = "streamrec_kafka_up"
-REDIS_UP = "streamrec_redis_up"
-FEATURE_FRESHNESS = "streamrec_feature_store_freshness_seconds"
+TOPIC_RECORDS = names.KAFKA_TOPIC_RECORDS  # a counter: exposed with ``_total``
+CONSUMER_LAG = names.KAFKA_CONSUMER_LAG
+KAFKA_UP = names.KAFKA_UP
+REDIS_UP = names.REDIS_UP
+FEATURE_FRESHNESS = names.FEATURE_FRESHNESS
 
 #: The consumer group of the Flink feature job (``streamrec features --group-id``).
 FEATURES_GROUP = "streamrec-features"

@@ -346,7 +346,7 @@ class TrainerService:
             m.samples_total.set(st.samples_trained)
             m.batches.inc()
             m.loss.set(self._last_loss)
-            m.trained_through.set(st.trained_through_ms)
+            m.trained_through.set(st.trained_through_ms / 1000.0)
             m.step_seconds.observe(self.monotonic() - started)
             self._batches_done += 1
             if self._batches_done % 20 == 0:

@@ -51,7 +51,8 @@ def test_every_alert_has_a_firing_case() -> None:
         assert case, f"no test sees {name} firing"
 
 
-def exported_names() -> set[str]:
+def registered_families() -> set[str]:
+    """The metric families the ingest API, the trainer, serving and the exporter register."""
     from model.trainer.metrics import TrainerMetrics
     from serving.metrics import ServingMetrics
     from stream import monitor
@@ -61,9 +62,25 @@ def exported_names() -> set[str]:
     families |= {f.name for f in TrainerMetrics().registry.collect()}
     ingest = IngestMetrics(CollectorRegistry())
     families |= {f.name for f in ingest.registry.collect()}
-    families |= {getattr(monitor, n) for n in dir(monitor) if n.isupper()
-                 and isinstance(getattr(monitor, n), str) and getattr(monitor, n).startswith("streamrec_")}
-    return {f + s for f in families for s in SUFFIXES}
+    families |= {monitor.TOPIC_RECORDS, monitor.CONSUMER_LAG, monitor.KAFKA_UP, monitor.REDIS_UP,
+                 monitor.FEATURE_FRESHNESS}
+    return families
+
+
+def exported_names() -> set[str]:
+    """Every sample name a scrape can show: the families of ``feature_store.metric_names``
+    with the suffixes Prometheus adds."""
+    from feature_store.metric_names import all_names
+
+    return {f + s for f in all_names() for s in SUFFIXES}
+
+
+def test_metric_names_module_lists_every_registered_family() -> None:
+    from feature_store.metric_names import all_names
+
+    registered = registered_families()
+    assert len(registered) >= 30
+    assert registered == set(all_names()), registered ^ set(all_names())
 
 
 def test_rules_name_only_exported_metrics() -> None:
