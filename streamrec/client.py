@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
@@ -244,6 +245,23 @@ class _Base:
         wire = _wire(events)
         return [wire[i:i + self.batch_size] for i in range(0, len(wire), self.batch_size)]
 
+    def _after(self, attempt: int, resp: httpx.Response | None, exc: Exception | None,
+               ids: list[str]) -> float | None:
+        """The outcome of one POST of a batch: None when accepted (its ids appended to
+        ``ids``), else the seconds to wait before the next attempt; raises when the batch is
+        refused or this was the last attempt."""
+        if resp is not None and resp.status_code == 202:
+            ids.extend(resp.json()["event_ids"])
+            return None
+        if resp is not None and resp.status_code not in RETRY_STATUSES:
+            _raise_for(resp, len(ids))
+        if attempt >= self.retries:
+            reason = f"HTTP {resp.status_code}" if resp is not None else f"unreachable ({exc!r})"
+            raise Unavailable(f"ingest still {reason} after {attempt + 1} attempts",
+                              resp.status_code if resp is not None else None, len(ids))
+        wait = retry_after_s(resp.headers) if resp is not None else None
+        return self.backoff.delay(attempt, wait, self.rng)
+
 
 # ------------------------------------------------------------------------------ clients
 
@@ -268,26 +286,18 @@ class Client(_Base):
         ids: list[str] = []
         retries = 0
         for batch in self._batches(events):
-            last: BaseException | None = None
-            for attempt in range(self.retries + 1):
-                status: int | None = None
+            attempt = 0
+            while True:
+                resp, exc = None, None
                 try:
                     resp = self.http.post(url, json=batch)
-                    status = resp.status_code
-                    if status == 202:
-                        ids.extend(resp.json()["event_ids"])
-                        break
-                    if status not in RETRY_STATUSES:
-                        _raise_for(resp, len(ids))
-                    wait = retry_after_s(resp.headers)
-                except httpx.TransportError as exc:
-                    wait, last = None, exc
-                if attempt == self.retries:
-                    reason = f"HTTP {status}" if status else f"unreachable ({last!r})"
-                    raise Unavailable(f"ingest still {reason} after {attempt + 1} attempts",
-                                      status, len(ids))
-                retries += 1
-                self.sleep(self.backoff.delay(attempt, wait, self.rng))
+                except httpx.TransportError as error:
+                    exc = error
+                delay = self._after(attempt, resp, exc, ids)
+                if delay is None:
+                    break
+                retries, attempt = retries + 1, attempt + 1
+                self.sleep(delay)
         return SendResult(len(ids), ids, retries)
 
     def recommend(self, user_id: str, k: int = 10, exclude_seen: bool = True) -> Recommendation:
@@ -300,7 +310,7 @@ class Client(_Base):
 
     def features(self, user_id: str) -> UserFeatures:
         """The user's features; :class:`NotFound` for a user the store does not hold."""
-        resp = self.http.get(self._url(self.serving_url, "serving", f"/users/{user_id}/features"))
+        resp = self.http.get(self._url(self.serving_url, "serving", f"/users/{quote(user_id, safe='')}/features"))
         if resp.status_code != 200:
             _raise_for(resp)
         return UserFeatures.from_json(resp.json())
@@ -343,26 +353,18 @@ class AsyncClient(_Base):
         ids: list[str] = []
         retries = 0
         for batch in self._batches(events):
-            last: BaseException | None = None
-            for attempt in range(self.retries + 1):
-                status: int | None = None
+            attempt = 0
+            while True:
+                resp, exc = None, None
                 try:
                     resp = await self.http.post(url, json=batch)
-                    status = resp.status_code
-                    if status == 202:
-                        ids.extend(resp.json()["event_ids"])
-                        break
-                    if status not in RETRY_STATUSES:
-                        _raise_for(resp, len(ids))
-                    wait = retry_after_s(resp.headers)
-                except httpx.TransportError as exc:
-                    wait, last = None, exc
-                if attempt == self.retries:
-                    reason = f"HTTP {status}" if status else f"unreachable ({last!r})"
-                    raise Unavailable(f"ingest still {reason} after {attempt + 1} attempts",
-                                      status, len(ids))
-                retries += 1
-                await self.sleep(self.backoff.delay(attempt, wait, self.rng))
+                except httpx.TransportError as error:
+                    exc = error
+                delay = self._after(attempt, resp, exc, ids)
+                if delay is None:
+                    break
+                retries, attempt = retries + 1, attempt + 1
+                await self.sleep(delay)
         return SendResult(len(ids), ids, retries)
 
     async def recommend(self, user_id: str, k: int = 10,
@@ -376,7 +378,7 @@ class AsyncClient(_Base):
 
     async def features(self, user_id: str) -> UserFeatures:
         resp = await self.http.get(
-            self._url(self.serving_url, "serving", f"/users/{user_id}/features"))
+            self._url(self.serving_url, "serving", f"/users/{quote(user_id, safe='')}/features"))
         if resp.status_code != 200:
             _raise_for(resp)
         return UserFeatures.from_json(resp.json())
