@@ -434,7 +434,9 @@ def flink_reporter_ports(s: Settings) -> list[int]:
 def prometheus_config(s: Settings, rules: Path) -> dict[str, object]:
     """prometheus.yml: every component of the stack as a scrape job."""
     p, host = s.prometheus, s.stack.bind_host
-    ingest_host = host if s.ingest.host in ("0.0.0.0", "::", "") else s.ingest.host
+
+    def reach(bound: str) -> str:  # a wildcard bind address is reached on the stack's host
+        return host if bound in ("0.0.0.0", "::", "") else bound
 
     def job(name: str, *targets: str) -> dict[str, object]:
         return {"job_name": name, "static_configs": [{"targets": list(targets)}]}
@@ -448,9 +450,9 @@ def prometheus_config(s: Settings, rules: Path) -> dict[str, object]:
         "rule_files": [str(rules)],
         "scrape_configs": [
             job("prometheus", f"{host}:{p.port}"),
-            job("ingest", f"{ingest_host}:{s.ingest.port}"),
-            job("trainer", f"{s.trainer.metrics_host}:{s.trainer.metrics_port}"),
-            job("serving", f"{s.serving.host}:{s.serving.port}"),
+            job("ingest", f"{reach(s.ingest.host)}:{s.ingest.port}"),
+            job("trainer", f"{reach(s.trainer.metrics_host)}:{s.trainer.metrics_port}"),
+            job("serving", f"{reach(s.serving.host)}:{s.serving.port}"),
             job("exporter", f"{host}:{p.exporter_port}"),
             job("flink", *(f"{host}:{port}" for port in flink_reporter_ports(s))),
         ],
