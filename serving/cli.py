@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -42,23 +43,28 @@ def _serve(args: argparse.Namespace) -> int:
     workers = args.workers or settings.serving.workers
     port = args.port or settings.serving.port
     target: Any = "serving.cli:app_factory"
+    metrics_dir: Path | None = None
     if workers == 1:
         target = create_app(settings)
     else:
         # Set before the workers start (and so before they import prometheus_client).
-        where = settings.stack.run_dir / "metrics" / f"serving-{port}"
-        os.environ[MULTIPROC_ENV] = str(fresh_metrics_dir(where))
-    uvicorn.run(
-        target,
-        factory=workers > 1,
-        workers=workers,
-        host=args.host or settings.serving.host,
-        port=port,
-        loop="uvloop",
-        http="httptools",
-        log_level=args.log_level,
-        access_log=False,
-    )
+        metrics_dir = fresh_metrics_dir(settings.stack.run_dir / "metrics" / f"serving-{port}")
+        os.environ[MULTIPROC_ENV] = str(metrics_dir)
+    try:
+        uvicorn.run(
+            target,
+            factory=workers > 1,
+            workers=workers,
+            host=args.host or settings.serving.host,
+            port=port,
+            loop="uvloop",
+            http="httptools",
+            log_level=args.log_level,
+            access_log=False,
+        )
+    finally:
+        if metrics_dir is not None:  # the workers have exited: their files are history
+            shutil.rmtree(metrics_dir, ignore_errors=True)
     return 0
 
 

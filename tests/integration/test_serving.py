@@ -3,6 +3,7 @@ Redis outage (a throwaway redis-server of this test), unknown users."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -94,6 +95,7 @@ def serve(tmp_path: Path) -> Iterator:
             [sys.executable, "-m", "deploy.cli", "serve", "--port", str(port),
              "--workers", str(workers)],
             cwd=repo_root(), env=env, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True,  # its workers are in its process group: none is left over
         )
         procs.append(proc)
         server = Server(f"http://127.0.0.1:{port}", proc)
@@ -104,6 +106,8 @@ def serve(tmp_path: Path) -> Iterator:
     yield start
     for proc in procs:
         stop_process(proc)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
 
 
 class Client(threading.Thread):
@@ -288,5 +292,8 @@ def test_two_workers_one_metrics_truth(settings: Settings, serve, tmp_path: Path
     os.kill(victim, signal.SIGKILL)
     wait_until(lambda: not list(metrics_dir.glob(f"gauge_live*_{victim}.db"))
                and server.get("/metrics").status_code == 200, 30, "the dead worker's gauges gone")
+    wait_until(lambda: len({p.stem.rsplit("_", 1)[1]
+                            for p in metrics_dir.glob("gauge_livemin_*.db")}) == 2,
+               60, "a replacement worker")
     burst(40)
     assert _served_total(server) == sent
