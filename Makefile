@@ -31,8 +31,8 @@ status:
 
 # Lint: ruff, mypy (pydantic plugin) and the dependency ladder (tests/layering.py).
 lint: setup
-	$(VENV)/bin/ruff check stream model serving feature_store deploy tests bench
-	$(VENV)/bin/mypy stream model serving feature_store deploy
+	$(VENV)/bin/ruff check streamrec stream model serving feature_store deploy tests bench
+	$(VENV)/bin/mypy streamrec stream model serving feature_store deploy
 	$(VENV)/bin/python -m tests.layering
 
 clean: down

@@ -36,8 +36,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
+
+from streamrec.client import Client, Event, NotFound
 
 
 def _pct(values: list[float]) -> dict[str, Any]:
@@ -49,8 +50,8 @@ def _pct(values: list[float]) -> dict[str, Any]:
             "values": [round(v, 3) for v in values]}
 
 
-def _items(answer: dict[str, Any]) -> list[str]:
-    return [it["item_id"] for it in answer.get("items", [])]
+def _items(client: Client, user: str) -> list[str]:
+    return [it.item_id for it in client.recommend(user, k=20).items]
 
 
 class ServedCatalog:
@@ -78,11 +79,11 @@ class ServedCatalog:
             return self.items, self.ordered
 
 
-def probe(client: httpx.Client, ingest: str, serving: str, user: str, item: str | None,
+def probe(client: Client, user: str, item: str | None,
           timeout_s: float, out: dict[str, list[float]], lock: threading.Lock,
           catalog: ServedCatalog, rng: random.Random) -> None:
     """One click of ``user`` (on ``item``, or on a served item outside their top 20 if None)."""
-    before = _items(client.get(f"{serving}/recommend", params={"user_id": user, "k": 20}).json())
+    before = _items(client, user)
     served, ordered = catalog.current()
     if item is None:
         shown = set(before)
@@ -94,28 +95,27 @@ def probe(client: httpx.Client, ingest: str, serving: str, user: str, item: str 
     known = item in served
     ts = time.time_ns() // 1_000_000
     t0 = time.monotonic()
-    resp = client.post(f"{ingest}/events", json=[
-        {"user_id": user, "item_id": item, "event_type": "click", "ts": ts}])
-    resp.raise_for_status()
+    client.send([Event(user, item, "click", ts=ts)])
     pending = {"feature_s", "model_s", "recommendation_s"}
     while pending and time.monotonic() - t0 < timeout_s:
         now = time.monotonic() - t0
         if "feature_s" in pending:
-            r = client.get(f"{serving}/users/{user}/features")
-            if r.status_code == 200 and any(h["item_id"] == item and h["ts_ms"] == ts
-                                            for h in r.json().get("history", [])):
+            try:
+                history = client.features(user).history
+            except NotFound:
+                history = []
+            if any(h.item_id == item and h.ts_ms == ts for h in history):
                 pending.discard("feature_s")
                 with lock:
                     out["feature_s"].append(now)
         if "model_s" in pending:
-            through = client.get(f"{serving}/model").json().get("trained_through_ms")
+            through = client.model().get("trained_through_ms")
             if through is not None and through >= ts:
                 pending.discard("model_s")
                 with lock:
                     out["model_s"].append(now)
         if "recommendation_s" in pending:
-            after = _items(client.get(f"{serving}/recommend",
-                                      params={"user_id": user, "k": 20}).json())
+            after = _items(client, user)
             if after != before:
                 pending.discard("recommendation_s")
                 with lock:
@@ -163,13 +163,13 @@ def main(argv: list[str] | None = None) -> int:
               "trainer publish one")
         return 2
     threads = []
-    client = httpx.Client(timeout=30.0)
+    client = Client(args.ingest, args.serving, timeout_s=30.0)
     print(f"freshness: {args.probes} probes every {args.interval}s under {args.rate:.0f} "
           f"events/s of background load")
     for _ in range(args.probes):
         user = sim.user_id(rng.randrange(config.users))
         item = sim.item_id(rng.randrange(config.items)) if args.probe_items == "any" else None
-        t = threading.Thread(target=probe, args=(client, args.ingest, args.serving, user, item,
+        t = threading.Thread(target=probe, args=(client, user, item,
                                                  args.timeout, out, lock, catalog, rng),
                              daemon=True)
         t.start()

@@ -13,8 +13,8 @@ published every ``--swap-every`` seconds (errors counted).
 
 JSON: a list with one object per run: concurrency, items, p50_ms, p99_ms, rps, errors,
 swapping, workers (plus requests, non_model answers, versions swapped in during the run —
-with several workers, as counted by the one answering /metrics — and the machine's 1-minute
-load average at its end: the figures are only comparable at equal load).
+with several workers, summed over them by /metrics — and the machine's 1-minute load average
+at its end: the figures are only comparable at equal load).
 """
 
 from __future__ import annotations
@@ -262,8 +262,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--concurrency", default="1,16,64")
     p.add_argument("--duration", type=float, default=10.0, help="measured seconds per run")
     p.add_argument("--swap-every", type=float, default=5.0)
-    p.add_argument("--workers", type=int, default=1,
-                   help="streamrec serve --workers (2 = one per core on the 2-core machine)")
+    p.add_argument("--workers", type=int, default=os.cpu_count() or 1,
+                   help="streamrec serve --workers (default: one per core, as serving.workers)")
     p.add_argument("--json", type=Path, help="write the results here")
     a = p.parse_args(argv)
     logging.getLogger("httpx").setLevel(logging.WARNING)

@@ -19,6 +19,7 @@ from model.cli import train as cli_train
 from serving import cli as serving_cli
 from stream.cli import features as cli_features
 from stream.cli import ingest as cli_ingest
+from stream.cli import monitor as cli_monitor
 from stream.cli import simulate as cli_sim
 
 EPILOG = """\
@@ -41,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module in (cli_stack, cli_ingest, cli_features, cli_sim, cli_train, cli_registry,
-                   cli_eval, serving_cli):
+                   cli_eval, serving_cli, cli_monitor):
         module.register(sub)
     return parser
 

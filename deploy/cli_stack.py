@@ -108,9 +108,11 @@ def _up(args: argparse.Namespace) -> int:
         return _fail(exc)
     print(f"started {', '.join(started) or 'nothing (all running)'} in "
           f"{time.monotonic() - t0:.1f} s")
-    _print_table(stack.status())
+    rows = stack.status()
+    _print_table(rows)
+    _print_targets(stack.settings, rows, wait=True)
     s = stack.settings.serving
-    if any(r.name == "serving" and r.healthy for r in stack.status()):
+    if any(r.name == "serving" and r.healthy for r in rows):
         print(f"\ndashboard: http://{s.host}:{s.port}/dashboard")
     return 0
 
@@ -134,8 +136,33 @@ def _status(args: argparse.Namespace) -> int:
         print(json.dumps(stack.status_dicts(rows), indent=2))
     else:
         _print_table(rows)
+        _print_targets(stack.settings, rows, wait=False)
     return 0 if all(r.healthy or r.state == "stopped" for r in rows) else 1
 
+
+def _print_targets(settings: Any, rows: Any, wait: bool) -> None:
+    """One line on Prometheus' scrape targets (after `up`: once each was scraped once)."""
+    from deploy.components import prometheus_targets
+
+    if not any(r.name == "prometheus" and r.healthy for r in rows):
+        return
+    deadline = time.monotonic() + (settings.prometheus.scrape_interval_s + 5 if wait else 0)
+    while True:
+        try:
+            targets = prometheus_targets(settings)
+        except (OSError, ValueError, KeyError) as exc:
+            print(f"prometheus: targets unreadable ({exc})")
+            return
+        if time.monotonic() >= deadline or (
+                targets and all(t["health"] != "unknown" for t in targets)):
+            break
+        time.sleep(0.5)
+    down = [t for t in targets if t["health"] != "up"]
+    p = settings.prometheus
+    print(f"\nprometheus: http://{settings.stack.bind_host}:{p.port} — "
+          f"{len(targets) - len(down)}/{len(targets)} targets up")
+    for t in down:
+        print(f"  {t['job']:<10} {t['instance']:<22} {t['health']}: {t['error'] or '-'}")
 
 def _print_table(rows: Any) -> None:
     print(f"{'COMPONENT':<18} {'STATE':<10} {'PID':>7} {'PORT':>6}  LOG")

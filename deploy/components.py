@@ -283,6 +283,7 @@ def write_flink_conf(s: Settings, run_dir: Path) -> None:
     )
     host = s.stack.bind_host
     checkpoints = (run_dir / "flink" / "checkpoints").resolve()
+    reporters = flink_reporter_ports(s)
     settings = {
         "env.java.opts.all": java_opts,
         "jobmanager.rpc.address": host,
@@ -310,6 +311,11 @@ def write_flink_conf(s: Settings, run_dir: Path) -> None:
         "classloader.parent-first-patterns.additional": "pemja.",
         "python.executable": sys.executable,
         "python.client.executable": sys.executable,
+        # Prometheus reporter (plugins/metrics-prometheus of the distribution): each JVM takes
+        # the first free port of the range, the JobManager first.
+        "metrics.reporter.prom.factory.class":
+            "org.apache.flink.metrics.prometheus.PrometheusReporterFactory",
+        "metrics.reporter.prom.port": f"{reporters[0]}-{reporters[-1]}",
     }
     if f.taskmanagers > 1:
         # Spread a job's slots over the TaskManagers, so that parallel Python subtasks land in
@@ -412,6 +418,84 @@ def service_components(s: Settings, available: set[str]) -> list[Component]:
     command_of = {"ingest-api": "ingest-api", "features": "features", "trainer": "train",
                   "serving": "serve"}
     return [c for c in services if command_of[c.name] in available]
+
+
+# --------------------------------------------------------------------------- monitoring
+
+PROMETHEUS_RULES = REPO_ROOT / "deploy" / "prometheus" / "rules.yml"
+
+
+def flink_reporter_ports(s: Settings) -> list[int]:
+    """Ports of Flink's Prometheus reporters: the JobManager's, then one per TaskManager."""
+    base = s.prometheus.flink_reporter_port
+    return list(range(base, base + 1 + s.flink.taskmanagers))
+
+
+def prometheus_config(s: Settings, rules: Path) -> dict[str, object]:
+    """prometheus.yml: every component of the stack as a scrape job."""
+    p, host = s.prometheus, s.stack.bind_host
+
+    def reach(bound: str) -> str:  # a wildcard bind address is reached on the stack's host
+        return host if bound in ("0.0.0.0", "::", "") else bound
+
+    def job(name: str, *targets: str) -> dict[str, object]:
+        return {"job_name": name, "static_configs": [{"targets": list(targets)}]}
+
+    return {
+        "global": {
+            "scrape_interval": f"{p.scrape_interval_s:g}s",
+            "scrape_timeout": f"{min(p.scrape_interval_s, 10.0):g}s",
+            "evaluation_interval": f"{p.evaluation_interval_s:g}s",
+        },
+        "rule_files": [str(rules)],
+        "scrape_configs": [
+            job("prometheus", f"{host}:{p.port}"),
+            job("ingest", f"{reach(s.ingest.host)}:{s.ingest.port}"),
+            job("trainer", f"{reach(s.trainer.metrics_host)}:{s.trainer.metrics_port}"),
+            job("serving", f"{reach(s.serving.host)}:{s.serving.port}"),
+            job("exporter", f"{host}:{p.exporter_port}"),
+            job("flink", *(f"{host}:{port}" for port in flink_reporter_ports(s))),
+        ],
+    }
+
+
+def monitoring_components(s: Settings, run_dir: Path) -> list[Component]:
+    """The pipeline exporter and Prometheus (scraping every component, with the rules)."""
+    py, host, p = sys.executable, s.stack.bind_host, s.prometheus
+    home = run_dir / "prometheus"
+    config = home / "prometheus.yml"
+
+    def prepare() -> None:
+        home.mkdir(parents=True, exist_ok=True)
+        rules = (p.rules_file or PROMETHEUS_RULES).resolve()
+        config.write_text(json.dumps(prometheus_config(s, rules), indent=1) + "\n")
+
+    def argv() -> list[str]:
+        exe = shutil.which("prometheus")
+        if not exe:
+            raise StackError(f"prometheus was not found on PATH. {SETUP_HINT}")
+        return [exe, f"--config.file={config}", f"--storage.tsdb.path={home / 'data'}",
+                f"--web.listen-address={host}:{p.port}", "--storage.tsdb.retention.time=2d",
+                "--log.level=warn"]
+
+    return [
+        Component("exporter", p.exporter_port, lambda: [py, "-m", "deploy.cli", "exporter"],
+                  lambda: http_ok(f"http://{host}:{p.exporter_port}/health"), marker="exporter"),
+        Component("prometheus", p.port, argv,
+                  lambda: http_ok(f"http://{host}:{p.port}/-/ready"), prepare,
+                  marker=str(config)),
+    ]
+
+
+def prometheus_targets(s: Settings, timeout_s: float = 2.0) -> list[dict[str, str]]:
+    """Prometheus' scrape targets: ``job``, ``instance``, ``health`` (up/down/unknown) and
+    ``error`` (the last scrape's); raises ``OSError``/``ValueError`` if it does not answer."""
+    url = f"http://{s.stack.bind_host}:{s.prometheus.port}/api/v1/targets?state=active"
+    body = http_json(url, timeout_s)
+    active = body["data"]["activeTargets"] if isinstance(body, dict) else []
+    return [{"job": t["labels"].get("job", ""), "instance": t["labels"].get("instance", ""),
+             "health": t.get("health", "unknown"), "error": t.get("lastError", "")}
+            for t in active]
 
 
 def child_env(extra: dict[str, str]) -> dict[str, str]:

@@ -1,7 +1,8 @@
 """The live demo: simulated traffic into the running stack, and a status line every 2 s.
 
 The simulator (``stream.simulate``) posts impressions and clicks to the ingest API; a small
-probe asks the serving API for recommendations of simulated users. Each status line shows:
+probe asks the serving API for recommendations of simulated users; both go through
+``streamrec.client``, as a user's code would. Each status line shows:
 events/s accepted by ingest, samples/s on the ``samples`` topic, examples/s trained, the served
 model version and its age, the trainer's rolling test-then-train Recall@10, and the serving
 p99 latency seen by the probe with the share of ``popular``/``degraded`` answers.
@@ -19,9 +20,11 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
+import httpx
 
+from feature_store import metric_names as names
 from feature_store.settings import Settings
+from streamrec.client import Client, StreamrecError
 
 log = logging.getLogger(__name__)
 
@@ -41,23 +44,6 @@ def scrape(url: str, timeout_s: float = 2.0) -> dict[str, float]:
             labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
             out[f"{s.name}{{{labels}}}" if labels else s.name] = float(s.value)
     return out
-
-
-def get_json(url: str, timeout_s: float = 2.0) -> Any:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as resp:  # noqa: S310 - loopback
-            return orjson.loads(resp.read())
-    except (urllib.error.URLError, OSError, ValueError):
-        return None
-
-
-def first(metrics: dict[str, float], *needles: str) -> float | None:
-    """The first metric whose name contains every needle (case-insensitive)."""
-    for name, value in metrics.items():
-        low = name.lower()
-        if all(n in low for n in needles):
-            return value
-    return None
 
 
 def samples_end_offset(settings: Settings) -> int | None:
@@ -88,18 +74,26 @@ class Probe:
         return sum(s in sources for s in self.sources) / max(1, len(self.sources))
 
 
-def _probe_loop(serving_url: str, users: int, probe: Probe, stop: threading.Event) -> None:
+def _probe_loop(serving: Client, users: int, probe: Probe, stop: threading.Event) -> None:
     rng = random.Random(7)
     while not stop.is_set():
         user = f"sim-u{rng.randrange(users)}"
         t0 = time.perf_counter()
-        answer = get_json(f"{serving_url}/recommend?user_id={user}&k=10", timeout_s=5.0)
-        if isinstance(answer, dict):
-            probe.latencies_ms.append((time.perf_counter() - t0) * 1000)
-            probe.sources.append(str(answer.get("source", "")))
-        else:
+        try:
+            answer = serving.recommend(user, k=10)
+        except (StreamrecError, httpx.HTTPError):
             probe.errors += 1
+        else:
+            probe.latencies_ms.append((time.perf_counter() - t0) * 1000)
+            probe.sources.append(answer.source)
         stop.wait(0.1)
+
+
+def _model(serving: Client) -> dict[str, Any]:
+    try:
+        return serving.model()
+    except (StreamrecError, httpx.HTTPError):
+        return {}
 
 
 def run_demo(settings: Settings, rate: float, duration_s: float | None, users: int,
@@ -119,7 +113,9 @@ def run_demo(settings: Settings, rate: float, duration_s: float | None, users: i
         args=(sim, ingest, rate),
         kwargs={"api_key": key, "duration_s": duration_s, "should_stop": stop.is_set},
     )
-    probe_thread = threading.Thread(target=_probe_loop, args=(serving, users, probe, stop),
+    prober = Client(None, serving, timeout_s=5.0)
+    status_client = Client(None, serving, timeout_s=2.0)
+    probe_thread = threading.Thread(target=_probe_loop, args=(prober, users, probe, stop),
                                     name="probe", daemon=True)
     print(f"demo: {users} simulated users, {items} items, {rate:.0f} events/s -> {ingest}; "
           f"recommendations from {serving}; Ctrl-C stops (the stack keeps running).")
@@ -135,13 +131,13 @@ def run_demo(settings: Settings, rate: float, duration_s: float | None, users: i
             dt = max(1e-6, now - prev_t)
             ing = scrape(f"{ingest}/metrics")
             trn = scrape(f"{trainer}/metrics")
-            accepted = first(ing, "events_accepted_total")
-            trained = trn.get("streamrec_trainer_samples_total")
+            accepted = ing.get(names.INGEST_ACCEPTED_TOTAL)
+            trained = trn.get(names.TRAINER_SAMPLES_TOTAL)
             samples = samples_end_offset(settings)
-            model = get_json(f"{serving}/model") or {}
-            recall = trn.get('streamrec_trainer_quality_rolling{metric=recall@10}')
-            pop = trn.get('streamrec_trainer_quality_rolling{metric=popularity_recall@10}')
-            i2i = trn.get('streamrec_trainer_quality_rolling{metric=item2item_recall@10}')
+            model = _model(status_client)
+            recall = trn.get(f"{names.TRAINER_QUALITY}{{metric=recall@10}}")
+            pop = trn.get(f"{names.TRAINER_QUALITY}{{metric=popularity_recall@10}}")
+            i2i = trn.get(f"{names.TRAINER_QUALITY}{{metric=item2item_recall@10}}")
             cur = {"accepted": accepted, "samples": samples, "trained": trained}
 
             def rate_of(name: str, now_vals: dict[str, Any] = cur,
@@ -171,4 +167,6 @@ def run_demo(settings: Settings, rate: float, duration_s: float | None, users: i
         stop.set()
         sim_thread.join(timeout=5)
         probe_thread.join(timeout=5)
+        prober.close()
+        status_client.close()
     return 0

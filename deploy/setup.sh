@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Idempotent set-up of everything streamrec needs on a fresh Debian machine:
-#   .venv with the pinned Python stack, Debian's redis-server, a Java runtime and Maven,
-#   and the JVM jars (Kafka broker, Flink Kafka connector) from Maven Central.
+#   .venv with the pinned Python stack, Debian's redis-server and prometheus, a Java runtime
+#   and Maven, and the JVM jars (Kafka broker, Flink Kafka connector) from Maven Central.
 # Safe to rerun; quiet when there is nothing to do. Called by `make setup`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -56,7 +56,16 @@ command -v java >/dev/null || need+=(openjdk-17-jre-headless)
 command -v mvn >/dev/null || need+=(maven)
 # Headless Chromium loads the dashboard page in its test.
 command -v chromium >/dev/null || need+=(chromium fonts-dejavu-core)
+# Prometheus and promtool (the stack's monitoring; promtool tests the alert rules).
+fresh_prometheus=0
+command -v prometheus >/dev/null && command -v promtool >/dev/null || { need+=(prometheus); fresh_prometheus=1; }
 [ "${#need[@]}" -eq 0 ] || apt_install "${need[@]}"
+if [ "$fresh_prometheus" -eq 1 ] && command -v systemctl >/dev/null && [ -d /run/systemd/system ]; then
+  # The package starts a system-wide Prometheus on :9090; `streamrec up` runs its own there.
+  say "stopping and disabling the system prometheus service the package started"
+  sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo systemctl disable --now prometheus >/dev/null 2>&1 || true
+fi
 
 # 3. JVM artifacts from Maven Central ---------------------------------------------------------
 want=$(hash_of deploy/jvm/pom.xml)

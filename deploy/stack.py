@@ -73,6 +73,7 @@ class Stack:
             comp.redis_component(s, self.run_dir),
             *comp.flink_components(s, self.run_dir),
             *comp.service_components(s, self.available_commands),
+            *comp.monitoring_components(s, self.run_dir),
         ]
 
     def component(self, name: str) -> comp.Component:
@@ -145,7 +146,8 @@ class Stack:
         """Every component, including services whose command is not registered here."""
         s = self.settings
         all_services = comp.service_components(s, {"ingest-api", "features", "train", "serve"})
-        return [*self.components()[: len(INFRA)], *all_services]
+        return [*self.components()[: len(INFRA)], *all_services,
+                *comp.monitoring_components(s, self.run_dir)]
 
     def _start(self, c: comp.Component) -> bool:
         pid_path, log_path = self.pid_path(c.name), self.log_path(c.name)

@@ -6,6 +6,7 @@
 * ``redis_store`` — the Redis backend (the only one for now).
 * ``settings``, ``ids``, ``atomic`` (durable atomic writes), ``errors`` (one root,
   :class:`FeatureStoreError`).
+* ``metric_names`` — every Prometheus metric name streamrec exports, defined once.
 
 Importing the package is light: the Redis client is imported only when a store is built.
 """

@@ -13,6 +13,7 @@ import (see DESIGN.md: ``stream``, ``model`` and ``serving`` depend on ``feature
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Literal
 
@@ -194,11 +195,26 @@ class ServingSettings(BaseModel):
     admin_token: SecretStr | None = Field(None, description="Token for pin/rollback.")
     max_body_bytes: int = Field(64 * 1024, description="Largest request body (413 beyond).")
     workers: int = Field(
-        1,
+        default_factory=lambda: os.cpu_count() or 1,
         ge=1,
-        description="Worker processes of `streamrec serve` (one per core for the lowest tail "
-        "latency; each loads and swaps versions itself, and /metrics is per worker).",
+        description="Worker processes of `streamrec serve` (default: one per core, for the "
+        "lowest tail latency; each loads and swaps versions itself; /metrics sums them all).",
     )
+
+
+class PrometheusSettings(BaseModel):
+    """Monitoring on the local stack: Prometheus and the pipeline exporter it scrapes."""
+
+    model_config = _SECTION
+    port: int = Field(9090, description="Port of Prometheus (`streamrec up` starts it).")
+    exporter_port: int = Field(8003, description="Port of `streamrec exporter` (/metrics).")
+    flink_reporter_port: int = Field(
+        9249, description="First port of Flink's Prometheus reporters (the JobManager, then "
+        "one per TaskManager).")
+    scrape_interval_s: float = Field(15.0, gt=0, description="Prometheus scrape interval.")
+    evaluation_interval_s: float = Field(15.0, gt=0, description="Rule evaluation interval.")
+    rules_file: Path | None = Field(
+        None, description="Alert rules (default: deploy/prometheus/rules.yml of the checkout).")
 
 
 class Settings(BaseSettings):
@@ -220,6 +236,7 @@ class Settings(BaseSettings):
     ingest: IngestSettings = IngestSettings()
     trainer: TrainerSettings = TrainerSettings()
     serving: ServingSettings = ServingSettings()
+    prometheus: PrometheusSettings = PrometheusSettings()
 
 
 def to_env(settings: Settings) -> dict[str, str]:

@@ -130,10 +130,11 @@ class ServingState:
         registry: Registry,
         clock: Callable[[], datetime],
         pubsub_factory: Callable[[], Any] | None,
+        metrics_dir: str | None = None,
     ) -> None:
         self.settings = settings
         self.clock = clock
-        self.metrics = ServingMetrics()
+        self.metrics = ServingMetrics(clock=clock, multiprocess_dir=metrics_dir)
         self.registry = registry
         self.loader = ModelLoader(registry, self.metrics, clock, settings.serving.poll_interval_s)
         self.trending = TrendingCache(store, settings.features.trending_n)
@@ -141,7 +142,6 @@ class ServingState:
             lambda: self.loader.current, lambda: self.trending.items, r.StoreGuard(store),
             self.metrics)
         self.pubsub_factory = pubsub_factory
-        self.metrics.track_version_age(self.loader.age_s)
 
     async def recommend(self, user_id: str, k: int, exclude_seen: bool) -> dict[str, Any]:
         start = time.perf_counter()
@@ -246,11 +246,14 @@ def create_app(
     watch: bool = True,
     stats: StatsCollector | None = None,
     max_body_bytes: int | None = None,
+    metrics_dir: str | None = None,
 ) -> FastAPI:
     """Build the serving app. ``store`` defaults to ``feature_store.open_store(settings)``,
     ``registry``/``pubsub_factory`` to the Redis-backed ones from ``settings``; ``watch=False``
     skips the background tasks; ``stats`` (the dashboard's collector) defaults to one scraping
-    the sources in ``settings``; ``max_body_bytes`` caps request bodies (413 beyond). Errors
+    the sources in ``settings``; ``max_body_bytes`` caps request bodies (413 beyond);
+    ``metrics_dir`` is the multiprocess metrics folder shared by the workers of one server
+    (``/metrics`` then answers for all of them, see ``serving.metrics``). Errors
     of the routes reach HTTP through ``serving.errors.install`` only."""
     if registry is None:
         import redis
@@ -268,10 +271,10 @@ def create_app(
         kwargs = _redis_kwargs(settings) | {"socket_timeout": None}
         pubsub_factory = lambda: redis.asyncio.Redis(**kwargs)  # noqa: E731
     store = store or open_store(settings, timeout_s=1.0)
-    state = ServingState(settings, store, registry, clock, pubsub_factory)
+    state = ServingState(settings, store, registry, clock, pubsub_factory, metrics_dir)
     if stats is None:
         stats = collector_from_settings(
-            settings, state.metrics.registry,
+            settings, state.metrics.exposition,
             lambda: ModelStatus(
                 state.loader.current.version if state.loader.current else None,
                 state.loader.age_s()),
@@ -296,6 +299,7 @@ def create_app(
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             await stats.aclose()
+            state.metrics.worker_exited()
 
     app = FastAPI(title="streamrec serving", lifespan=lifespan)
     app.add_middleware(
@@ -362,6 +366,6 @@ def create_app(
 
     @app.get("/metrics")
     def metrics() -> Response:
-        return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        return Response(generate_latest(state.metrics.exposition), media_type=CONTENT_TYPE_LATEST)
 
     return app

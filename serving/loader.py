@@ -151,6 +151,7 @@ class ModelLoader:
             self._refused.pop(model.version, None)
             self.metrics.swaps.inc()
             self.metrics.items.set(model.artifact.item_ids.shape[0])
+            self.metrics.served(model.created_at or model.loaded_at, model.trained_through_ms)
         log.info("serving model version %s (was %s)", model.version,
                  previous.version if previous else None)
         return True

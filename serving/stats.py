@@ -7,7 +7,8 @@ reads, concurrently and each under its own deadline:
 * the trainer's ``/metrics`` (``streamrec_trainer_samples_total`` and the rolling
   test-then-train gauges ``streamrec_trainer_quality_rolling{metric="recall@K"}`` /
   ``{metric="popularity_recall@K"}``),
-* the serving app's own registry (``streamrec_serving_request_seconds`` by answer source),
+* the serving app's metrics, every worker's (``streamrec_serving_request_seconds`` by answer
+  source; see ``serving.metrics``),
 * the end offsets of the ``samples`` topic (what the feature job has produced; any callable
   returning that sum, e.g. :class:`serving.dashboard.TopicEndOffsets`),
 * the served model version and its age (from the app's loader).
@@ -35,15 +36,16 @@ import httpx
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
+from feature_store import metric_names as names
 from serving.errors import ScrapeError
 from serving.metrics import REQUEST_SECONDS
 
 log = logging.getLogger(__name__)
 
-INGEST_ACCEPTED = "streamrec_ingest_events_accepted_total"
-TRAINER_SAMPLES = "streamrec_trainer_samples_total"
-TRAINER_QUALITY = "streamrec_trainer_quality_rolling"
-TRAINER_THROUGH = "streamrec_trainer_trained_through_ms"
+INGEST_ACCEPTED = names.INGEST_ACCEPTED_TOTAL
+TRAINER_SAMPLES = names.TRAINER_SAMPLES_TOTAL
+TRAINER_QUALITY = names.TRAINER_QUALITY
+TRAINER_THROUGH = names.TRAINER_TRAINED_THROUGH
 
 #: Names of the series in ``GET /stats`` (``series`` holds one list per name plus ``t_ms``).
 SERIES = (
@@ -248,7 +250,7 @@ class StatsCollector:
                 tm.get((TRAINER_QUALITY, (("metric", f"popularity_recall@{self.k}"),))))
             through = _finite(tm.get((TRAINER_THROUGH, ())))
             self.components["trainer"].detail["trained_through_ms"] = (
-                int(through) if through else None)
+                int(through * 1000) if through else None)
         self._read_serving(raw, now_ms)
         model = self.model_status()
         self._raw.append(raw)

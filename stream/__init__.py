@@ -8,8 +8,13 @@
 * ``ingest`` — the ingest API (``POST /events``), its rate limiter and metrics.
 * ``flink`` — the Flink feature job, its operator functions, parser and submission.
 * ``replay`` — backfill of historical logs (readers and the replay runner).
-* ``simulate`` — the click-stream simulator; ``gc_tuning`` — cheaper GC for decoders.
-* ``cli`` — the ``ingest-api``, ``replay``, ``features``, ``simulate`` subcommands.
+* ``simulate`` — the click-stream simulator (it posts through ``streamrec.client``);
+  ``gc_tuning`` — cheaper GC for decoders.
+* ``monitor`` — the pipeline exporter for Prometheus (topic write counts, the feature job's
+  lag, Kafka and Redis up, feature freshness).
+* ``cli`` — the ``ingest-api``, ``replay``, ``features``, ``simulate``, ``exporter``
+  subcommands.
 
-May import ``feature_store`` only (the ladder in README "Layout").
+May import ``feature_store`` and the client package ``streamrec`` only (the ladder in README
+"Layout").
 """

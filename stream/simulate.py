@@ -290,23 +290,24 @@ def run(
     on_batch: Callable[[SimStats], None] | None = None,
     should_stop: Callable[[], bool] = lambda: False,
 ) -> SimStats:
-    """POST simulated events to ``ingest_url`` at about ``rate`` events/s.
-
-    A 503 (Kafka unavailable) is retried with the same events after ``Retry-After``; any
-    other error answer is counted as failed and logged.
-    """
-    import httpx
+    """POST simulated events to ``ingest_url`` at about ``rate`` events/s with
+    :class:`streamrec.client.Client` (503/429 retried with the same event ids after
+    ``Retry-After``); a batch refused or still unavailable after the retries is counted as
+    failed and logged."""
+    from streamrec.client import Client, StreamrecError
 
     stats = SimStats()
-    headers = {"content-type": "application/json"}
-    if api_key:
-        headers["x-api-key"] = api_key
     source = sim.events(clock_ms)
     t0 = time.monotonic()
-    with httpx.Client(timeout=30.0, headers=headers) as client:
+    with Client(ingest_url, None, api_key=api_key, timeout_s=30.0, batch_size=batch,
+                retries=30) as client:
         while not should_stop() and (duration_s is None or time.monotonic() - t0 < duration_s):
             events = [next(source) for _ in range(batch)]
-            _post(client, f"{ingest_url}/events", events, stats)
+            try:
+                stats.retries += client.send(events).retries
+            except StreamrecError as exc:
+                log.error("ingest refused a batch: %s", exc)
+                stats.failed += len(events)
             stats.events += len(events)
             stats.clicks += sum(e["event_type"] == "click" for e in events)
             stats.batches += 1
@@ -316,27 +317,5 @@ def run(
             if ahead > 0:
                 time.sleep(ahead)  # pacing to the target rate, not waiting on a condition
     return stats
-
-
-def _post(client: Any, url: str, events: list[dict[str, Any]], stats: SimStats) -> None:
-    import httpx
-
-    for _attempt in range(30):
-        try:
-            resp = client.post(url, json=events)
-        except httpx.HTTPError as exc:
-            log.warning("ingest unreachable (%s); retrying", exc)
-            stats.retries += 1
-            time.sleep(1.0)
-            continue
-        if resp.status_code == 202:
-            return
-        if resp.status_code == 503:
-            stats.retries += 1
-            time.sleep(float(resp.headers.get("retry-after", "1")))
-            continue
-        log.error("ingest refused a batch: %s %s", resp.status_code, resp.text[:300])
-        stats.failed += len(events)
-        return
     stats.failed += len(events)
     log.error("gave up on a batch of %d events after repeated retries", len(events))

@@ -36,6 +36,9 @@ def test_stack_settings() -> Settings:
         "ingest": base.ingest.model_copy(update={"port": 18001 + off}),
         "serving": base.serving.model_copy(update={"port": 18000 + off}),
         "trainer": base.trainer.model_copy(update={"metrics_port": 18002 + off}),
+        "prometheus": base.prometheus.model_copy(update={
+            "port": 19090 + off, "exporter_port": 18003 + off,
+            "flink_reporter_port": 19249 + off}),
     })
 
 

@@ -7,7 +7,8 @@ Rules, read top to bottom; a module's import is allowed when every rule that app
 
 1. Top-level packages form a ladder: ``feature_store`` <- ``stream`` <- ``model`` <-
    ``serving`` <- ``deploy`` (each may import only those to its left; nothing imports
-   ``serving`` or ``deploy`` but ``deploy``).
+   ``serving`` or ``deploy`` but ``deploy``). ``streamrec`` (the HTTP client users import)
+   stands beside ``feature_store`` at the bottom: it imports nothing of ours, all may use it.
 2. ``serving`` takes from ``model`` only ``model.artifact`` and ``model.scoring`` (numpy only)
    and from ``stream`` only ``stream.kafka_client``.
 3. Inside ``model``: ``scoring`` <- ``artifact``, ``towers`` <- ``trainer`` <- ``evaluation``
@@ -23,14 +24,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-PACKAGES = ("feature_store", "stream", "model", "serving", "deploy")
+PACKAGES = ("streamrec", "feature_store", "stream", "model", "serving", "deploy")
 
 #: Rule 1: what each top-level package may import of ours.
 LADDER: dict[str, frozenset[str]] = {
+    "streamrec": frozenset(),
     "feature_store": frozenset(),
-    "stream": frozenset({"feature_store"}),
-    "model": frozenset({"feature_store", "stream"}),
-    "serving": frozenset({"feature_store", "stream", "model"}),
+    "stream": frozenset({"streamrec", "feature_store"}),
+    "model": frozenset({"streamrec", "feature_store", "stream"}),
+    "serving": frozenset({"streamrec", "feature_store", "stream", "model"}),
     "deploy": frozenset(PACKAGES),
 }
 

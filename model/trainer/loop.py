@@ -199,6 +199,7 @@ class TrainerService:
         if mixer:
             self.trainer.mixer.load_state(mixer)
         self.metrics.samples_total.set(self.state.samples_trained)
+        self.metrics.consumed_offsets.set(sum(self.state.offsets.values()))
         log.info(
             "resuming at %s (%d samples trained)", self.state.offsets, self.state.samples_trained
         )
@@ -345,12 +346,13 @@ class TrainerService:
             m.samples_total.set(st.samples_trained)
             m.batches.inc()
             m.loss.set(self._last_loss)
-            m.trained_through.set(st.trained_through_ms)
+            m.trained_through.set(st.trained_through_ms / 1000.0)
             m.step_seconds.observe(self.monotonic() - started)
             self._batches_done += 1
             if self._batches_done % 20 == 0:
                 m.set_quality(self.trainer.evaluator.summary())  # at most one batch behind
         st.offsets.update(chunk.offsets)
+        self.metrics.consumed_offsets.set(sum(st.offsets.values()))
         return len(sample_ids) if batch is not None else 0
 
     def export(self) -> str:

@@ -1,4 +1,5 @@
-"""Metric names of the trainer (defined once) and its tiny /health + /metrics HTTP server.
+"""The trainer's metrics (names in ``feature_store.metric_names``) and its tiny /health +
+/metrics HTTP server.
 
 Rolling (windowed) figures are gauges named ``*_rolling``; lifetime figures are counters or
 ``*_lifetime`` gauges, kept apart (CONVENTIONS.md 10).
@@ -16,9 +17,10 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from feature_store import metric_names as names
+
 log = logging.getLogger(__name__)
 
-NS = "streamrec_trainer"
 
 
 class TrainerMetrics:
@@ -27,36 +29,42 @@ class TrainerMetrics:
     def __init__(self, k: int = 10) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.samples = Counter(f"{NS}_samples", "Samples trained (this process)", registry=r)
+        self.samples = Counter(names.TRAINER_SAMPLES, "Samples trained (this process)", registry=r)
         self.samples_total = Gauge(
-            f"{NS}_samples_trained_lifetime", "Samples trained, restored across restarts", registry=r
+            names.TRAINER_SAMPLES_LIFETIME, "Samples trained, restored across restarts", registry=r
         )
-        self.dlq = Counter(f"{NS}_dlq_records", "Samples sent to the dead-letter topic", registry=r)
+        self.dlq = Counter(names.TRAINER_DLQ, "Samples sent to the dead-letter topic", registry=r)
         self.duplicates = Counter(
-            f"{NS}_duplicate_samples", "Samples skipped: their sample_id was trained already",
+            names.TRAINER_DUPLICATES, "Samples skipped: their sample_id was trained already",
             registry=r,
         )
-        self.batches = Counter(f"{NS}_batches", "Training steps", registry=r)
-        self.exports = Counter(f"{NS}_exports", "Versions published", registry=r)
-        self.loss = Gauge(f"{NS}_loss", "Loss of the last batch", registry=r)
+        self.batches = Counter(names.TRAINER_BATCHES, "Training steps", registry=r)
+        self.exports = Counter(names.TRAINER_EXPORTS, "Versions published", registry=r)
+        self.loss = Gauge(names.TRAINER_LOSS, "Loss of the last batch", registry=r)
         self.step_seconds = Histogram(
-            f"{NS}_step_seconds", "Wall time of evaluate+train per batch", registry=r,
+            names.TRAINER_STEP_SECONDS, "Wall time of evaluate+train per batch", registry=r,
             buckets=(0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 5.0),
         )
         self.export_seconds = Histogram(
-            f"{NS}_export_seconds", "Wall time of checkpoint+export", registry=r,
+            names.TRAINER_EXPORT_SECONDS, "Wall time of checkpoint+export", registry=r,
             buckets=(0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
         )
         self.quality = Gauge(
-            f"{NS}_quality_rolling", "Test-then-train figures over the rolling window",
+            names.TRAINER_QUALITY, "Test-then-train figures over the rolling window",
             ["metric"], registry=r,
         )
         self.quality_lifetime = Gauge(
-            f"{NS}_quality_lifetime", "Test-then-train figures since start", ["metric"], registry=r
+            names.TRAINER_QUALITY_LIFETIME, "Test-then-train figures since start", ["metric"], registry=r
         )
-        self.table_rows = Gauge(f"{NS}_table_rows", "Rows per embedding table", ["table"], registry=r)
+        self.table_rows = Gauge(names.TRAINER_TABLE_ROWS, "Rows per embedding table", ["table"], registry=r)
         self.trained_through = Gauge(
-            f"{NS}_trained_through_ms", "Event time of the newest trained sample", registry=r
+            names.TRAINER_TRAINED_THROUGH, "Event time of the newest trained sample",
+            registry=r
+        )
+        self.consumed_offsets = Gauge(
+            names.TRAINER_CONSUMED_OFFSETS,
+            "Next samples-topic offset to train, summed over partitions (the topic's end "
+            "offsets minus this is the trainer's lag in records)", registry=r,
         )
         self.k = k
 

@@ -1,4 +1,4 @@
-"""Metric names of the ingest API, defined in one place (CONVENTIONS.md, 10).
+"""The ingest API's metrics (names defined once, in ``feature_store.metric_names``).
 
 Each app gets its own :class:`prometheus_client.CollectorRegistry`, so two apps in one process
 (tests) never share counters. All figures here are lifetime counters/histograms; rates are
@@ -9,11 +9,13 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-ACCEPTED = "streamrec_ingest_events_accepted"
-REJECTED = "streamrec_ingest_events_rejected"
-REQUESTS = "streamrec_ingest_requests"
-PRODUCE_LATENCY = "streamrec_ingest_produce_latency_seconds"
-BATCH_SIZE = "streamrec_ingest_batch_events"
+from feature_store import metric_names as names
+
+ACCEPTED = names.INGEST_ACCEPTED
+REJECTED = names.INGEST_REJECTED
+REQUESTS = names.INGEST_REQUESTS
+PRODUCE_LATENCY = names.INGEST_PRODUCE_LATENCY
+BATCH_SIZE = names.INGEST_BATCH_SIZE
 
 #: Reasons used as the ``reason`` label of :data:`REJECTED` and the ``outcome`` of requests.
 REASON_INVALID = "invalid"

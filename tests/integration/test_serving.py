@@ -3,18 +3,22 @@ Redis outage (a throwaway redis-server of this test), unknown users."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import numpy as np
+import orjson
 import pytest
 import redis
 
@@ -75,10 +79,11 @@ class Server:
 def serve(tmp_path: Path) -> Iterator:
     procs: list[subprocess.Popen] = []
 
-    def start(settings: Settings) -> Server:
+    def start(settings: Settings, workers: int = 1) -> Server:
         port = free_port()
         env = dict(os.environ)
         env.update({
+            "STREAMREC_STACK__RUN_DIR": str(tmp_path / "run"),
             "STREAMREC_REDIS__PORT": str(settings.redis.port),
             "STREAMREC_REDIS__KEY_PREFIX": settings.redis.key_prefix,
             "STREAMREC_TRAINER__REGISTRY_DIR": str(settings.trainer.registry_dir),
@@ -87,8 +92,10 @@ def serve(tmp_path: Path) -> Iterator:
         })
         log = (tmp_path / f"serve-{port}.log").open("w")
         proc = subprocess.Popen(
-            [sys.executable, "-m", "deploy.cli", "serve", "--port", str(port)],
+            [sys.executable, "-m", "deploy.cli", "serve", "--port", str(port),
+             "--workers", str(workers)],
             cwd=repo_root(), env=env, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True,  # its workers are in its process group: none is left over
         )
         procs.append(proc)
         server = Server(f"http://127.0.0.1:{port}", proc)
@@ -99,6 +106,8 @@ def serve(tmp_path: Path) -> Iterator:
     yield start
     for proc in procs:
         stop_process(proc)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
 
 
 class Client(threading.Thread):
@@ -218,3 +227,73 @@ def test_redis_outage_is_degraded_never_5xx(tmp_path: Path, serve) -> None:
     finally:
         redis_proc.terminate()
         redis_proc.wait(10)
+
+
+def _requests_by_worker(metrics_dir: Path) -> dict[int, float]:
+    """GET /recommend answers each worker counted in its own multiprocess file."""
+    from prometheus_client.mmap_dict import MmapedDict
+
+    from serving.metrics import REQUEST_SECONDS
+
+    out: dict[int, float] = {}
+    for path in metrics_dir.glob("histogram_*.db"):
+        pid = int(path.stem.rsplit("_", 1)[1])
+        out[pid] = sum(
+            value for key, value, *_ in MmapedDict.read_all_values_from_file(str(path))
+            if orjson.loads(key)[1] == f"{REQUEST_SECONDS}_bucket")
+    return out
+
+
+def _served_total(server: Server) -> float:
+    from serving.metrics import REQUEST_SECONDS
+    from serving.stats import parse_metrics
+
+    samples = parse_metrics(server.get("/metrics").text)
+    return sum(v for (name, _), v in samples.items() if name == f"{REQUEST_SECONDS}_count")
+
+
+def test_two_workers_one_metrics_truth(settings: Settings, serve, tmp_path: Path) -> None:
+    """Requests spread over two workers: /metrics (answered by either) counts every one of
+    them, also after a worker was killed and replaced."""
+    seed_store(settings)
+    reg = make_registry(settings)
+    reg.publish("A", lambda d: write_random(d, "A", 1))
+    server = serve(settings, workers=2)
+    port = server.url.rsplit(":", 1)[1]
+    metrics_dir = tmp_path / "run" / "metrics" / f"serving-{port}"
+    sent = 0
+
+    def burst(n: int) -> None:
+        nonlocal sent
+        def one(_: int) -> int:  # a new connection each: the kernel spreads them over workers
+            return httpx.get(server.url + "/recommend", params={"user_id": "alice"},
+                             timeout=10.0).status_code
+        with ThreadPoolExecutor(8) as pool:
+            codes = list(pool.map(one, range(n)))
+        assert codes == [200] * n
+        sent += n
+
+    def both_served() -> bool:
+        burst(40)
+        return len([c for c in _requests_by_worker(metrics_dir).values() if c > 0]) >= 2
+
+    wait_until(both_served, 60, "requests answered by both workers", interval_s=0)
+    by_worker = _requests_by_worker(metrics_dir)
+    assert sum(by_worker.values()) == sent
+    for _ in range(4):  # any worker may answer the scrape; each must give the whole count
+        assert _served_total(server) == sent
+    text = server.get("/metrics").text
+    assert text.count("\nstreamrec_serving_model_created_timestamp_seconds ") == 1
+    age = [line for line in text.splitlines()
+           if line.startswith("streamrec_serving_model_version_age_seconds ")]
+    assert len(age) == 1 and float(age[0].split()[1]) >= 0.0
+
+    victim = max(by_worker, key=lambda pid: by_worker[pid])
+    os.kill(victim, signal.SIGKILL)
+    wait_until(lambda: not list(metrics_dir.glob(f"gauge_live*_{victim}.db"))
+               and server.get("/metrics").status_code == 200, 30, "the dead worker's gauges gone")
+    wait_until(lambda: len({p.stem.rsplit("_", 1)[1]
+                            for p in metrics_dir.glob("gauge_livemin_*.db")}) == 2,
+               60, "a replacement worker")
+    burst(40)
+    assert _served_total(server) == sent

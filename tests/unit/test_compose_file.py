@@ -5,11 +5,19 @@ real `streamrec` subcommand."""
 from __future__ import annotations
 
 import argparse
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
 
 import yaml
 
 from deploy.cli import build_parser
+from deploy.components import PROMETHEUS_RULES, prometheus_config
+from feature_store.settings import load_settings
 from tests.support import REPO_ROOT
+from tests.unit.test_alert_rules import exported_names
 
 COMPOSE = yaml.safe_load((REPO_ROOT / "docker-compose.yml").read_text())
 SERVICES = COMPOSE["services"]
@@ -25,7 +33,7 @@ def _subcommands() -> set[str]:
 
 def test_the_pipeline_services_are_present() -> None:
     expected = {"kafka", "redis", "flink-jobmanager", "flink-taskmanager", "ingest-api",
-                "features", "trainer", "serving"}
+                "features", "trainer", "serving", "exporter", "prometheus", "grafana"}
     assert expected <= set(SERVICES)
 
 
@@ -65,3 +73,77 @@ def test_every_project_command_is_a_real_subcommand() -> None:
 
 def test_named_volumes_for_state() -> None:
     assert {"kafka-data", "redis-data", "models"} <= set(COMPOSE["volumes"])
+
+
+# ------------------------------------------------------------------------- monitoring
+
+def _mounts(service: str) -> dict[str, str]:
+    """Container path -> repository file or folder, for the bind mounts of ``service``."""
+    out = {}
+    for volume in SERVICES[service]["volumes"]:
+        source, target = volume.split(":")[:2]
+        if source.startswith("./"):
+            assert (REPO_ROOT / source).exists(), source
+            out[target] = source[2:]
+    return out
+
+
+def test_monitoring_services_use_official_images_with_health_checks() -> None:
+    assert SERVICES["prometheus"]["image"].startswith("prom/prometheus:v2.")
+    assert SERVICES["grafana"]["image"].startswith("grafana/grafana:")
+    for name, port in (("prometheus", 9090), ("grafana", 3000)):
+        assert "healthcheck" in SERVICES[name], name
+        assert any(str(p).endswith(f":{port}") for p in SERVICES[name]["ports"]), name
+    assert SERVICES["exporter"]["command"] == ["exporter"] and "healthcheck" in SERVICES["exporter"]
+    for flink in ("flink-jobmanager", "flink-taskmanager"):
+        props = SERVICES[flink]["environment"]["FLINK_PROPERTIES"]
+        assert "PrometheusReporterFactory" in props and "metrics.reporter.prom.port: 9249" in props
+
+
+def test_compose_prometheus_scrapes_every_component(tmp_path: Path) -> None:
+    mounts = _mounts("prometheus")
+    assert mounts["/etc/prometheus/rules.yml"] == "deploy/prometheus/rules.yml"
+    config = yaml.safe_load((REPO_ROOT / mounts["/etc/prometheus/prometheus.yml"]).read_text())
+    assert config["rule_files"] == ["/etc/prometheus/rules.yml"]
+    local = prometheus_config(load_settings(), PROMETHEUS_RULES)
+    jobs = {j["job_name"]: j for j in config["scrape_configs"]}
+    assert set(jobs) == {j["job_name"] for j in local["scrape_configs"]}
+    for job in jobs.values():
+        hosts = [t.rsplit(":", 1)[0] for c in job.get("static_configs", []) for t in c["targets"]]
+        hosts += [n for c in job.get("dns_sd_configs", []) for n in c["names"]]
+        assert hosts, job
+        for host in hosts:
+            assert host == "localhost" or host in SERVICES, (job["job_name"], host)
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool not found: `make setup` installs Debian's prometheus package"
+    config["rule_files"] = [str(PROMETHEUS_RULES)]
+    copy = tmp_path / "prometheus.yml"
+    copy.write_text(yaml.safe_dump(config))
+    proc = subprocess.run([promtool, "check", "config", str(copy)], capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_grafana_dashboard_is_provisioned_and_reads_real_series() -> None:
+    mounts = _mounts("grafana")
+    provisioning = REPO_ROOT / mounts["/etc/grafana/provisioning"]
+    (source,) = yaml.safe_load(
+        (provisioning / "datasources" / "prometheus.yml").read_text())["datasources"]
+    assert source["url"] == "http://prometheus:9090"
+    (provider,) = yaml.safe_load(
+        (provisioning / "dashboards" / "streamrec.yml").read_text())["providers"]
+    assert provider["options"]["path"] == "/var/lib/grafana/dashboards"
+    dashboards = list((REPO_ROOT / mounts["/var/lib/grafana/dashboards"]).glob("*.json"))
+    assert dashboards
+    recorded = set(re.findall(r"record: (streamrec:\S+)", PROMETHEUS_RULES.read_text()))
+    exported = exported_names()
+    for path in dashboards:
+        dash = json.loads(path.read_text())
+        assert dash["panels"], path
+        for panel in dash["panels"]:
+            assert panel["datasource"]["uid"] == source["uid"], panel["title"]
+            assert panel["targets"], panel["title"]
+            for target in panel["targets"]:
+                expr = target["expr"]
+                assert set(re.findall(r"\bstreamrec:[\w:]+", expr)) <= recorded, expr
+                assert set(re.findall(r"\bstreamrec_\w+", expr)) <= exported, expr

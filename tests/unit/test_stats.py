@@ -95,8 +95,8 @@ def trainer_text(samples: float, recall: float | str, baseline: float | str) -> 
         f'streamrec_trainer_quality_rolling{{metric="recall@10"}} {recall}\n'
         f'streamrec_trainer_quality_rolling{{metric="popularity_recall@10"}} {baseline}\n'
         f'streamrec_trainer_quality_rolling{{metric="ndcg@10"}} 0.5\n'
-        "# TYPE streamrec_trainer_trained_through_ms gauge\n"
-        "streamrec_trainer_trained_through_ms 1.7e+12\n"
+        "# TYPE streamrec_trainer_trained_through_timestamp_seconds gauge\n"
+        "streamrec_trainer_trained_through_timestamp_seconds 1.7e+09\n"
     )
 
 
