@@ -107,7 +107,7 @@ class Trainer:
         self._evict_in: int | None = None
         self._eval_pending: Future[None] | None = None
         self._since_refresh = opts.eval_refresh_steps
-        self._batches_fit = 0
+        self._full_batches = 0
         #: (candidate keys, co-visitation generation, ids mapped, column of each id)
         self._columns: tuple[np.ndarray, int, int, np.ndarray] | None = None
         self._head_vectors: np.ndarray | None = None
@@ -580,7 +580,8 @@ class Trainer:
 
     def fit_batch(self, batch: Batch) -> float:
         """Test-then-train: score the first ``eval_rows`` rows of every ``eval_every``-th
-        batch with the model as it was before this batch, then train on the batch; returns
+        full batch and of every partial one (a stream slower than the trainer leaves CPU to
+        spare) with the model as it was before this batch, then train on the batch; returns
         the training loss.
 
         The single-step path scores the user vectors its own forward pass computed before
@@ -588,8 +589,9 @@ class Trainer:
         score with their fresh row rather than the default row: both are untrained).
         """
         opts = self.options
-        evaluating = opts.eval_rows > 0 and self._batches_fit % opts.eval_every == 0
-        self._batches_fit += 1
+        full = len(batch) >= opts.batch_size
+        evaluating = opts.eval_rows > 0 and (not full or self._full_batches % opts.eval_every == 0)
+        self._full_batches += full
         head = batch.rows(slice(0, opts.eval_rows))
         vectors = None
         if evaluating:

@@ -71,9 +71,10 @@ class TrainOptions:
     #: whole served score over every candidate and a step of the learnt mix: ~0.5 ms a row at
     #: 20k candidates on the evaluation thread, which must keep pace with the train step.
     eval_rows: int = 32
-    #: Score the head of every this-many-th batch only (1 = each batch): the figures are a
-    #: sample of the stream either way, and each scored head costs about as much evaluation
-    #: CPU as a quarter of a 512-sample train step (why 4: docs/decisions.md#live-figures).
+    #: Score the head of every this-many-th full batch only (1 = each batch; partial
+    #: batches, a stream slower than the trainer, are all scored): the figures are a sample
+    #: of the stream either way, and a scored head costs about as much evaluation CPU as a
+    #: quarter of a 512-sample train step (why 4: docs/decisions.md#live-figures).
     eval_every: int = 4
     eval_refresh_steps: int = 20
     #: Score a batch's head on a second thread while the next batch trains (numpy's

@@ -389,14 +389,17 @@ def test_evaluation_on_its_thread_scores_the_same_as_inline() -> None:
 
 
 def test_eval_every_scores_every_nth_batch_and_still_counts_all() -> None:
-    """``eval_every=3`` over 6 batches scores the heads of batches 0 and 3 only, while the
-    popularity baseline and the co-visitation still learn every batch."""
+    """``eval_every=3`` over 6 full batches scores the heads of batches 0 and 3 only, while
+    the popularity baseline and the co-visitation still learn every batch; a partial batch
+    (a slow stream) is always scored."""
     batches = _batches(6, 48, seed=17)
-    t = Trainer(CFG, TrainOptions(eval_rows=16, eval_every=3, eval_refresh_steps=2,
-                                  learning_rate=0.3), tag="evalevery")
+    t = Trainer(CFG, TrainOptions(batch_size=48, eval_rows=16, eval_every=3,
+                                  eval_refresh_steps=2, learning_rate=0.3), tag="evalevery")
     for b in batches:
         t.fit_batch(b)
     assert t.quality()["evaluated_samples"] == 2 * 16
-    assert sum(t.evaluator.popularity.counts.values()) == sum(len(b) for b in batches)
+    t.fit_batch(batches[0].rows(slice(0, 20)))
+    assert t.quality()["evaluated_samples"] == 2 * 16 + 16
+    assert sum(t.evaluator.popularity.counts.values()) == sum(len(b) for b in batches) + 20
     with pytest.raises(ValueError, match="eval_every"):
         TrainOptions(eval_every=0)
