@@ -27,8 +27,10 @@ from feature_store.features import (
     user_features,
 )
 from feature_store.store import (
+    Generation,
     HistoryEntry,
     ItemFeatures,
+    Mark,
     OnlineStore,
     Trending,
     UserFeatures,
@@ -40,9 +42,11 @@ __all__ = [
     "Event",
     "FeatureParams",
     "FeatureStoreError",
+    "Generation",
     "HistoryEntry",
     "ItemFeatures",
     "ItemState",
+    "Mark",
     "OnlineStore",
     "OnlineStoreError",
     "Sample",

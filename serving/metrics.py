@@ -17,11 +17,13 @@ MODEL_SWAPS = f"{PREFIX}_model_swaps"
 MODEL_REFUSED = f"{PREFIX}_model_refused"
 FALLBACKS = f"{PREFIX}_fallbacks"
 MODEL_ITEMS = f"{PREFIX}_model_items"
+STORE_STATE = f"{PREFIX}_store_state"
 
 #: Reasons counted by ``fallbacks``.
 NO_MODEL = "no_model"
 UNKNOWN_USER = "unknown_user"
 STORE_ERROR = "store_error"
+STORE_REHYDRATING = "store_not_whole"
 PADDED = "padded_with_trending"
 MODEL_ERROR = "model_error"
 INTERNAL_ERROR = "internal_error"
@@ -53,6 +55,20 @@ class ServingMetrics:
             registry=r,
         )
         self.items = Gauge(MODEL_ITEMS, "Items in the served version", registry=r)
+        self.store_state = Gauge(
+            STORE_STATE, "1 for the online store's current state (serving.store_health): "
+            "whole, rehydrating, lost or unknown", ["state"], registry=r,
+        )
+
+    def track_store_state(self, state: Callable[[], str]) -> None:
+        """Read the store's state at scrape time."""
+        from serving.store_health import STATES
+
+        def is_state(name: str) -> Callable[[], float]:
+            return lambda: float(state() == name)
+
+        for name in STATES:
+            self.store_state.labels(name).set_function(is_state(name))
 
     def track_version_age(self, age_s: Callable[[], float]) -> None:
         """Compute the version age at scrape time."""
