@@ -5,7 +5,11 @@ same schema as the ingest API, and ordered by (event time, file order: position 
 on the command line, then line number). ``speed=None`` sends as fast as Kafka takes;
 ``speed=N`` keeps the gaps between event times, divided by N.
 
-Resume. A small JSON state file records how many events of the ordered plan Kafka has
+Exactly once across runs: the replay ledger (:mod:`stream.replay.ledger`) holds every event
+id a replay delivered to the topic; rows it holds are not sent again (``already_replayed``),
+whatever file they come from. With the ledger (the default), every run resumes by itself.
+
+Resume without the ledger (``ledger=False``). A small JSON state file records how many events of the ordered plan Kafka has
 acknowledged (``acked``) and, per partition, the offset after the last acknowledged record.
 It is rewritten atomically and durably (``feature_store.atomic``) after each checkpoint (a
 producer flush every ``checkpoint_every`` events or ``checkpoint_interval_s`` seconds).
@@ -32,6 +36,7 @@ from feature_store.atomic import atomic_write
 from feature_store.settings import Settings
 from stream.errors import StreamError
 from stream.replay.formats import detect_format, read_rows
+from stream.replay.ledger import Ledger, event_id_hashes
 from stream.schema import EventNormalizer, EventValidationError, parse_ts
 
 log = logging.getLogger(__name__)
@@ -90,6 +95,7 @@ class ReplayReport:
     filtered: int = 0  # outside --since/--until or beyond --limit
     resumed: int = 0  # acknowledged by an earlier run
     already_in_kafka: int = 0  # found in the topic after the last checkpoint
+    already_replayed: int = 0  # delivered by an earlier replay (the ledger holds the id)
     rejected: dict[str, int] = field(default_factory=dict)
     malformed: list[dict[str, Any]] = field(default_factory=list)
     seconds: float = 0.0
@@ -103,7 +109,7 @@ class ReplayReport:
 
     @property
     def skipped(self) -> int:
-        return self.filtered + self.resumed + self.already_in_kafka
+        return self.filtered + self.resumed + self.already_in_kafka + self.already_replayed
 
     def reject(self, file: str, line_no: int, reason: str, detail: str) -> None:
         self.rejected[reason] = self.rejected.get(reason, 0) + 1
@@ -115,7 +121,8 @@ class ReplayReport:
         rate = self.sent / self.seconds if self.seconds > 0 else 0.0
         return (
             f"replay: sent {self.sent}, skipped {self.skipped} (filtered {self.filtered}, "
-            f"resumed {self.resumed + self.already_in_kafka}), rejected {self.rejected_total} "
+            f"resumed {self.resumed + self.already_in_kafka}, already replayed "
+            f"{self.already_replayed}), rejected {self.rejected_total} "
             f"({reasons}), {self.seconds:.2f} s, {rate:,.0f} events/s"
         )
 
@@ -127,6 +134,7 @@ class ReplayReport:
             "filtered": self.filtered,
             "resumed": self.resumed,
             "already_in_kafka": self.already_in_kafka,
+            "already_replayed": self.already_replayed,
             "rejected": self.rejected_total,
             "rejected_by_reason": dict(sorted(self.rejected.items())),
             "malformed_first": self.malformed,
@@ -253,6 +261,10 @@ def default_state_path(settings: Settings, plan: str) -> Path:
     return settings.stack.run_dir / "replay" / f"{plan}.json"
 
 
+def default_ledger_dir(settings: Settings, topic: str) -> Path:
+    return settings.stack.run_dir / "replay" / "ledger" / topic
+
+
 def replay_producer_factory(settings: Settings) -> Any:
     """The replay producer: acks=all, idempotent, large batches."""
     from stream.kafka_client import make_producer, replay_producer_options
@@ -337,8 +349,11 @@ def run_replay(
     state_path: Path | None = None,
     runtime: ReplayRuntime | None = None,
     progress: bool = False,
+    ledger: bool = True,
+    ledger_dir: Path | None = None,
 ) -> ReplayReport:
-    """Replay ``sources`` into ``settings.kafka.events_topic``; returns the report."""
+    """Replay ``sources`` into ``settings.kafka.events_topic``; returns the report. With
+    ``ledger``, rows an earlier replay delivered are skipped (``resume`` is then implied)."""
     rt = runtime or ReplayRuntime()
     topic = settings.kafka.events_topic
     report = ReplayReport(topic=topic)
@@ -346,6 +361,22 @@ def run_replay(
     rows = build_plan(sources, options, list(settings.features.event_weights), rt.wall_ms(), report)
     plan = plan_id(sources, options, topic)
     path = state_path or default_state_path(settings, plan)
+    book: Ledger | None = None
+    hashes = None
+    if ledger:
+        book = Ledger.open(ledger_dir or default_ledger_dir(settings, topic))
+        ends = rt.end_offsets(settings, topic)
+        book.reconcile(ends, lambda offsets: rt.ids_after(settings, topic, offsets))
+        hashes = event_id_hashes([row[4] for row in rows])
+        delivered = book.contains(hashes)
+        if delivered.any():
+            report.already_replayed = int(delivered.sum())
+            rows = [row for row, d in zip(rows, delivered.tolist(), strict=True) if not d]
+            hashes = hashes[~delivered]
+            log.info("%d rows were delivered by an earlier replay; %d to send",
+                     report.already_replayed, len(rows))
+        book.begin(ends)
+        resume = False  # the ledger knows what was sent; a plan's prefix does not apply
     state = ReplayState.load(path, plan) if resume else None
     skip_ids: set[str] = set()
     if state is not None:
@@ -362,11 +393,19 @@ def run_replay(
             log.info("no resume state for this plan at %s; starting from the first row", path)
         state = ReplayState(path, plan, 0, rt.end_offsets(settings, topic))
         state.save()
+    def recorded(lo: int, hi: int) -> None:
+        if book is not None and hashes is not None:
+            book.record(hashes[lo:hi])
+
     producer = rt.producer_factory(settings)
     try:
-        _send_rows(producer, rows, report.resumed, skip_ids, state, options, rt, report, progress)
+        _send_rows(producer, rows, report.resumed, skip_ids, state, options, rt, report, progress,
+                   recorded)
     finally:
         producer.close(timeout=10)
+    if book is not None:
+        parts = set(book.offsets) | set(state.offsets)
+        book.finish({p: max(book.offsets.get(p, 0), state.offsets.get(p, 0)) for p in parts})
     report.seconds = rt.monotonic() - started
     return report
 
@@ -381,6 +420,7 @@ def _send_rows(
     rt: ReplayRuntime,
     report: ReplayReport,
     progress: bool,
+    recorded: Callable[[int, int], None] = lambda lo, hi: None,
 ) -> None:
     from tqdm import tqdm
 
@@ -392,10 +432,14 @@ def _send_rows(
         if metadata.offset + 1 > offsets.get(metadata.partition, 0):
             offsets[metadata.partition] = metadata.offset + 1
 
+    recorded_upto = [start]
+
     def checkpoint(upto: int) -> None:
         producer.flush()
         if failures:
             raise ReplayError(f"Kafka did not acknowledge {len(failures)} record(s): {failures[0]}")
+        recorded(recorded_upto[0], upto)
+        recorded_upto[0] = upto
         state.acked = upto
         state.save()
 
