@@ -25,8 +25,10 @@ reflect. A :class:`StateCache` of unpacked states sits in front of it: a state i
 Flink (and unpacked) only the first time this subtask touches its key.
 
 Redis: every batch is written in one pipeline before the call returns (so no checkpoint
-precedes a write it covers); a Redis error fails the task and Flink restarts it from the last
-checkpoint. Records are full snapshots written "only if newer (as_of, seq)"
+precedes a write it covers); a failed write is retried in place for up to 30 s
+(``stream.flink.rehydrate.RetryingWrites``: a Redis restart does not restart the job), then
+fails the task and Flink restarts it from the last checkpoint. A store that comes back
+without some of the job's writes is re-written from the job's state (``rehydrate``). Records are full snapshots written "only if newer (as_of, seq)"
 (``feature_store/FORMAT.md``): records re-emitted after a restart rewrite identical values and
 nothing is counted twice. Metric counters are added up locally and published once per batch
 (each is a Java call); the watermark (used only to count late events) is read once per batch.
@@ -70,7 +72,7 @@ from feature_store.features import (
 from feature_store.settings import Settings
 from feature_store.store import Mark, open_store
 from stream.flink.parse import try_parse
-from stream.flink.rehydrate import CHECK_EVERY_S, REHYDRATE_TICK_MS, PartGuard
+from stream.flink.rehydrate import CHECK_EVERY_S, REHYDRATE_TICK_MS, PartGuard, RetryingWrites
 from stream.gc_tuning import tune_gc
 from stream.kafka_client import dlq_record
 
@@ -204,7 +206,7 @@ class _Stage(KeyedProcessFunction):
         tune_gc()
         settings = Settings(**json.loads(self._settings_json))
         self.params = FeatureParams.from_settings(settings.features, bucket_ms=self._bucket_ms)
-        self.store = open_store(settings)
+        self.store = RetryingWrites(open_store(settings))
         self.metrics = runtime_context.get_metrics_group()
         self._counters: dict[str, Any] = {}
         self._counts: dict[str, int] = {}

@@ -18,10 +18,12 @@ during rehydration starts it over: the flag is still set in the store.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
-from feature_store.store import Mark, OnlineStore
+from feature_store.store import Mark, OnlineStore, OnlineStoreError
 
 log = logging.getLogger(__name__)
 
@@ -33,12 +35,55 @@ CHUNK = 2_000
 REHYDRATE_TICK_MS = 20
 
 
+class RetryingWrites:
+    """The stage's store, its writes retried for up to ``deadline_s`` when the store fails.
+
+    A Redis restart is an outage of seconds: waiting for it in place keeps the job's state in
+    memory and its caches warm, where failing the task would restart the job from its last
+    checkpoint (restore, replay, back-off) — which still happens if the store stays down past
+    the deadline. Writes are only-if-newer and marks are idempotent, so a retried write that
+    had reached the store changes nothing.
+    """
+
+    def __init__(self, store: OnlineStore, deadline_s: float = 30.0,
+                 sleep: Callable[[float], None] = time.sleep,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
+        self.store, self.deadline_s = store, deadline_s
+        self._sleep, self._monotonic = sleep, monotonic
+
+    def _retry(self, call: Callable[[], Any]) -> Any:
+        give_up, pause = self._monotonic() + self.deadline_s, 0.1
+        while True:
+            try:
+                return call()
+            except OnlineStoreError as exc:
+                if self._monotonic() + pause > give_up:
+                    raise
+                log.warning("online store write failed (%s); retrying in %.1f s", exc, pause)
+                self._sleep(pause)  # back-off between attempts
+                pause = min(pause * 2, 2.0)
+
+    def write_batch(self, *args: Any, **kw: Any) -> Any:
+        return self._retry(lambda: self.store.write_batch(*args, **kw))
+
+    def write_user_rows(self, rows: Iterable[Any], mark: Mark | None = None) -> Any:
+        rows = list(rows)  # a retry needs them again
+        return self._retry(lambda: self.store.write_user_rows(rows, mark=mark))
+
+    def finish_rehydration(self, part: str, writes: int) -> None:
+        self._retry(lambda: self.store.finish_rehydration(part, writes))
+
+    def close(self) -> None:
+        self.store.close()
+
+
 @dataclass
 class PartGuard:
     """Generation bookkeeping of one part in one subtask (module doc)."""
 
     part: str
-    store: OnlineStore
+    #: the stage's store (an ``OnlineStore`` or its :class:`RetryingWrites`)
+    store: OnlineStore | RetryingWrites
     chunk: int = CHUNK
     check_every_s: float = CHECK_EVERY_S
     #: Keys still to re-write; None while the part is whole.

@@ -203,3 +203,33 @@ def test_store_health_states() -> None:
     assert health.status().state == REHYDRATING  # new epoch: within the grace
     clock[0] += 3.5
     assert health.status().state == WHOLE
+
+
+def test_writes_are_retried_through_a_short_outage_then_fail() -> None:
+    from feature_store.store import OnlineStoreError
+    from stream.flink.rehydrate import RetryingWrites
+
+    class Flaky(MemoryStore):
+        failures = 3
+
+        def write_user_rows(self, rows: Any, mark: Mark | None = None) -> bool:
+            if self.failures:
+                self.failures -= 1
+                raise OnlineStoreError("connection refused")
+            return super().write_user_rows(rows, mark)
+
+    clock = [0.0]
+
+    def sleep(s: float) -> None:
+        clock[0] += s
+
+    flaky = Flaky()
+    store = RetryingWrites(flaky, deadline_s=5, sleep=sleep, monotonic=lambda: clock[0])  # type: ignore[arg-type]
+    rows = iter([("u1", T0, 1, [], {}, T0)])  # a generator: it must survive the retries
+    assert store.write_user_rows(rows) is True and "u1" in flaky.users
+    assert clock[0] == 0.1 + 0.2 + 0.4
+
+    flaky.failures = 1_000
+    with pytest.raises(OnlineStoreError):  # down past the deadline: the task fails
+        store.write_user_rows([("u2", T0, 1, [], {}, T0)])
+    assert clock[0] <= 0.7 + 5
