@@ -161,13 +161,15 @@ def build_plan(
     normalizer = EventNormalizer(event_types, clock_ms=lambda: now_ms)
     dumps, normalize = orjson.dumps, normalizer.normalize_one
     rows: list[PlanRow] = []
+    identity: list[str | bytes] = []
     for file_index, source in enumerate(sources):
         name = source.path.name
         for raw in read_rows(
             source.path, source.fmt, options.mapping, options.like_threshold, options.event_type
         ):
             if raw.event is None:
-                _reject(report, options, name, raw.line_no, "parse", raw.error or "unreadable")
+                _reject(report, options, name, raw.line_no, f"parse:{raw.kind}",
+                        raw.error or "unreadable")
                 continue
             if raw.event.get("ts") is None:
                 _reject(report, options, name, raw.line_no, "invalid:ts", "ts: missing")
@@ -194,6 +196,12 @@ def build_plan(
                     dumps(wire),
                 )
             )
+            # a row's identity: its own event id, else its content (the derived id differs
+            # per line, so a line logged twice would pass as two events)
+            identity.append(wire["event_id"] if raw.own_id else orjson.dumps(
+                (wire["user_id"], wire["item_id"], wire["event_type"], ts, wire.get("value"),
+                 wire.get("context"))))
+    rows = _drop_duplicates(rows, identity, sources, options, report)
     rows.sort()
     if options.limit is not None and len(rows) > options.limit:
         report.filtered += len(rows) - options.limit
@@ -202,6 +210,34 @@ def build_plan(
     if rows:
         report.first_ts, report.last_ts = rows[0][0], rows[-1][0]
     return rows
+
+
+def _drop_duplicates(
+    rows: list[PlanRow],
+    identity: list[str | bytes],
+    sources: Sequence[ReplaySource],
+    options: ReplayOptions,
+    report: ReplayReport,
+) -> list[PlanRow]:
+    """``rows`` without the repeats of an earlier row's identity (in file order), each
+    rejected as ``duplicate`` (8 bytes per row: the identities are hashed)."""
+    if not rows:
+        return rows
+    import numpy as np
+
+    from feature_store.idset import id_hashes
+
+    hashes = id_hashes([i if isinstance(i, str) else i.decode() for i in identity])
+    _, first = np.unique(hashes, return_index=True)
+    if len(first) == len(rows):
+        return rows
+    keep = np.zeros(len(rows), dtype=bool)
+    keep[first] = True
+    for i in np.flatnonzero(~keep).tolist():
+        _, file_index, line_no, _, _ = rows[i]
+        _reject(report, options, sources[file_index].path.name, line_no, "duplicate",
+                "the same event as an earlier row (same event_id, or same content)")
+    return [row for row, k in zip(rows, keep.tolist(), strict=True) if k]
 
 
 def _reject(

@@ -153,7 +153,7 @@ def test_malformed_rows_are_counted_with_line_numbers(tmp_path: Path) -> None:
     rows, report = plan([ReplaySource.of(f)])
     assert len(rows) == 2
     assert [m["line"] for m in report.malformed] == [3, 4, 5, 6, 7]
-    assert report.rejected == {"parse": 3, "invalid:ts": 1, "invalid:user_id": 1}
+    assert report.rejected == {"parse:fields": 3, "invalid:ts": 1, "invalid:user_id": 1}
     assert "1990" in report.malformed[2]["reason"]
 
 
@@ -176,7 +176,7 @@ def test_ndjson_missing_ts_and_duplicate_keys_are_rejected(tmp_path: Path) -> No
         '{"user_id": "u", "user_id": "v", "item_id": "i", "event_type": "click", "ts": 1700000000}\n',
     )
     _, report = plan([ReplaySource.of(f)])
-    assert report.rejected == {"invalid:ts": 1, "parse": 1}
+    assert report.rejected == {"invalid:ts": 1, "parse:json": 1}
 
 
 # ---- ids, ordering, filters --------------------------------------------------------------
