@@ -446,6 +446,17 @@ def run_replay(
     return report
 
 
+#: Seconds between progress lines in the log when no progress bar is shown.
+PROGRESS_LOG_S = 5.0
+
+
+def _log_progress(done: int, total: int, seconds: float) -> None:
+    rate = done / seconds if seconds > 0 else 0.0
+    eta = f"ETA {(total - done) / rate:,.0f} s" if rate > 0 else "ETA unknown"
+    log.info("replay: %s/%s sent (%.0f%%), %s events/s, %s", f"{done:,}", f"{total:,}",
+             100.0 * done / max(total, 1), f"{rate:,.0f}", eta)
+
+
 def _send_rows(
     producer: Any,
     rows: list[PlanRow],
@@ -486,7 +497,7 @@ def _send_rows(
     speed = options.speed
     ts0 = rows[start][0] if start < len(rows) else 0
     wall0 = rt.monotonic()
-    last_cp_index, last_cp_time, shown = start, wall0, start
+    last_cp_index, last_cp_time, shown, last_log = start, wall0, start, wall0
     try:
         for i in range(start, len(rows)):
             ts, _, _, key, value = rows[i]
@@ -509,6 +520,9 @@ def _send_rows(
                     last_cp_index, last_cp_time = i + 1, now
                     bar.update(i + 1 - shown)
                     shown = i + 1
+                    if not progress and now - last_log >= PROGRESS_LOG_S:
+                        last_log = now
+                        _log_progress(i + 1 - start, len(rows) - start, now - wall0)
         checkpoint(len(rows))
         bar.update(len(rows) - shown)
     finally:
