@@ -12,7 +12,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from deploy import cli_stack
+from deploy import cli_backfill, cli_stack
 from model.cli import evaluate as cli_eval
 from model.cli import models as cli_registry
 from model.cli import train as cli_train
@@ -44,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     for module in (cli_stack, cli_ingest, cli_features, cli_sim, cli_train, cli_registry,
                    cli_eval, serving_cli, cli_monitor):
         module.register(sub)
+    cli_backfill.register_follow(sub)
     return parser
 
 

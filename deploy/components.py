@@ -192,6 +192,10 @@ def redis_component(s: Settings, run_dir: Path) -> Component:
         args = [exe, "--port", str(r.port), "--bind", s.stack.bind_host, "--dir", str(home),
                 "--save", "", "--daemonize", "no", "--protected-mode", "yes"]
         args += ["--appendonly", "yes" if r.appendonly else "no"]
+        if r.appendonly:
+            # fsync once a second: a kill -9 loses at most the last second of writes, which
+            # the feature job re-writes from its state (feature_store/FORMAT.md, "Generation").
+            args += ["--appendfsync", "everysec"]
         if r.password is not None:
             args += ["--requirepass", r.password.get_secret_value()]
         return args

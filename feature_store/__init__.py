@@ -4,6 +4,7 @@
 * ``store`` — the :class:`OnlineStore` interface, its records, and :func:`open_store`, which
   every writer and reader builds its store with (backend: ``settings.store.backend``).
 * ``redis_store`` — the Redis backend (the only one for now).
+* ``idset`` (an exact set of 64-bit id hashes: trained samples, replayed events).
 * ``settings``, ``ids``, ``atomic`` (durable atomic writes), ``errors`` (one root,
   :class:`FeatureStoreError`).
 * ``metric_names`` — every Prometheus metric name streamrec exports, defined once.
@@ -28,8 +29,10 @@ from feature_store.features import (
     user_features,
 )
 from feature_store.store import (
+    Generation,
     HistoryEntry,
     ItemFeatures,
+    Mark,
     OnlineStore,
     Trending,
     UserFeatures,
@@ -41,9 +44,11 @@ __all__ = [
     "Event",
     "FeatureParams",
     "FeatureStoreError",
+    "Generation",
     "HistoryEntry",
     "ItemFeatures",
     "ItemState",
+    "Mark",
     "OnlineStore",
     "OnlineStoreError",
     "Sample",

@@ -46,6 +46,7 @@ SERVING_MODEL_SWAPS = "streamrec_serving_model_swaps"
 SERVING_MODEL_REFUSED = "streamrec_serving_model_refused"
 SERVING_FALLBACKS = "streamrec_serving_fallbacks"
 SERVING_MODEL_ITEMS = "streamrec_serving_model_items"
+SERVING_STORE_STATE = "streamrec_serving_store_state"
 
 # -- pipeline exporter (stream/monitor.py) ----------------------------------------------------
 KAFKA_TOPIC_RECORDS = "streamrec_kafka_topic_records"

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import json
 import logging
+import time
+import uuid
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -24,8 +26,10 @@ from feature_store.errors import OnlineStoreError
 from feature_store.ids import item_key
 from feature_store.settings import FeatureSettings, RedisSettings
 from feature_store.store import (
+    Generation,
     HistoryEntry,
     ItemFeatures,
+    Mark,
     OnlineStore,
     Trending,
     UserFeatures,
@@ -60,6 +64,25 @@ for i = 1, #KEYS do
   end
 end
 return written
+"""
+
+#: KEYS[1] = the generation hash; ARGV = (part, prev, new, writer token, now_ms). Creates the
+#: epoch (``token-now_ms``) if the hash has none; while the part is flagged rehydrating returns 0 and changes
+#: nothing else; if the stored count is behind ``prev`` (the store lost writes) flags the part
+#: and returns 0; else stores ``new`` and returns 1 (FORMAT.md "Generation").
+MARK_WRITES = """
+local g = KEYS[1]
+if redis.call('HEXISTS', g, 'epoch') == 0 then
+  redis.call('HSET', g, 'epoch', ARGV[4] .. '-' .. ARGV[5], 'since', ARGV[5])
+end
+if redis.call('HEXISTS', g, 'r:' .. ARGV[1]) == 1 then return 0 end
+local cur = tonumber(redis.call('HGET', g, 'w:' .. ARGV[1]) or '0') or 0
+if cur < tonumber(ARGV[2]) then
+  redis.call('HSET', g, 'r:' .. ARGV[1], ARGV[5])
+  return 0
+end
+redis.call('HSET', g, 'w:' .. ARGV[1], ARGV[3])
+return 1
 """
 
 #: Records per script call (bounds how long one call holds the Redis server).
@@ -101,6 +124,25 @@ def item_ids_key_name(prefix: str) -> str:
 
 def layout_key_name(prefix: str) -> str:
     return f"{prefix}layout"
+
+
+def generation_key_name(prefix: str) -> str:
+    return f"{prefix}gen"
+
+
+def decode_generation(raw: dict[Any, Any]) -> Generation:
+    """The generation hash (``HGETALL``) as a :class:`Generation`."""
+    fields = {(k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes)
+                                                            else v) for k, v in raw.items()}
+    try:
+        return Generation(
+            epoch=fields.get("epoch"),
+            since_ms=int(fields.get("since", 0)),
+            writes={k[2:]: int(v) for k, v in fields.items() if k.startswith("w:")},
+            rehydrating={k[2:]: int(v) for k, v in fields.items() if k.startswith("r:")},
+        )
+    except ValueError as exc:
+        raise OnlineStoreError(f"corrupt generation marker: {exc}") from exc
 
 
 # --- payloads (FORMAT.md "record fields") ----------------------------------------------------
@@ -193,7 +235,9 @@ class RedisOnlineStore(OnlineStore):
         )
         self._errors: tuple[type[Exception], ...] = (redis.RedisError,)
         self._write = self._redis.register_script(WRITE_IF_NEWER)
+        self._mark = self._redis.register_script(MARK_WRITES)
         self._no_script: type[Exception] = redis.exceptions.NoScriptError
+        self._token = uuid.uuid4().hex[:16]
 
     def close(self) -> None:
         self._redis.close()
@@ -207,11 +251,12 @@ class RedisOnlineStore(OnlineStore):
         user_seqs: Sequence[int] | None = None,
         item_seqs: Sequence[int] | None = None,
         trending_seq: int = 0,
-    ) -> None:
+        mark: Mark | None = None,
+    ) -> bool:
         """Write records in one pipeline; each is written only if newer (FORMAT.md)."""
         _check_seqs("user_seqs", user_seqs, users)
         _check_seqs("item_seqs", item_seqs, items)
-        self._write_encoded(
+        return self._write_encoded(
             users=[
                 (u.user_id, u.as_of_ms, user_seqs[n] if user_seqs else 0, encode_user(u))
                 for n, u in enumerate(users)
@@ -223,23 +268,43 @@ class RedisOnlineStore(OnlineStore):
             trending=None
             if trending is None
             else (trending.as_of_ms, trending_seq, encode_trending(trending)),
+            mark=mark,
         )
 
-    def write_user_rows(self, rows: Iterable[UserRow]) -> None:
+    def write_user_rows(self, rows: Iterable[UserRow], mark: Mark | None = None) -> bool:
         """Users from their parts, encoded straight into payloads (:func:`encode_user_values`)."""
-        self._write_encoded(users=(
+        return self._write_encoded(users=(
             (user_id, as_of_ms, seq, encode_user_values(history, counts, last_seen_ms))
             for user_id, as_of_ms, seq, history, counts, last_seen_ms in rows
-        ))
+        ), mark=mark)
+
+    def read_generation(self) -> Generation:
+        try:
+            raw: Any = self._redis.hgetall(generation_key_name(self._prefix))
+        except self._errors as exc:
+            raise OnlineStoreError(f"redis read failed: {exc}") from exc
+        return decode_generation(raw)
+
+    def finish_rehydration(self, part: str, writes: int) -> None:
+        try:
+            pipe = self._redis.pipeline(transaction=True)
+            key = generation_key_name(self._prefix)
+            pipe.hset(key, f"w:{part}", str(writes))
+            pipe.hdel(key, f"r:{part}")
+            pipe.execute()
+        except self._errors as exc:
+            raise OnlineStoreError(f"redis write failed: {exc}") from exc
 
     def _write_encoded(
         self,
         users: Iterable[tuple[str, int, int, str | bytes]] = (),
         items: Sequence[tuple[str, int, int, str | bytes]] = (),
         trending: tuple[int, int, str | bytes] | None = None,
-    ) -> None:
+        mark: Mark | None = None,
+    ) -> bool:
         """Encoded records: ``(id, as_of_ms, seq, payload)`` per user and item,
-        ``(as_of_ms, seq, payload)`` for trending; one pipeline for all of them."""
+        ``(as_of_ms, seq, payload)`` for trending, and the batch's ``mark``; one pipeline for
+        all of them. Returns the mark's verdict (True without a mark)."""
         p = self._prefix
         keys: list[str] = []
         args: list[Any] = []
@@ -254,21 +319,27 @@ class RedisOnlineStore(OnlineStore):
         if trending is not None:
             keys.append(trending_key_name(p))
             args += (*trending, 0)
-        if not keys:
-            return
+        if not keys and mark is None:
+            return True
         try:
             try:
-                self._write_pipeline(keys, args, items)
+                return self._write_pipeline(keys, args, items, mark)
             except self._no_script:
-                # The server lost its script cache (restart, SCRIPT FLUSH): load it, retry once.
+                # The server lost its script cache (restart, SCRIPT FLUSH): load the scripts
+                # and retry once (a mark already applied by the first try is a check now).
                 self._redis.script_load(WRITE_IF_NEWER)
-                self._write_pipeline(keys, args, items)
+                self._redis.script_load(MARK_WRITES)
+                return self._write_pipeline(keys, args, items, mark)
         except self._errors as exc:
             raise OnlineStoreError(f"redis write failed: {exc}") from exc
 
     def _write_pipeline(
-        self, keys: list[str], args: list[Any], items: Sequence[tuple[str, int, int, Any]]
-    ) -> None:
+        self,
+        keys: list[str],
+        args: list[Any],
+        items: Sequence[tuple[str, int, int, Any]],
+        mark: Mark | None,
+    ) -> bool:
         """One round trip: the script by its SHA (``EVALSHA``; a pipeline running a
         registered script would first ask ``SCRIPT EXISTS``, a second round trip per write).
         Records are written only if newer, so a retry after ``NOSCRIPT`` rewrites nothing."""
@@ -281,8 +352,14 @@ class RedisOnlineStore(OnlineStore):
             chunk = keys[start : start + SCRIPT_CHUNK]
             chunk_args = args[4 * start : 4 * (start + len(chunk))]
             pipe.evalsha(sha, len(chunk), *chunk, *chunk_args)
-        pipe.set(layout_key_name(p), LAYOUT_VERSION)
-        pipe.execute()
+        if keys:
+            pipe.set(layout_key_name(p), LAYOUT_VERSION)
+        if mark is not None:
+            # after the records: a count the store holds implies the records before it
+            pipe.evalsha(self._mark.sha, 1, generation_key_name(p), mark.part, str(mark.prev),
+                         str(mark.new), self._token, str(time.time_ns() // 1_000_000))
+        results = pipe.execute()
+        return mark is None or bool(results[-1])
 
     def _read_hashes(self, keys: list[str]) -> list[list[Any]]:
         try:

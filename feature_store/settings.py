@@ -73,7 +73,11 @@ class RedisSettings(BaseModel):
     port: int = Field(6379, description="Redis port (the local stack's server listens on it).")
     db: int = Field(0, description="Redis database number.")
     key_prefix: str = Field("sr:", description="Prefix of every key we write (FORMAT.md).")
-    appendonly: bool = Field(False, description="Enable AOF persistence for the local Redis.")
+    appendonly: bool = Field(
+        True,
+        description="AOF persistence (appendfsync everysec) for the local Redis; false keeps "
+        "everything in memory only (the feature job then rebuilds the store after a restart).",
+    )
     password: SecretStr | None = Field(None, description="Redis password (AUTH); unset = none.")
 
     @property

@@ -9,6 +9,14 @@ current to, and is written with a ``seq`` (the number of events its writer had a
 record's state, 0 if the writer does not count). A write whose ``(as_of_ms, seq)`` is older
 than what the store holds is ignored, so a replay never overwrites newer state with older
 state, and rewriting the same version is harmless.
+
+Generation (FORMAT.md "Generation"): a writer that keeps the state behind its records (the
+feature job) names itself by *part* and counts its write batches; each batch carries a
+:class:`Mark` ``(part, writes before, writes after)``. The store keeps the newest count of
+each part; a count behind the writer's means the store lost writes (it restarted empty, or
+from an older snapshot), and the store then flags the part as rehydrating until the writer
+has re-written its whole state (:meth:`OnlineStore.finish_rehydration`). Readers ask
+:meth:`OnlineStore.read_generation` whether the store is whole.
 """
 
 from __future__ import annotations
@@ -64,6 +72,31 @@ class Trending:
     extra: dict[str, str] = field(default_factory=dict)
 
 
+@dataclass(frozen=True, slots=True)
+class Mark:
+    """A write batch's place in its part's count of write batches (see the module doc):
+    ``prev`` batches were written before this one, ``new`` after it (``new == prev``: a check
+    that writes no record)."""
+
+    part: str
+    prev: int
+    new: int
+
+
+@dataclass(frozen=True, slots=True)
+class Generation:
+    """What the store says about its own completeness (FORMAT.md "Generation")."""
+
+    #: Token of this life of the store's contents; None: no marker (never written, or lost).
+    epoch: str | None
+    #: Writer's wall clock (epoch ms) when ``epoch`` was created.
+    since_ms: int
+    #: part -> write batches the store holds.
+    writes: dict[str, int]
+    #: part -> epoch ms the rehydration was flagged at, for the parts not whole yet.
+    rehydrating: dict[str, int]
+
+
 #: A user record given as its parts, for a writer that skips building :class:`UserFeatures`:
 #: ``(user_id, as_of_ms, seq, history, counts, last_seen_ms)`` with history entries as
 #: ``(item_id, event_type, ts_ms)`` (``feature_store.features.user_history`` / ``user_counts``).
@@ -83,13 +116,16 @@ class OnlineStore(ABC):
         user_seqs: Sequence[int] | None = None,
         item_seqs: Sequence[int] | None = None,
         trending_seq: int = 0,
-    ) -> None:
+        mark: Mark | None = None,
+    ) -> bool:
         """Write records in one round trip, each only if its ``(as_of_ms, seq)`` is not older
         than the stored one. ``user_seqs[n]`` / ``item_seqs[n]`` is the ``seq`` of
         ``users[n]`` / ``items[n]`` (all 0 when omitted); also records each item id in the
-        reverse map (:meth:`read_item_ids`)."""
+        reverse map (:meth:`read_item_ids`). With ``mark``, the batch also advances its part's
+        count; returns False if the store is behind the writer (it lost writes: the part is
+        now flagged rehydrating), True otherwise."""
 
-    def write_user_rows(self, rows: Iterable[UserRow]) -> None:
+    def write_user_rows(self, rows: Iterable[UserRow], mark: Mark | None = None) -> bool:
         """:meth:`write_batch` of users given as :data:`UserRow` parts (the feature job's hot
         path: no per-entry objects). Backends encode the parts directly; this default builds
         the records."""
@@ -103,8 +139,16 @@ class OnlineStore(ABC):
                 as_of_ms=as_of_ms,
             ))
             seqs.append(seq)
-        if users:
-            self.write_batch(users=users, user_seqs=seqs)
+        if users or mark is not None:
+            return self.write_batch(users=users, user_seqs=seqs, mark=mark)
+        return True
+
+    def read_generation(self) -> Generation | None:
+        """The store's generation marker (None: this backend keeps none)."""
+        return None
+
+    def finish_rehydration(self, part: str, writes: int) -> None:  # noqa: B027 - optional
+        """``part`` has re-written its whole state: the store now holds ``writes`` batches."""
 
     @abstractmethod
     def read_users(self, user_ids: Sequence[str]) -> list[UserFeatures | None]:

@@ -138,9 +138,11 @@ class ServingState:
         self.registry = registry
         self.loader = ModelLoader(registry, self.metrics, clock, settings.serving.poll_interval_s)
         self.trending = TrendingCache(store, settings.features.trending_n)
+        self.store_guard = r.StoreGuard(store)
         self.recommender = r.Recommender(
-            lambda: self.loader.current, lambda: self.trending.items, r.StoreGuard(store),
+            lambda: self.loader.current, lambda: self.trending.items, self.store_guard,
             self.metrics)
+        self.metrics.track_store_state(lambda: self.store_guard.health.status().state)
         self.pubsub_factory = pubsub_factory
 
     async def recommend(self, user_id: str, k: int, exclude_seen: bool) -> dict[str, Any]:
@@ -158,6 +160,7 @@ class ServingState:
             "items": [{"item_id": s.item_id, "score": s.score} for s in answer.items],
             "model_version": answer.version,
             "source": answer.source,
+            "reason": answer.reason,
             "took_ms": round(took * 1000.0, 3),
         }
 
@@ -308,7 +311,7 @@ def create_app(
     )
     app.state.serving = state
     app.state.stats = stats
-    app.include_router(features_router(store))
+    app.include_router(features_router(store, state.store_guard.health))
     app.include_router(dashboard_router(stats))
     default_k = settings.serving.default_k
 
@@ -361,11 +364,13 @@ def create_app(
             "status": "ready" if ready else "starting",
             "model_version": model.version if model else None,
             "trending_items": len(state.trending.items),
+            "store": state.store_guard.health.status().as_dict(),
         }
         return JSONResponse(body, status_code=200 if ready else 503)
 
     @app.get("/metrics")
     def metrics() -> Response:
+        state.metrics.refresh_store_state()
         return Response(generate_latest(state.metrics.exposition), media_type=CONTENT_TYPE_LATEST)
 
     return app

@@ -42,11 +42,13 @@ MODEL_SWAPS = names.SERVING_MODEL_SWAPS
 MODEL_REFUSED = names.SERVING_MODEL_REFUSED
 FALLBACKS = names.SERVING_FALLBACKS
 MODEL_ITEMS = names.SERVING_MODEL_ITEMS
+STORE_STATE = names.SERVING_STORE_STATE
 
 #: Reasons counted by ``fallbacks``.
 NO_MODEL = "no_model"
 UNKNOWN_USER = "unknown_user"
 STORE_ERROR = "store_error"
+STORE_REHYDRATING = "store_not_whole"
 PADDED = "padded_with_trending"
 MODEL_ERROR = "model_error"
 INTERNAL_ERROR = "internal_error"
@@ -112,6 +114,12 @@ class ServingMetrics:
         )
         self.items = Gauge(MODEL_ITEMS, "Items in the served version (largest over live "
                            "workers)", registry=r, multiprocess_mode="livemax")
+        self.store_state = Gauge(
+            STORE_STATE, "1 for the online store's current state (serving.store_health): "
+            "whole, rehydrating, lost or unknown (the most recent reading of live workers)",
+            ["state"], registry=r, multiprocess_mode="livemostrecent",
+        )
+        self._store_state: Callable[[], str] | None = None
         source: Collector
         if self.multiprocess_dir is not None:
             source = _LiveWorkers(self.multiprocess_dir)
@@ -120,6 +128,22 @@ class ServingMetrics:
         self.exposition = CollectorRegistry()
         """What ``/metrics`` and the dashboard read: every worker's values, ages derived."""
         self.exposition.register(_WithAges(source, clock))
+
+    def track_store_state(self, state: Callable[[], str]) -> None:
+        """Where the store's state is read: at each scrape (:meth:`refresh_store_state`)."""
+        self._store_state = state
+        self.refresh_store_state()
+
+    def refresh_store_state(self) -> None:
+        """Record the store's state now (a value per state, 1 for the current one: a worker
+        writes values, as every worker's metrics are files in multiprocess mode)."""
+        if self._store_state is None:
+            return
+        from serving.store_health import STATES
+
+        now = self._store_state()
+        for name in STATES:
+            self.store_state.labels(name).set(float(now == name))
 
     def served(self, created: datetime | None, trained_through_ms: int | None) -> None:
         """Record the version this worker now serves (``None``: unknown)."""

@@ -23,6 +23,7 @@ from model.artifact.files import ServingArtifact
 from model.scoring.topk import top_k_batch
 from serving import metrics as m
 from serving.metrics import ServingMetrics
+from serving.store_health import StoreHealth, StoreStatus
 
 if TYPE_CHECKING:
     from serving.loader import LoadedModel
@@ -81,6 +82,16 @@ def rank_with_model(
             for idx, scores in top_k_batch(all_scores, ks, excludes)]
 
 
+def _degraded(answer: Answer, store_ok: bool, health: StoreStatus | None) -> Answer:
+    """``answer`` marked degraded, with the reason, when the store failed or is not whole."""
+    if not store_ok:
+        return Answer(answer.items, DEGRADED, answer.version,
+                      answer.reason or "feature store unavailable")
+    if health is not None and health.degraded:
+        return Answer(answer.items, DEGRADED, answer.version, answer.reason or health.reason)
+    return answer
+
+
 def popular(trending: Sequence[tuple[str, float]], k: int, seen: set[str]) -> list[Scored]:
     """Top ``k`` trending items not in ``seen``."""
     return pad((), trending, k, seen)
@@ -88,17 +99,20 @@ def popular(trending: Sequence[tuple[str, float]], k: int, seen: set[str]) -> li
 
 class StoreGuard:
     """Reads users from the store; after a failure skips the store for ``cooldown_s`` so a
-    dead Redis costs one timeout per cooldown, not one per request."""
+    dead Redis costs one timeout per cooldown, not one per request. ``health`` says whether
+    the store is whole (``serving.store_health``)."""
 
     def __init__(
         self,
         store: OnlineStore,
         cooldown_s: float = 1.0,
         monotonic: Callable[[], float] = time.monotonic,
+        health: StoreHealth | None = None,
     ) -> None:
         self.store = store
         self.cooldown_s = cooldown_s
         self.monotonic = monotonic
+        self.health = health or StoreHealth(store, monotonic=monotonic)
         self._open_until = 0.0
 
     def read_users(self, user_ids: Sequence[str]) -> tuple[list[UserFeatures | None], bool]:
@@ -125,6 +139,8 @@ class Answer:
     items: list[Scored]
     source: str
     version: str | None
+    #: Why the answer is ``degraded`` (None otherwise).
+    reason: str | None = None
 
 
 class Recommender:
@@ -182,6 +198,7 @@ class Recommender:
         model = self.current()
         trending = self.trending()
         users, store_ok = self.guard.read_users([a.user_id for a in asks])
+        health = self.guard.health.status() if store_ok else None
         known = (model.artifact.known_users([a.user_id for a in asks]) if model is not None
                  else np.zeros(len(asks), bool))
         answers: list[Answer | None] = [None] * len(asks)
@@ -191,6 +208,8 @@ class Recommender:
             reason = None
             if not store_ok:
                 reason = m.STORE_ERROR
+            elif health is not None and health.degraded:
+                reason = m.STORE_REHYDRATING
             elif model is None:
                 reason = m.NO_MODEL
             elif features is None and not known[i]:
@@ -204,7 +223,8 @@ class Recommender:
                 todo.append(i)
         if todo and model is not None:
             self._rank_model(model, asks, users, store_ok, todo, trending, answers)
-        return [a if a is not None else Answer([], DEGRADED, None) for a in answers]
+        out = [a if a is not None else Answer([], DEGRADED, None) for a in answers]
+        return [_degraded(a, store_ok, health) for a in out]
 
     def _rank_model(
         self,

@@ -42,7 +42,9 @@ REQUIRED_FIELDS = frozenset(("user_id", "item_id", "event_type"))
 _RFC3339 = re.compile(
     r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})$"
 )
-_SURROGATE = re.compile("[\ud800-\udfff]")
+#: Lone surrogates, and U+FFFD: what a decoder leaves for bytes that were not UTF-8 (the
+#: feature job's Kafka source decodes records so), which would otherwise pass as altered ids.
+_SURROGATE = re.compile("[\ud800-\udfff\ufffd]")
 
 
 class SchemaError(StreamError, ValueError):
@@ -50,7 +52,8 @@ class SchemaError(StreamError, ValueError):
 
 
 def is_text(value: object) -> bool:
-    """A ``str`` that is valid Unicode: no lone surrogates (JSON can carry them, UTF-8 not)."""
+    """A ``str`` that is valid Unicode: no lone surrogates (JSON can carry them, UTF-8 not),
+    and no U+FFFD replacement character (the trace of bytes that were not UTF-8)."""
     return type(value) is str and (value.isascii() or _SURROGATE.search(value) is None)
 
 

@@ -2,7 +2,7 @@
 
 * ``options`` — :class:`TrainOptions` (no TensorFlow).
 * ``samples`` — decoding ``samples`` records into batches.
-* ``dedupe`` — dropping samples already trained.
+* ``dedupe`` — dropping samples already trained (every id ever trained, not a window).
 * ``fetch`` / ``fetch_process`` — Kafka poll and decode off the training thread / in a child.
 * ``negatives`` — the uniform negative sampler.
 * ``rolling`` — Recall/NDCG@K, top-k and the trainer's rolling test-then-train figures.

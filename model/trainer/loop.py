@@ -40,7 +40,7 @@ from model.artifact.registry import Registry, RegistryError
 from model.towers.two_tower import ModelConfig
 from model.trainer.checkpoint import CheckpointStore
 from model.trainer.core import Trainer, TrainOptions
-from model.trainer.dedupe import RecentIds
+from model.trainer.dedupe import TrainedIds
 from model.trainer.export import publish_version
 from model.trainer.fetch import Chunk, ChunkFetcher, RecordSource, Rejected, open_source
 from model.trainer.fetch_process import ProcessFetcher
@@ -172,7 +172,7 @@ class TrainerService:
         )
         self.state = LoopState()
         self.item_ids: dict[int, str] = {}
-        self.recent_ids = RecentIds()
+        self.trained_ids = TrainedIds()
         self.stop_event = threading.Event()
         self.running = False
         self._source: RecordSource | None = None
@@ -190,9 +190,9 @@ class TrainerService:
         keys = restored.arrays.get("item_keys", np.zeros(0, np.int64))
         ids = restored.arrays.get("item_ids", np.zeros(0, str))
         self.item_ids = dict(zip(keys.tolist(), ids.tolist(), strict=True))
-        self.recent_ids = RecentIds.from_array(
-            restored.arrays.get("recent_sample_ids", np.zeros(0, np.int64))
-        )
+        # "recent_sample_ids": the bounded memory of earlier checkpoints (a subset)
+        self.trained_ids = TrainedIds.from_array(restored.arrays.get(
+            "trained_sample_ids", restored.arrays.get("recent_sample_ids", np.zeros(0, np.int64))))
         if self.trainer.covisit is not None:
             self.trainer.covisit.load_arrays(restored.arrays)
         mixer = {k[len("mixer_"):]: v for k, v in restored.arrays.items() if k.startswith("mixer_")}
@@ -215,7 +215,7 @@ class TrainerService:
             {
                 "item_keys": keys,
                 "item_ids": ids,
-                "recent_sample_ids": self.recent_ids.to_array(),
+                "trained_sample_ids": self.trained_ids.to_array(),
                 **covisit,
                 **{f"mixer_{k}": v for k, v in self.trainer.mixer.state().items()},
             },
@@ -322,7 +322,7 @@ class TrainerService:
         sample_ids, item_ids, st = chunk.sample_ids, chunk.item_ids, self.state
         batch, hashes, ts = chunk.batch, chunk.id_hashes, chunk.ts_ms
         if batch is not None:
-            fresh = self.recent_ids.admit_hashes(hashes)
+            fresh = self.trained_ids.admit_hashes(hashes)
             if not fresh.all():
                 dropped = int((~fresh).sum())
                 st.duplicates_dropped += dropped

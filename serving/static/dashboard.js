@@ -191,6 +191,18 @@
       }, function (e) { clearTimeout(timer); throw e; });
   }
 
+  // The online store's completeness (serving.store_health), from /health.
+  function pollStore() {
+    getJSON("/health").then(function (r) {
+      var st = (r.data && r.data.store) || {};
+      $("store").setAttribute("data-state", st.state || "unknown");
+      $("store-state").textContent = st.state || "unknown";
+      $("store-reason").textContent = st.reason || "";
+    }).catch(function () {
+      $("store-state").textContent = "unknown";
+    }).then(function () { setTimeout(pollStore, intervalMs); });
+  }
+
   function pollStats() {
     getJSON("/stats").then(function (r) {
       if (r.status !== 200 || !r.data) { throw new Error("HTTP " + r.status); }
@@ -266,6 +278,7 @@
       $("user-status").textContent = currentUser ? "loading…" : "";
     });
     pollStats();
+    pollStore();
     pollUser();
   }
 

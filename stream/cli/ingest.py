@@ -27,11 +27,14 @@ rules:
   * events are sent in (event time, file order) order: files in the order given, then lines
   * ratings become "like" when >= --like-threshold (default 4), else "rating"; value = rating
   * event ids are a hash of (file name, line number, line bytes) unless the row has one, so
-    replaying a file again gives the same ids (consumers dedupe them)
+    replaying a file again gives the same ids; the replay ledger (<run_dir>/replay/ledger/
+    <topic>/) holds every id delivered to the topic, and a row it holds is not sent again
+    (counted as "already replayed"): a second or overlapping replay changes nothing
+    downstream, and a replay that crashed continues where it stopped
   * timestamps: RFC 3339 with a zone, or epoch seconds (< 1e11) / milliseconds
   * malformed rows are counted and the first 10 shown with line numbers; --strict stops at one
-  * --resume continues after the last acknowledged row of the same files/options/topic
-    (state in --state, default <run_dir>/replay/<plan>.json)
+  * --no-ledger sends every row; then --resume continues after the last acknowledged row of
+    the same files/options/topic (state in --state, default <run_dir>/replay/<plan>.json)
 
 examples:
   streamrec replay ../shared/data/ml-latest-small/ratings.csv --speed max
@@ -82,7 +85,10 @@ def register(sub: Any) -> None:
     rp.add_argument("--event-type", help="event type of mapped CSV rows without a type column")
     rp.add_argument("--like-threshold", type=float, default=4.0, help="rating >= this -> like")
     rp.add_argument("--strict", action="store_true", help="stop at the first malformed row")
-    rp.add_argument("--resume", action="store_true", help="continue after the last acked row")
+    rp.add_argument("--resume", action="store_true",
+                    help="with --no-ledger: continue after the last acked row")
+    rp.add_argument("--no-ledger", action="store_true",
+                    help="send rows an earlier replay delivered too (no replay ledger)")
     rp.add_argument("--state", type=Path, help="resume state file (default under the run dir)")
     rp.add_argument("--topic", help="target topic (default: STREAMREC_KAFKA__EVENTS_TOPIC)")
     rp.add_argument("--json", type=Path, dest="json_path", help="write the report as JSON here")
@@ -168,6 +174,7 @@ def run_replay_cmd(args: argparse.Namespace) -> int:
             resume=args.resume,
             state_path=args.state,
             runtime=runtime,
+            ledger=not args.no_ledger,
             progress=not args.no_progress and sys.stderr.isatty(),
         )
     except (ReplayError, ReplayFormatError, SchemaError, ValueError) as exc:

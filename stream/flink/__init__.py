@@ -2,6 +2,8 @@
 
 * ``job`` — the job graph (submitted as a file: ``flink run -py stream/flink/job.py``).
 * ``functions`` — its PyFlink operator functions, thin adapters around ``feature_store.features``.
+* ``rehydrate`` — the store generation: each part of the job re-writes its state into a store
+  that lost writes (``feature_store/FORMAT.md``, "Generation").
 * ``parse`` — ``events`` records -> events or a DLQ reason.
 * ``submit`` — submission and job management over the cluster's REST API.
 """

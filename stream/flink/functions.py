@@ -25,8 +25,10 @@ reflect. A :class:`StateCache` of unpacked states sits in front of it: a state i
 Flink (and unpacked) only the first time this subtask touches its key.
 
 Redis: every batch is written in one pipeline before the call returns (so no checkpoint
-precedes a write it covers); a Redis error fails the task and Flink restarts it from the last
-checkpoint. Records are full snapshots written "only if newer (as_of, seq)"
+precedes a write it covers); a failed write is retried in place for up to 30 s
+(``stream.flink.rehydrate.RetryingWrites``: a Redis restart does not restart the job), then
+fails the task and Flink restarts it from the last checkpoint. A store that comes back
+without some of the job's writes is re-written from the job's state (``rehydrate``). Records are full snapshots written "only if newer (as_of, seq)"
 (``feature_store/FORMAT.md``): records re-emitted after a restart rewrite identical values and
 nothing is counted twice. Metric counters are added up locally and published once per batch
 (each is a Java call); the watermark (used only to count late events) is read once per batch.
@@ -40,7 +42,7 @@ import logging
 import operator
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from pyflink.common import Row
@@ -68,8 +70,9 @@ from feature_store.features import (
     user_history,
 )
 from feature_store.settings import Settings
-from feature_store.store import open_store
+from feature_store.store import Mark, open_store
 from stream.flink.parse import try_parse
+from stream.flink.rehydrate import CHECK_EVERY_S, REHYDRATE_TICK_MS, PartGuard, RetryingWrites
 from stream.gc_tuning import tune_gc
 from stream.kafka_client import dlq_record
 
@@ -186,7 +189,13 @@ def _ttl_descriptor(descriptor: Any, ttl_s: int) -> Any:
 
 
 class _Stage(KeyedProcessFunction):
-    """What the stages share: settings, feature parameters, the store, local metric counts."""
+    """What the stages share: settings, feature parameters, the store, local metric counts,
+    and the store generation of each part (``stream.flink.rehydrate``)."""
+
+    #: part -> its generation bookkeeping; None (off) until ``_generation`` runs in ``open``
+    #: (the unit tests of the batch logic build stages without it).
+    _guards: dict[str, PartGuard] | None = None
+    _part_prefix = ""
 
     def __init__(self, settings_json: str, bucket_ms: int, cache_size: int = 0) -> None:
         self._settings_json = settings_json
@@ -197,7 +206,7 @@ class _Stage(KeyedProcessFunction):
         tune_gc()
         settings = Settings(**json.loads(self._settings_json))
         self.params = FeatureParams.from_settings(settings.features, bucket_ms=self._bucket_ms)
-        self.store = open_store(settings)
+        self.store = RetryingWrites(open_store(settings))
         self.metrics = runtime_context.get_metrics_group()
         self._counters: dict[str, Any] = {}
         self._counts: dict[str, int] = {}
@@ -226,6 +235,82 @@ class _Stage(KeyedProcessFunction):
     def _write_back(self, touched: dict[str, Any], pack: Any, now_s: float) -> None:
         self.states.put_all({key: pack(state) for key, state in touched.items()})
         self.cache.put_all(touched, now_s)
+
+    def _generation(self, runtime_context: RuntimeContext, part_prefix: str) -> None:
+        """Count write batches per part in keyed state and check them against the store."""
+        self._part_prefix = part_prefix
+        self._guards = {}
+        self.writes = runtime_context.get_state(ValueStateDescriptor("writes", Types.LONG()))
+        self._counter("store_rehydrated")
+
+    def _guard(self, ctx: Any) -> PartGuard | None:
+        """The current key's part, or None when the generation is off."""
+        if self._guards is None:
+            return None
+        key = ctx.get_current_key()
+        part = f"{self._part_prefix}/{key if isinstance(key, str) else key[0]}"
+        guard = self._guards.get(part)
+        if guard is None:
+            guard = self._guards[part] = PartGuard(part, self.store)
+        return guard
+
+    def _write_marked(
+        self, guard: PartGuard | None, write: Callable[[Mark | None], Any], now_s: float
+    ) -> None:
+        """``write(mark)`` with the part's next mark (``write(None)`` when the generation is
+        off); a verdict of "behind" starts the part's rehydration."""
+        if guard is None:
+            write(None)
+            return
+        writes = (self.writes.value() or 0) + 1
+        self.writes.update(writes)
+        guard.after_write(write(guard.mark(writes)) is not False, now_s)
+
+    def _tend(self, guard: PartGuard | None, ctx: Any, now_s: float) -> None:
+        """After a batch and on the part's timer: check the store when due, re-write one
+        chunk while rehydrating, keep one timer armed."""
+        if guard is None:
+            return
+        writes = self.writes.value() or 0
+        if guard.check_due(now_s):
+            guard.check(writes, now_s)
+        if guard.rehydrating:
+            self._counts["store_rehydrated"] += guard.step(
+                self._state_keys, lambda keys: self._rewrite(keys, now_s), writes, now_s)
+            self._publish_metrics()
+        timers = ctx.timer_service()
+        delay = REHYDRATE_TICK_MS if guard.rehydrating else int(CHECK_EVERY_S * 1000)
+        at = timers.current_processing_time() + delay
+        if guard.timer_at is None or at < guard.timer_at:
+            timers.register_processing_time_timer(at)
+            guard.timer_at = at
+
+    def _on_check_timer(self, timestamp: int, ctx: Any) -> None:
+        guard = self._guard(ctx)
+        if guard is None or guard.timer_at not in (None, timestamp):
+            return  # a superseded timer (an earlier one was armed since)
+        guard.timer_at = None
+        self._tend(guard, ctx, time.time())
+
+    def _state_keys(self) -> Iterable[str]:
+        """The ids of the current key's states (what a rehydration re-writes)."""
+        return list(self.states.keys())
+
+    def _rewrite(self, keys: list[str], now_s: float) -> int:
+        """Write the records of ``keys`` from their states again; returns how many."""
+        raise NotImplementedError
+
+    def _states_of(self, keys: list[str], now_s: float) -> dict[str, Any]:
+        out = {}
+        for key in keys:
+            state = self.cache.get(key, now_s)
+            if state is None:
+                packed = self.states.get(key)
+                if packed is None:
+                    continue  # expired since it was listed
+                state = self._unpack(packed)
+            out[key] = state
+        return out
 
     def _counter(self, name: str) -> None:
         self._counters[name] = self.metrics.counter(name)
@@ -259,6 +344,7 @@ class UserBatchStage(_Stage):
         for name in ("events_bad", "events_duplicate", "events_late", "events_applied",
                      "samples_emitted"):
             self._counter(name)
+        self._generation(runtime_context, "users")
 
     def process_element(self, values: list[str], ctx: KeyedProcessFunction.Context) -> Iterator[Any]:
         watermark = ctx.timer_service().current_watermark()
@@ -287,17 +373,34 @@ class UserBatchStage(_Stage):
                 samples.append(outcome.sample.to_json())
                 items.append(item_row(event.item_id, event.event_type, event.ts_ms))
         counts["samples_emitted"] += len(samples)
+        guard = self._guard(ctx)
         if states:
             # A batch with only duplicates rewrites unchanged states: harmless, and rare.
             self._write_back(states, pack_user, now_s)
-            # user_features as its parts (no UserFeatures/HistoryEntry objects)
-            self.store.write_user_rows(
-                (uid, s.as_of_ms, s.seq, user_history(s), user_counts(s, params), s.last_seen_ms)
-                for uid, s in states.items()
-            )
+            self._write_marked(guard, lambda mark: self._write_users(states, mark), now_s)
+        self._tend(guard, ctx, now_s)
         self._publish_metrics()
         if samples or dlq:
             yield Row(samples, dlq, items)
+
+    def on_timer(self, timestamp: int, ctx: KeyedProcessFunction.OnTimerContext) -> Iterator[Any]:
+        self._on_check_timer(timestamp, ctx)
+        yield from ()
+
+    def _write_users(self, states: dict[str, UserState], mark: Mark | None) -> bool:
+        params = self.params
+        # user_features as its parts (no UserFeatures/HistoryEntry objects)
+        return self.store.write_user_rows(
+            ((uid, s.as_of_ms, s.seq, user_history(s), user_counts(s, params), s.last_seen_ms)
+             for uid, s in states.items()),
+            mark=mark,
+        )
+
+    def _rewrite(self, keys: list[str], now_s: float) -> int:
+        states = self._states_of(keys, now_s)
+        if states:
+            self._write_users(states, None)
+        return len(states)
 
     def _bad(self, raw: str, partition: int, offset: int, reason: str) -> str:
         self._counts["events_bad"] += 1
@@ -315,9 +418,11 @@ class ItemBatchStage(_Stage):
     def open(self, runtime_context: RuntimeContext) -> None:
         self._setup(runtime_context)
         self._keyed_states(runtime_context, "items", self._ttl("item_ttl_s"), unpack_item, ItemState)
+        self._generation(runtime_context, "items")
 
     def process_element(self, values: list[str], ctx: KeyedProcessFunction.Context) -> Iterator[Any]:
         params, now_s = self.params, time.time()
+        guard = self._guard(ctx)
         states: dict[str, ItemState] = {}
         dirty: dict[str, ItemState] = {}
         for value in values:
@@ -326,11 +431,26 @@ class ItemBatchStage(_Stage):
             if update_item(state, Event("", "", item_id, event_type, ts_ms), params):
                 dirty[item_id] = state
         if not dirty:
+            self._tend(guard, ctx, now_s)
             return
         self._write_back(dirty, pack_item, now_s)
         feats = [item_features(s, iid, params) for iid, s in dirty.items()]
-        self.store.write_batch(items=feats, item_seqs=[s.seq for s in dirty.values()])
+        self._write_marked(guard, lambda mark: self.store.write_batch(
+            items=feats, item_seqs=[s.seq for s in dirty.values()], mark=mark), now_s)
+        self._tend(guard, ctx, now_s)
         yield Row("0", [(f.item_id, f.score, f.as_of_ms) for f in feats])
+
+    def on_timer(self, timestamp: int, ctx: KeyedProcessFunction.OnTimerContext) -> Iterator[Any]:
+        self._on_check_timer(timestamp, ctx)
+        yield from ()
+
+    def _rewrite(self, keys: list[str], now_s: float) -> int:
+        states = self._states_of(keys, now_s)
+        if states:
+            self.store.write_batch(
+                items=[item_features(s, iid, self.params) for iid, s in states.items()],
+                item_seqs=[s.seq for s in states.values()])
+        return len(states)
 
 
 class TrendingStage(_Stage):
@@ -348,6 +468,7 @@ class TrendingStage(_Stage):
         )
         self.pending_state: TrendingState | None = None
         self._timer_at: int | None = None
+        self._generation(runtime_context, "trending")
 
     def process_element(self, batch: Any, ctx: KeyedProcessFunction.Context) -> Iterator[Any]:
         state: TrendingState = self.state.value() or TrendingState()
@@ -355,22 +476,39 @@ class TrendingStage(_Stage):
             update_trending(state, item_id, score, as_of, self.params)
         self.state.update(state)
         self.pending_state = state
+        guard = self._guard(ctx)
         if self._flush_ms <= 0:
-            yield from self.flush()
+            yield from self.flush(guard)
         elif self._timer_at is None:
             at = ctx.timer_service().current_processing_time() + self._flush_ms
             ctx.timer_service().register_processing_time_timer(at)
             self._timer_at = at
+        self._tend(guard, ctx, time.time())
 
     def on_timer(self, timestamp: int, ctx: KeyedProcessFunction.OnTimerContext) -> Iterator[Any]:
-        self._timer_at = None
-        yield from self.flush()
+        if self._guards is None or timestamp == self._timer_at:
+            self._timer_at = None
+            yield from self.flush(self._guard(ctx))
+        self._on_check_timer(timestamp, ctx)
 
-    def flush(self) -> Iterator[Any]:
+    def flush(self, guard: PartGuard | None = None) -> Iterator[Any]:
+        """Write the pending list (with the part's mark when ``guard`` is given)."""
         if self.pending_state is not None:
             state, self.pending_state = self.pending_state, None
-            self.store.write_batch(trending=trending(state, self.params), trending_seq=state.seq)
+            top = trending(state, self.params)
+            self._write_marked(guard, lambda mark: self.store.write_batch(
+                trending=top, trending_seq=state.seq, mark=mark), time.time())
         yield from ()
+
+    def _state_keys(self) -> Iterable[str]:
+        return ["0"] if self.state.value() is not None else []
+
+    def _rewrite(self, keys: list[str], now_s: float) -> int:
+        state: TrendingState | None = self.state.value()
+        if state is None:
+            return 0
+        self.store.write_batch(trending=trending(state, self.params), trending_seq=state.seq)
+        return 1
 
     def close(self) -> None:
         for _ in self.flush():

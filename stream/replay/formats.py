@@ -16,8 +16,13 @@ a rating ≥ ``like_threshold`` (default 4.0) becomes ``like``, any other rating
 
 Event ids: a row without its own ``event_id`` gets
 ``blake2b(basename, line number, raw line bytes)`` (96 bits, hex). The same file replayed
-again — from any folder, or after more lines were appended — yields the same ids, so
-downstream dedupe drops the repeat; renaming the file changes them.
+again — from any folder, or after more lines were appended — yields the same ids, so the
+replay ledger (``stream.replay.ledger``) does not send them twice; renaming the file changes
+them.
+
+Unreadable rows are reported with a kind (:data:`ERROR_KINDS`): ``encoding`` (not UTF-8),
+``binary`` (NUL or other control bytes: a blob in the middle of a log), ``json`` (e.g. a
+truncated line), ``fields`` (wrong field count, a bad number or time).
 """
 
 from __future__ import annotations
@@ -42,11 +47,31 @@ class ReplayFormatError(StreamError, ValueError):
 
 
 class RawRow(NamedTuple):
-    """One data row of a file: its 1-based line number and either an event dict or an error."""
+    """One data row of a file: its 1-based line number and either an event dict or an error
+    (with its kind: :data:`ERROR_KINDS`)."""
 
     line_no: int
     event: dict[str, Any] | None
     error: str | None = None
+    kind: str = "fields"
+    #: Whether the event's id came from the row itself (False: derived from the line).
+    own_id: bool = False
+
+
+#: Kinds of unreadable rows: not UTF-8; binary data (NUL or other control bytes); not JSON
+#: (e.g. a truncated line); wrong fields (count, numbers, times).
+ERROR_KINDS = ("encoding", "binary", "json", "fields")
+
+
+def _undecodable(raw: bytes) -> RawRow | None:
+    """The error row of a line that is binary or not UTF-8, else None."""
+    if b"\x00" in raw or sum(1 for b in raw[:256] if b < 9 or 13 < b < 32) > 2:
+        return RawRow(0, None, "binary data", "binary")
+    try:
+        raw.decode()
+    except UnicodeDecodeError as exc:
+        return RawRow(0, None, f"not UTF-8 ({exc.reason} at byte {exc.start})", "encoding")
+    return None
 
 
 def row_event_id(basename: str, line_no: int, raw: bytes) -> str:
@@ -162,30 +187,34 @@ def read_rows(
         for line_no, raw in _lines(path):
             if not raw.strip() or (fmt == "movielens" and line_no == 1 and raw[:1].isalpha()):
                 continue
-            try:
-                text = raw.decode()
-            except UnicodeDecodeError:
-                yield RawRow(line_no, None, "not UTF-8")
+            bad = _undecodable(raw)
+            if bad is not None:
+                yield bad._replace(line_no=line_no)
                 continue
-            yield _rating_row(text.split(sep), line_no, raw, basename, like_threshold)
+            yield _rating_row(raw.decode().split(sep), line_no, raw, basename, like_threshold)
     elif fmt == "ndjson":
         for line_no, raw in _lines(path):
             if not raw.strip():
                 continue
+            bad = _undecodable(raw)
+            if bad is not None:
+                yield bad._replace(line_no=line_no)
+                continue
             try:
                 obj = loads_strict(raw)
             except ValueError as exc:
-                yield RawRow(line_no, None, f"bad JSON: {exc}")
+                yield RawRow(line_no, None, f"bad JSON: {exc}", "json")
                 continue
             except RecursionError:
-                yield RawRow(line_no, None, "bad JSON: nested too deeply")
+                yield RawRow(line_no, None, "bad JSON: nested too deeply", "json")
                 continue
             if not isinstance(obj, dict):
-                yield RawRow(line_no, None, "not a JSON object")
+                yield RawRow(line_no, None, "not a JSON object", "json")
                 continue
-            if obj.get("event_id") is None:
+            own = obj.get("event_id") is not None
+            if not own:
                 obj["event_id"] = row_event_id(basename, line_no, raw)
-            yield RawRow(line_no, obj)
+            yield RawRow(line_no, obj, own_id=own)
     elif fmt == "csv":
         yield from _mapped_csv(path, mapping or {}, like_threshold, event_type)
     else:
@@ -215,6 +244,10 @@ def _mapped_csv(
     for line_no, raw in lines:
         if not raw.strip():
             continue
+        bad = _undecodable(raw)
+        if bad is not None:
+            yield bad._replace(line_no=line_no)
+            continue
         try:
             cells = next(csv.reader(io.StringIO(raw.decode())))
             if len(cells) != len(header):
@@ -239,7 +272,7 @@ def _mapped_csv(
         except (ValueError, UnicodeDecodeError, csv.Error) as exc:
             yield RawRow(line_no, None, str(exc))
             continue
-        yield RawRow(line_no, event)
+        yield RawRow(line_no, event, own_id=bool(own_id))
 
 
 def _epoch_or_text(text: str) -> int | float | str:

@@ -5,7 +5,11 @@ same schema as the ingest API, and ordered by (event time, file order: position 
 on the command line, then line number). ``speed=None`` sends as fast as Kafka takes;
 ``speed=N`` keeps the gaps between event times, divided by N.
 
-Resume. A small JSON state file records how many events of the ordered plan Kafka has
+Exactly once across runs: the replay ledger (:mod:`stream.replay.ledger`) holds every event
+id a replay delivered to the topic; rows it holds are not sent again (``already_replayed``),
+whatever file they come from. With the ledger (the default), every run resumes by itself.
+
+Resume without the ledger (``ledger=False``). A small JSON state file records how many events of the ordered plan Kafka has
 acknowledged (``acked``) and, per partition, the offset after the last acknowledged record.
 It is rewritten atomically and durably (``feature_store.atomic``) after each checkpoint (a
 producer flush every ``checkpoint_every`` events or ``checkpoint_interval_s`` seconds).
@@ -32,6 +36,7 @@ from feature_store.atomic import atomic_write
 from feature_store.settings import Settings
 from stream.errors import StreamError
 from stream.replay.formats import detect_format, read_rows
+from stream.replay.ledger import Ledger, event_id_hashes
 from stream.schema import EventNormalizer, EventValidationError, parse_ts
 
 log = logging.getLogger(__name__)
@@ -90,6 +95,7 @@ class ReplayReport:
     filtered: int = 0  # outside --since/--until or beyond --limit
     resumed: int = 0  # acknowledged by an earlier run
     already_in_kafka: int = 0  # found in the topic after the last checkpoint
+    already_replayed: int = 0  # delivered by an earlier replay (the ledger holds the id)
     rejected: dict[str, int] = field(default_factory=dict)
     malformed: list[dict[str, Any]] = field(default_factory=list)
     seconds: float = 0.0
@@ -103,7 +109,7 @@ class ReplayReport:
 
     @property
     def skipped(self) -> int:
-        return self.filtered + self.resumed + self.already_in_kafka
+        return self.filtered + self.resumed + self.already_in_kafka + self.already_replayed
 
     def reject(self, file: str, line_no: int, reason: str, detail: str) -> None:
         self.rejected[reason] = self.rejected.get(reason, 0) + 1
@@ -115,7 +121,8 @@ class ReplayReport:
         rate = self.sent / self.seconds if self.seconds > 0 else 0.0
         return (
             f"replay: sent {self.sent}, skipped {self.skipped} (filtered {self.filtered}, "
-            f"resumed {self.resumed + self.already_in_kafka}), rejected {self.rejected_total} "
+            f"resumed {self.resumed + self.already_in_kafka}, already replayed "
+            f"{self.already_replayed}), rejected {self.rejected_total} "
             f"({reasons}), {self.seconds:.2f} s, {rate:,.0f} events/s"
         )
 
@@ -127,6 +134,7 @@ class ReplayReport:
             "filtered": self.filtered,
             "resumed": self.resumed,
             "already_in_kafka": self.already_in_kafka,
+            "already_replayed": self.already_replayed,
             "rejected": self.rejected_total,
             "rejected_by_reason": dict(sorted(self.rejected.items())),
             "malformed_first": self.malformed,
@@ -153,13 +161,15 @@ def build_plan(
     normalizer = EventNormalizer(event_types, clock_ms=lambda: now_ms)
     dumps, normalize = orjson.dumps, normalizer.normalize_one
     rows: list[PlanRow] = []
+    identity: list[str | bytes] = []
     for file_index, source in enumerate(sources):
         name = source.path.name
         for raw in read_rows(
             source.path, source.fmt, options.mapping, options.like_threshold, options.event_type
         ):
             if raw.event is None:
-                _reject(report, options, name, raw.line_no, "parse", raw.error or "unreadable")
+                _reject(report, options, name, raw.line_no, f"parse:{raw.kind}",
+                        raw.error or "unreadable")
                 continue
             if raw.event.get("ts") is None:
                 _reject(report, options, name, raw.line_no, "invalid:ts", "ts: missing")
@@ -186,6 +196,12 @@ def build_plan(
                     dumps(wire),
                 )
             )
+            # a row's identity: its own event id, else its content (the derived id differs
+            # per line, so a line logged twice would pass as two events)
+            identity.append(wire["event_id"] if raw.own_id else orjson.dumps(
+                (wire["user_id"], wire["item_id"], wire["event_type"], ts, wire.get("value"),
+                 wire.get("context"))))
+    rows = _drop_duplicates(rows, identity, sources, options, report)
     rows.sort()
     if options.limit is not None and len(rows) > options.limit:
         report.filtered += len(rows) - options.limit
@@ -194,6 +210,34 @@ def build_plan(
     if rows:
         report.first_ts, report.last_ts = rows[0][0], rows[-1][0]
     return rows
+
+
+def _drop_duplicates(
+    rows: list[PlanRow],
+    identity: list[str | bytes],
+    sources: Sequence[ReplaySource],
+    options: ReplayOptions,
+    report: ReplayReport,
+) -> list[PlanRow]:
+    """``rows`` without the repeats of an earlier row's identity (in file order), each
+    rejected as ``duplicate`` (8 bytes per row: the identities are hashed)."""
+    if not rows:
+        return rows
+    import numpy as np
+
+    from feature_store.idset import id_hashes
+
+    hashes = id_hashes([i if isinstance(i, str) else i.decode() for i in identity])
+    _, first = np.unique(hashes, return_index=True)
+    if len(first) == len(rows):
+        return rows
+    keep = np.zeros(len(rows), dtype=bool)
+    keep[first] = True
+    for i in np.flatnonzero(~keep).tolist():
+        _, file_index, line_no, _, _ = rows[i]
+        _reject(report, options, sources[file_index].path.name, line_no, "duplicate",
+                "the same event as an earlier row (same event_id, or same content)")
+    return [row for row, k in zip(rows, keep.tolist(), strict=True) if k]
 
 
 def _reject(
@@ -251,6 +295,10 @@ class ReplayState:
 
 def default_state_path(settings: Settings, plan: str) -> Path:
     return settings.stack.run_dir / "replay" / f"{plan}.json"
+
+
+def default_ledger_dir(settings: Settings, topic: str) -> Path:
+    return settings.stack.run_dir / "replay" / "ledger" / topic
 
 
 def replay_producer_factory(settings: Settings) -> Any:
@@ -337,8 +385,11 @@ def run_replay(
     state_path: Path | None = None,
     runtime: ReplayRuntime | None = None,
     progress: bool = False,
+    ledger: bool = True,
+    ledger_dir: Path | None = None,
 ) -> ReplayReport:
-    """Replay ``sources`` into ``settings.kafka.events_topic``; returns the report."""
+    """Replay ``sources`` into ``settings.kafka.events_topic``; returns the report. With
+    ``ledger``, rows an earlier replay delivered are skipped (``resume`` is then implied)."""
     rt = runtime or ReplayRuntime()
     topic = settings.kafka.events_topic
     report = ReplayReport(topic=topic)
@@ -346,6 +397,22 @@ def run_replay(
     rows = build_plan(sources, options, list(settings.features.event_weights), rt.wall_ms(), report)
     plan = plan_id(sources, options, topic)
     path = state_path or default_state_path(settings, plan)
+    book: Ledger | None = None
+    hashes = None
+    if ledger:
+        book = Ledger.open(ledger_dir or default_ledger_dir(settings, topic))
+        ends = rt.end_offsets(settings, topic)
+        book.reconcile(ends, lambda offsets: rt.ids_after(settings, topic, offsets))
+        hashes = event_id_hashes([row[4] for row in rows])
+        delivered = book.contains(hashes)
+        if delivered.any():
+            report.already_replayed = int(delivered.sum())
+            rows = [row for row, d in zip(rows, delivered.tolist(), strict=True) if not d]
+            hashes = hashes[~delivered]
+            log.info("%d rows were delivered by an earlier replay; %d to send",
+                     report.already_replayed, len(rows))
+        book.begin(ends)
+        resume = False  # the ledger knows what was sent; a plan's prefix does not apply
     state = ReplayState.load(path, plan) if resume else None
     skip_ids: set[str] = set()
     if state is not None:
@@ -362,13 +429,32 @@ def run_replay(
             log.info("no resume state for this plan at %s; starting from the first row", path)
         state = ReplayState(path, plan, 0, rt.end_offsets(settings, topic))
         state.save()
+    def recorded(lo: int, hi: int) -> None:
+        if book is not None and hashes is not None:
+            book.record(hashes[lo:hi])
+
     producer = rt.producer_factory(settings)
     try:
-        _send_rows(producer, rows, report.resumed, skip_ids, state, options, rt, report, progress)
+        _send_rows(producer, rows, report.resumed, skip_ids, state, options, rt, report, progress,
+                   recorded)
     finally:
         producer.close(timeout=10)
+    if book is not None:
+        parts = set(book.offsets) | set(state.offsets)
+        book.finish({p: max(book.offsets.get(p, 0), state.offsets.get(p, 0)) for p in parts})
     report.seconds = rt.monotonic() - started
     return report
+
+
+#: Seconds between progress lines in the log when no progress bar is shown.
+PROGRESS_LOG_S = 5.0
+
+
+def _log_progress(done: int, total: int, seconds: float) -> None:
+    rate = done / seconds if seconds > 0 else 0.0
+    eta = f"ETA {(total - done) / rate:,.0f} s" if rate > 0 else "ETA unknown"
+    log.info("replay: %s/%s sent (%.0f%%), %s events/s, %s", f"{done:,}", f"{total:,}",
+             100.0 * done / max(total, 1), f"{rate:,.0f}", eta)
 
 
 def _send_rows(
@@ -381,6 +467,7 @@ def _send_rows(
     rt: ReplayRuntime,
     report: ReplayReport,
     progress: bool,
+    recorded: Callable[[int, int], None] = lambda lo, hi: None,
 ) -> None:
     from tqdm import tqdm
 
@@ -392,10 +479,14 @@ def _send_rows(
         if metadata.offset + 1 > offsets.get(metadata.partition, 0):
             offsets[metadata.partition] = metadata.offset + 1
 
+    recorded_upto = [start]
+
     def checkpoint(upto: int) -> None:
         producer.flush()
         if failures:
             raise ReplayError(f"Kafka did not acknowledge {len(failures)} record(s): {failures[0]}")
+        recorded(recorded_upto[0], upto)
+        recorded_upto[0] = upto
         state.acked = upto
         state.save()
 
@@ -406,7 +497,7 @@ def _send_rows(
     speed = options.speed
     ts0 = rows[start][0] if start < len(rows) else 0
     wall0 = rt.monotonic()
-    last_cp_index, last_cp_time, shown = start, wall0, start
+    last_cp_index, last_cp_time, shown, last_log = start, wall0, start, wall0
     try:
         for i in range(start, len(rows)):
             ts, _, _, key, value = rows[i]
@@ -429,6 +520,9 @@ def _send_rows(
                     last_cp_index, last_cp_time = i + 1, now
                     bar.update(i + 1 - shown)
                     shown = i + 1
+                    if not progress and now - last_log >= PROGRESS_LOG_S:
+                        last_log = now
+                        _log_progress(i + 1 - start, len(rows) - start, now - wall0)
         checkpoint(len(rows))
         bar.update(len(rows) - shown)
     finally:

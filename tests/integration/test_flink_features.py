@@ -318,3 +318,48 @@ def test_kill9_and_restore_from_checkpoint(
         check_samples(records, exp, a + b + c)
     finally:
         kill9(proc)
+
+
+def prefix_keys(client: Any, settings: Settings) -> list[bytes]:
+    return list(client.scan_iter(match=f"{settings.redis.key_prefix}*", count=1000))
+
+
+@pytest.mark.timeout(600)
+def test_a_store_that_lost_its_data_is_rehydrated_from_the_job_state(
+    settings: Settings, store: RedisOnlineStore, client: Any, cluster_job: Namespace
+) -> None:
+    """The store loses everything, then comes back from an older snapshot; no event is sent
+    while it recovers, yet every record comes back exactly (stream/flink/rehydrate.py)."""
+    from serving.store_health import StoreHealth
+
+    params = FeatureParams.from_settings(settings.features, bucket_ms=cluster_job.bucket_ms)
+    a, b = make_events("g", 40), make_events("g", 20, 40, users=7)
+    produce(settings, a)
+    exp_a = Expected(a, params)
+    wait_until(lambda: store_matches(store, exp_a) and trending_matches(store, exp_a), 120,
+               "batch A in Redis")
+    gen = store.read_generation()
+    assert gen.epoch is not None and not gen.rehydrating
+    assert {p.split("/")[0] for p in gen.writes} == {"users", "items", "trending"}
+    health = StoreHealth(store, ttl_s=0)
+    health.status()  # this reader has seen the generation
+
+    client.delete(*prefix_keys(client, settings))  # as a restart without persistence
+    assert health.status().degraded  # lost, or re-written under a new epoch (grace)
+    wait_until(lambda: store_matches(store, exp_a) and trending_matches(store, exp_a), 60,
+               "every record re-written after the loss")
+    wait_until(lambda: not store.read_generation().rehydrating, 30, "the rehydration to end")
+    assert store.read_generation().epoch != gen.epoch
+
+    snapshot = {k: client.dump(k) for k in prefix_keys(client, settings)}
+    produce(settings, b)
+    exp_ab = Expected(a + b, params)
+    wait_until(lambda: store_matches(store, exp_ab) and trending_matches(store, exp_ab), 120,
+               "batch B in Redis")
+    client.delete(*prefix_keys(client, settings))  # as a restart from an older AOF/snapshot
+    for k, v in snapshot.items():
+        client.restore(k, 0, v)
+    assert not store_matches(store, exp_ab)
+    wait_until(lambda: store_matches(store, exp_ab) and trending_matches(store, exp_ab), 60,
+               "the records written after the snapshot re-written")
+    wait_until(lambda: not store.read_generation().rehydrating, 30, "the rehydration to end")

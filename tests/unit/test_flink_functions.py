@@ -126,7 +126,7 @@ class FakeStore:
     def write_batch(self, **kw: Any) -> None:
         self.batches.append(kw)
 
-    def write_user_rows(self, rows: Any) -> None:
+    def write_user_rows(self, rows: Any, mark: Any = None) -> None:
         """Recorded as the equivalent ``write_batch``: each row encoded and decoded as the
         Redis backend does, so a test compares them with ``user_features`` exactly."""
         rows = list(rows)

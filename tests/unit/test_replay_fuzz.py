@@ -165,7 +165,7 @@ def test_fuzz_reaches_both_accepted_and_rejected_rows(tmp_path: Path) -> None:
     plan = build_plan([ReplaySource(path, "movielens")], ReplayOptions(), TYPES, NOW_MS, report)
     assert [p[2] for p in plan] == [6, 2]  # event-time order: 1e9 s comes first
     assert sorted(m["line"] for m in report.malformed) == [3, 4, 5]
-    assert {m["line"]: m["reason"] for m in report.malformed}[4] == "not UTF-8"
+    assert {m["line"]: m["reason"] for m in report.malformed}[4] .startswith("not UTF-8")
     assert len(rows) == 5
 
 

@@ -153,7 +153,7 @@ def test_malformed_rows_are_counted_with_line_numbers(tmp_path: Path) -> None:
     rows, report = plan([ReplaySource.of(f)])
     assert len(rows) == 2
     assert [m["line"] for m in report.malformed] == [3, 4, 5, 6, 7]
-    assert report.rejected == {"parse": 3, "invalid:ts": 1, "invalid:user_id": 1}
+    assert report.rejected == {"parse:fields": 3, "invalid:ts": 1, "invalid:user_id": 1}
     assert "1990" in report.malformed[2]["reason"]
 
 
@@ -176,7 +176,7 @@ def test_ndjson_missing_ts_and_duplicate_keys_are_rejected(tmp_path: Path) -> No
         '{"user_id": "u", "user_id": "v", "item_id": "i", "event_type": "click", "ts": 1700000000}\n',
     )
     _, report = plan([ReplaySource.of(f)])
-    assert report.rejected == {"invalid:ts": 1, "parse": 1}
+    assert report.rejected == {"invalid:ts": 1, "parse:json": 1}
 
 
 # ---- ids, ordering, filters --------------------------------------------------------------
@@ -297,7 +297,8 @@ def test_resume_after_crash_sends_the_rest_once(tmp_path: Path) -> None:
 
     crashing = FakeProducer(crash_after=37)
     with pytest.raises(KeyboardInterrupt):
-        run_replay(settings, sources, options, state_path=state_path, runtime=runtime(crashing, []))
+        run_replay(settings, sources, options, state_path=state_path, runtime=runtime(crashing, []),
+                   ledger=False)
     state = ReplayState.load(state_path, plan_id(sources, options, settings.kafka.events_topic))
     assert state is not None and 0 < state.acked <= 37
     # pretend the last records before the crash were written but not checkpointed
@@ -307,11 +308,68 @@ def test_resume_after_crash_sends_the_rest_once(tmp_path: Path) -> None:
 
     resumed = FakeProducer()
     report = run_replay(settings, sources, options, resume=True, state_path=state_path,
-                        runtime=runtime(resumed, crashing.sent))  # fmt: skip
+                        runtime=runtime(resumed, crashing.sent), ledger=False)  # fmt: skip
     all_ids = [e["event_id"] for e in crashing.sent + resumed.sent]
     assert len(all_ids) == len(set(all_ids)) == 100
     assert report.resumed == 32 and report.already_in_kafka == 5 and report.sent == 63
     assert [e["item_id"] for e in crashing.sent + resumed.sent] == [str(i) for i in range(100)]
+
+
+class TopicProducer(FakeProducer):
+    """Appends to one shared topic (offsets continue across producers)."""
+
+    def __init__(self, topic: list[dict[str, Any]], crash_after: int | None = None) -> None:
+        super().__init__(crash_after)
+        self.topic = topic
+
+    def send(self, topic: str, value: bytes, key: bytes) -> FakeFuture:
+        super().send(topic, value, key)
+        self.topic.append(self.sent[-1])
+        return FakeFuture(0, len(self.topic) - 1)
+
+
+def topic_runtime(producer: TopicProducer) -> ReplayRuntime:
+    rt = runtime(producer, producer.topic)
+    rt.end_offsets = lambda _s, _t: {0: len(producer.topic)}
+    return rt
+
+
+def test_the_ledger_sends_each_row_once_across_crashes_reruns_and_overlaps(
+    tmp_path: Path,
+) -> None:
+    lines = [f"{i % 7}\t{i}\t4\t{900000000 + i}\n" for i in range(130)]
+    f = write(tmp_path / "u.data", "".join(lines[:100]))
+    settings = load_settings(stack={"run_dir": tmp_path / "run"})
+    options = ReplayOptions(checkpoint_every=10, checkpoint_interval_s=1e9)
+
+    topic: list[dict[str, Any]] = []
+
+    def replay(**kw: Any) -> tuple[Any, TopicProducer]:
+        producer = TopicProducer(topic, kw.pop("crash_after", None))
+        return run_replay(settings, [ReplaySource.of(f)], options,
+                          runtime=topic_runtime(producer), **kw), producer
+
+    with pytest.raises(KeyboardInterrupt):
+        replay(crash_after=37)  # acknowledged 37, recorded only 30
+    report, _ = replay()
+    assert report.already_replayed == 37 and report.sent == 63  # 7 of them found in the topic
+    assert len({e["event_id"] for e in topic}) == len(topic) == 100
+
+    report, rerun = replay()
+    assert report.sent == 0 and report.already_replayed == 100 and rerun.sent == []
+
+    f.write_text("".join(lines))  # the same log with 30 more lines: only those are new
+    report, grown = replay()
+    assert report.already_replayed == 100
+    assert [e["item_id"] for e in grown.sent] == [str(i) for i in range(100, 130)]
+    assert "already replayed 100" in report.summary()
+
+    report, _ = replay(ledger=False)
+    assert report.sent == 130  # without the ledger every row goes again
+
+    topic.clear()  # the topic was deleted and created again: the ledger starts over
+    report, _ = replay()
+    assert report.sent == 130 and report.already_replayed == 0
 
 
 def test_speed_keeps_event_time_gaps_scaled(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from feature_store.ids import item_key, user_key
-from model.trainer.dedupe import RecentIds, id_hash, id_hashes
+from model.trainer.dedupe import TrainedIds, id_hash, id_hashes
 from model.trainer.samples import (
     KeyCache,
     Sample,
@@ -74,7 +74,7 @@ def test_digest_of_hashes_equals_the_sum_of_blake2b_values() -> None:
 
 
 def test_admitting_hashes_equals_admitting_ids() -> None:
-    by_id, by_hash = RecentIds(capacity=5), RecentIds(capacity=5)
+    by_id, by_hash = TrainedIds(), TrainedIds()
     for part in (["a", "b", "a"], ["c", "d", "e", "f"], ["a", "f", "g"]):
         assert by_id.admit(part).tolist() == by_hash.admit_hashes(id_hashes(part)).tolist()
     assert by_id.to_array().tolist() == by_hash.to_array().tolist()

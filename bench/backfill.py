@@ -1,0 +1,147 @@
+"""A backfill end to end: a simulated log -> replay -> feature job -> trainer -> served version.
+
+Starts a private stack (Kafka, Redis with AOF, a Flink cluster, the feature job, the trainer,
+serving) on free ports under a temporary folder, writes ``--events`` simulated events
+(``streamrec simulate --to-file``, rating mode; cached in ``--log`` when it exists), runs
+``streamrec replay LOG --speed max --follow`` and reports the wall time of each stage and its
+rate. The stages overlap (the feature job and the trainer work while the replay sends): a
+stage's time is from the end of the previous one until it caught up, so the rate of the
+pipeline as a whole is ``events / total``.
+
+Then the same log is replayed a second time, and the bench checks that nothing changed: no
+event sent, the trainer's digest of trained sample ids and its count, the served version's
+item rows, and the features of a sample of users.
+
+    python bench/backfill.py --events 1000000 --json bench/results/backfill.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from feature_store.settings import Settings  # noqa: E402
+from tests.support import service_env  # noqa: E402
+
+COMPONENTS = ["kafka", "redis", "flink-jobmanager", "flink-taskmanager", "features", "trainer",
+              "serving"]
+
+
+def write_log(path: Path, events: int, users: int, items: int) -> float:
+    from stream.simulate import LOG_START_MS, simulated_log, write_ndjson
+
+    started = time.monotonic()
+    tmp = path.with_suffix(".tmp")
+    write_ndjson(tmp, simulated_log("rating", events, seed=1, users=users, items=items,
+                                    start_ms=LOG_START_MS))
+    tmp.rename(path)
+    return time.monotonic() - started
+
+
+def replay(settings: Settings, log: Path, out: Path) -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "deploy.cli", "replay", str(log), "--speed", "max",
+           "--follow", "--no-progress", "--json", str(out)]
+    with service_env(settings):
+        subprocess.run(cmd, cwd=REPO, env=dict(os.environ), check=True, timeout=7200)
+    return dict(json.loads(out.read_text()))
+
+
+def features_digest(settings: Settings, users: list[str]) -> str:
+    import hashlib
+
+    from feature_store.store import open_store
+
+    store = open_store(settings)
+    try:
+        h = hashlib.blake2b(digest_size=16)
+        for start in range(0, len(users), 5_000):
+            for f in store.read_users(users[start:start + 5_000]):
+                h.update(repr(f).encode())
+        return h.hexdigest()
+    finally:
+        store.close()
+
+
+def served_items(settings: Settings) -> Any:
+    import httpx
+
+    return httpx.get(f"http://127.0.0.1:{settings.serving.port}/model", timeout=5).json().get("items")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="bench backfill", description=__doc__.splitlines()[0])
+    p.add_argument("--events", type=int, default=1_000_000)
+    p.add_argument("--users", type=int, default=20_000)
+    p.add_argument("--items", type=int, default=10_000)
+    p.add_argument("--log", type=Path, default=None, help="the simulated log (cached)")
+    p.add_argument("--json", type=Path, default=None)
+    args = p.parse_args(argv)
+    from tests.chaos.conftest import private_settings, private_stack
+
+    log = args.log or Path(tempfile.gettempdir()) / f"streamrec-sim-{args.events}.ndjson"
+    simulate_s = None if log.exists() else round(write_log(log, args.events, args.users,
+                                                           args.items), 1)
+    root = Path(tempfile.mkdtemp(prefix="bench-backfill-"))
+    out: dict[str, Any] = {"events": args.events, "log": str(log), "simulate_s": simulate_s,
+                           "load_avg_1m_start": round(os.getloadavg()[0], 2)}
+    try:
+        s = private_settings(root, flink=True, appendonly=True)
+        s = s.model_copy(update={"trainer": s.trainer.model_copy(
+            update={"export_every_s": 30.0, "batch_size": 512})})
+        started = time.monotonic()
+        with private_stack(s, COMPONENTS):
+            out["stack_start_s"] = round(time.monotonic() - started, 1)
+            first = replay(s, log, root / "first.json")
+            b = first["backfill"]
+            stages = b["seconds_by_stage"]
+            print(f"first replay: {b}", flush=True)
+            out["first"] = b
+            out["rates"] = {
+                "replay_events_per_s": round(first["sent"] / max(stages["replay"], 1e-9)),
+                "features_caught_up_events_per_s": round(
+                    first["sent"] / max(stages["replay"] + stages["features"], 1e-9)),
+                "trainer_caught_up_samples_per_s": round(b["trained"] / max(
+                    stages["replay"] + stages["features"] + stages["trainer"], 1e-9)),
+                "end_to_end_events_per_s": round(first["sent"] / max(b["seconds_total"], 1e-9)),
+            }
+            users = [f"sim-u{i}" for i in range(args.users)]
+            before = {"features": features_digest(s, users), "items": served_items(s)}
+            second = replay(s, log, root / "second.json")
+            b2 = second["backfill"]
+            after = {"features": features_digest(s, users), "items": served_items(s)}
+            out["second"] = b2
+            out["second_replay_identical"] = {
+                "events_sent": b2["events_sent"],
+                "already_replayed": b2["events_already_replayed"],
+                "trained": b2["trained"],
+                "trainer_digest_equal": b2["trainer_digest"] == b["trainer_digest"],
+                "features_equal": after["features"] == before["features"],
+                "served_item_rows_equal": after["items"] == before["items"],
+                "served_item_rows": after["items"],
+            }
+            print(f"second replay: {out['second_replay_identical']}", flush=True)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    out["load_avg_1m_end"] = round(os.getloadavg()[0], 2)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(out, indent=2))
+    print(json.dumps(out, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
