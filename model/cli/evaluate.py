@@ -104,6 +104,8 @@ def register(sub: Any) -> None:
         help="weights of the score's parts: learned from the stream (model.scoring.mixer), or "
         "the constants 1, --prior-weight, --covisit-weight (default: ModelConfig)",
     )
+    g.add_argument("--mix-lr", type=float, default=None,
+                   help="Adagrad step of the learned mix (default: ModelConfig)")
     g.add_argument("--covisit-window", type=int, default=None, help="default: ModelConfig")
     g.add_argument("--covisit-decay", type=float, default=None, help="default: ModelConfig")
     g.add_argument(
@@ -221,6 +223,7 @@ def _config(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
         "pool_residual": _default(args.pool_residual, "pool_residual"),
         "covisit_weight": _default(args.covisit_weight, "covisit_weight"),
         "mix": _default(args.mix, "mix"),
+        "mix_lr": _default(args.mix_lr, "mix_lr"),
         "covisit_window": _default(args.covisit_window, "covisit_window"),
         "covisit_decay": _default(args.covisit_decay, "covisit_decay"),
         "covisit_half_life": _default(args.covisit_half_life, "covisit_half_life"),
@@ -286,6 +289,7 @@ def _run(args: argparse.Namespace, settings: Any, stream: Any) -> Any:
             pool_residual=cfg["pool_residual"],
             covisit_weight=cfg["covisit_weight"],
             mix=cfg["mix"],
+            mix_lr=cfg["mix_lr"],
             covisit_window=cfg["covisit_window"],
             covisit_decay=cfg["covisit_decay"],
             covisit_half_life=cfg["covisit_half_life"],

@@ -77,8 +77,9 @@ class ModelConfig:
     #: stream by softmax cross-entropy on test-then-train scores (``model.scoring.mixer``);
     #: "fixed" — those constants as they are.
     mix: str = "learned"
-    #: Adagrad step of the learned mix.
-    mix_lr: float = 0.05
+    #: Adagrad step of the learned mix (why 0.15: docs/decisions.md#score-mix — at 0.05 the
+    #: weights were still on their way from the constants after 100k samples).
+    mix_lr: float = 0.15
     #: "pool": the user tower reads the history through its recency pool alone. "attention":
     #: it also reads the output of a small causal Transformer over the last ``attention_len``
     #: items (``model.towers.attention``; MLP input ``concat(user row, attention, pool)``, the
