@@ -11,7 +11,8 @@
 * ``simulate`` — the click-stream simulator (it posts through ``streamrec.client``);
   ``gc_tuning`` — cheaper GC for decoders.
 * ``monitor`` — the pipeline exporter for Prometheus (topic write counts, the feature job's
-  lag, Kafka and Redis up, feature freshness).
+  lag, Kafka and Redis up, feature freshness); ``http_routes`` — the small GET server of
+  ``/metrics`` and ``/health`` it and the trainer answer on.
 * ``cli`` — the ``ingest-api``, ``replay``, ``features``, ``simulate``, ``exporter``
   subcommands.
 

@@ -23,7 +23,6 @@ import math
 import threading
 from collections.abc import Callable, Iterator
 from datetime import datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -33,6 +32,7 @@ from prometheus_client.registry import Collector
 
 from feature_store import metric_names as names
 from feature_store.settings import Settings
+from stream.http_routes import routes_server
 
 log = logging.getLogger(__name__)
 
@@ -168,27 +168,10 @@ class ExporterServer:
         registry.register(collector)
         self.collector = collector
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 - http.server API
-                path = self.path.split("?", 1)[0]
-                if path == "/metrics":
-                    body, ctype = generate_latest(registry), CONTENT_TYPE_LATEST
-                elif path == "/health":
-                    body, ctype = b'{"status":"ok"}', "application/json"
-                else:
-                    self.send_error(404)
-                    return
-                self.send_response(200)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                log.debug("http: " + format, *args)
-
-        self.httpd = ThreadingHTTPServer((host, port), Handler)
-        self.httpd.daemon_threads = True
+        self.httpd = routes_server(host, port, {
+            "/metrics": lambda: (generate_latest(registry), CONTENT_TYPE_LATEST),
+            "/health": lambda: (b'{"status":"ok"}', "application/json"),
+        })
 
     def serve_forever(self) -> None:
         try:

@@ -11,13 +11,13 @@ import json
 import logging
 import threading
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from feature_store import metric_names as names
+from stream.http_routes import routes_server
 
 log = logging.getLogger(__name__)
 
@@ -85,32 +85,12 @@ class HealthServer:
     def __init__(
         self, host: str, port: int, metrics: TrainerMetrics, status: Callable[[], dict[str, Any]]
     ) -> None:
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 - http.server API
-                path = self.path.split("?", 1)[0]
-                if path == "/health":
-                    body = json.dumps(outer.status()).encode()
-                    ctype = "application/json"
-                elif path == "/metrics":
-                    body, ctype = outer.metrics.render(), CONTENT_TYPE_LATEST
-                else:
-                    self.send_error(404)
-                    return
-                self.send_response(200)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                log.debug("http: " + format, *args)
-
         self.metrics = metrics
         self.status = status
-        self.httpd = ThreadingHTTPServer((host, port), Handler)
-        self.httpd.daemon_threads = True
+        self.httpd = routes_server(host, port, {
+            "/health": lambda: (json.dumps(self.status()).encode(), "application/json"),
+            "/metrics": lambda: (self.metrics.render(), CONTENT_TYPE_LATEST),
+        })
         self._thread = threading.Thread(target=self.httpd.serve_forever, name="trainer-http", daemon=True)
 
     @property
