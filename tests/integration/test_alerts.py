@@ -24,7 +24,7 @@ from deploy.stack import Stack
 from feature_store.settings import Settings
 from model.evaluation.synthetic import SyntheticConfig, SyntheticStream
 from model.trainer.samples import encode_sample
-from tests.support import service_env, wait_until
+from tests.support import free_port, service_env, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -70,10 +70,13 @@ class SampleFeed(threading.Thread):
 
 @pytest.fixture
 def monitored(settings: Settings, tmp_path: Path) -> Iterator[tuple[Stack, Settings]]:
+    # Ports of its own: the session's e2e pipeline keeps a trainer on the stack's port.
     s = settings.model_copy(update={
         "stack": settings.stack.model_copy(update={"run_dir": tmp_path / "run"}),
-        "trainer": settings.trainer.model_copy(update={"export_every_s": 5.0}),
+        "trainer": settings.trainer.model_copy(update={"export_every_s": 5.0,
+                                                       "metrics_port": free_port()}),
         "prometheus": settings.prometheus.model_copy(update={
+            "port": free_port(), "exporter_port": free_port(),
             "scrape_interval_s": 1.0, "evaluation_interval_s": 1.0,
             "rules_file": fast_rules(tmp_path / "rules.yml")}),
     })
