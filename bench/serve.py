@@ -1,7 +1,7 @@
 """Serving benchmark: p50/p99 latency and requests/s of GET /recommend.
 
 For each item count (default 10k and 100k) it builds a random artifact (d=32, two dense
-layers, a co-visitation term with 40 neighbours per item), seeds a throwaway ``redis-server`` with user histories and a trending list, starts
+layers, a co-visitation term with 40 neighbours per item and its last-item part, format 6), seeds a throwaway ``redis-server`` with user histories and a trending list, starts
 ``streamrec serve`` as its own process, and drives it at each concurrency with the load
 generator ``bench/serve.py loadgen`` — a separate process: an asyncio (uvloop) client that
 keeps one HTTP/1.1 keep-alive connection per concurrent worker and sends requests back to
@@ -150,7 +150,8 @@ def _publish(reg: Any, version: str, n_items: int, seed: int) -> None:
         layers=[(rng.normal(size=(2 * D, 2 * D)) / 8, np.zeros(2 * D), "relu"),
                 (rng.normal(size=(2 * D, D)) / 8, np.zeros(D), "linear")],
         normalize=True, manifest_extra={"trained_through_ms": 1_772_000_000_000 + seed},
-        covisit=covisit, covisit_params={"weight": 2.0, "window": 5, "decay": 0.9},
+        covisit=covisit,
+        covisit_params={"weight": 2.0, "window": 5, "decay": 0.9, "last_weight": 1.0},
     ))
 
 
