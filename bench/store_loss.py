@@ -44,6 +44,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from bench import features as fb  # noqa: E402
+from feature_store.errors import OnlineStoreError  # noqa: E402
 from feature_store.settings import Settings, load_settings  # noqa: E402
 from tests.support import free_port, wait_until  # noqa: E402
 
@@ -210,7 +211,7 @@ def recovery(base: Settings, users: int, rate: float, down_s: float, aof: bool, 
             try:
                 status = health.status().state
                 done = all_back(reference)
-            except Exception:  # noqa: BLE001 - Redis or the job still recovering
+            except OnlineStoreError:  # Redis still coming back: not yet
                 return False
             states.append((time.monotonic() - ready, status, done))
             return done
