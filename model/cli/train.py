@@ -90,7 +90,7 @@ def run_train(args: argparse.Namespace) -> int:
     try:
         from model.towers.two_tower import ModelConfig
         from model.trainer.core import TrainOptions
-        from model.trainer.loop import LoopOptions, TrainerService
+        from model.trainer.loop import LoopOptions, OffsetsBeyondTopic, TrainerService
 
         config = ModelConfig(
             embedding_dim=tcfg.embedding_dim,
@@ -141,7 +141,11 @@ def run_train(args: argparse.Namespace) -> int:
 
         signal.signal(signal.SIGTERM, stop)
         signal.signal(signal.SIGINT, stop)
-        state = service.run()
+        try:
+            state = service.run()
+        except OffsetsBeyondTopic as exc:
+            log.error("%s", exc)
+            return 2
         log.info("trainer stopped: %d samples trained", state.samples_trained)
         return 0
     finally:

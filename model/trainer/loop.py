@@ -37,6 +37,7 @@ import numpy as np
 from feature_store.settings import Settings
 from model.artifact.files import ArtifactError
 from model.artifact.registry import Registry, RegistryError
+from model.errors import ModelError
 from model.towers.two_tower import ModelConfig
 from model.trainer.checkpoint import CheckpointStore
 from model.trainer.core import Trainer, TrainOptions
@@ -50,6 +51,32 @@ from model.trainer.samples import digest_of_hashes
 log = logging.getLogger(__name__)
 
 Clock = Callable[[], datetime]
+
+
+class OffsetsBeyondTopic(ModelError):
+    """The restored checkpoint consumed further than the samples topic reaches: the topic
+    was deleted and created again, or the checkpoint belongs to another broker."""
+
+
+def check_offsets(saved: dict[str, int], ends: dict[int, int], topic: str,
+                  checkpoint_dir: object) -> None:
+    """Refuse to resume when a saved offset of ``topic`` is beyond its end offset: the
+    consumer would silently restart from the beginning and mix another stream into a model
+    whose offsets and trained-id set describe this one. ``ends`` is partition -> end offset."""
+    prefix = f"{topic}:"
+    beyond = {
+        key: (at, ends.get(int(key[len(prefix):]), 0))
+        for key, at in saved.items()
+        if key.startswith(prefix) and at > ends.get(int(key[len(prefix):]), 0)
+    }
+    if beyond:
+        shown = ", ".join(f"{k} saved {a} > end {e}" for k, (a, e) in sorted(beyond.items()))
+        raise OffsetsBeyondTopic(
+            f"the checkpoint in {checkpoint_dir} has consumed {topic} beyond its end ({shown}): "
+            "the topic was created again or the checkpoint belongs to another broker. Point "
+            "STREAMREC_TRAINER__CHECKPOINT_DIR (and REGISTRY_DIR) at a folder of this stack, "
+            "or remove the old checkpoint to train from the beginning."
+        )
 
 
 @dataclass
@@ -240,10 +267,15 @@ class TrainerService:
         thread with ``LoopOptions.fetch_process`` False), reading from the restored offsets.
         The dead-letter producer is made when a first record needs it (connecting one
         would slow every start: docs/decisions.md#trainer-loop)."""
-        from stream.kafka_client import ensure_topics
+        from stream.kafka_client import ensure_topics, topic_end_offsets
 
         kafka = self.settings.kafka
         ensure_topics(kafka, [kafka.samples_topic, kafka.dlq_topic])
+        if self.state.offsets:
+            ends = topic_end_offsets(kafka, kafka.samples_topic, 30.0)
+            if ends:  # no metadata yet: the consumer's own wait for partitions follows
+                check_offsets(self.state.offsets, ends, kafka.samples_topic,
+                              self.checkpoints.directory)
         source_args = (
             kafka, self.settings.trainer.group_id, self.state.offsets, self.loop.consumer,
             self.loop.max_poll_records or max(4 * self.trainer.options.batch_size, 2000),

@@ -204,3 +204,21 @@ def test_kill_9_mid_stream_trains_every_sample_exactly_once(
     # Stopping gracefully trained nothing more (the topic is drained).
     final = registry.show(registry.current())
     assert final["samples_trained"] == total
+
+    # The same checkpoint against its samples topic deleted and created again (empty): the
+    # trainer refuses to resume rather than silently reading the new topic from its start.
+    from kafka.admin import KafkaAdminClient
+
+    topic = settings.kafka.samples_topic
+    admin = KafkaAdminClient(bootstrap_servers=settings.kafka.bootstrap)
+    try:
+        admin.delete_topics([topic])
+        wait_until(lambda: topic not in admin.list_topics(), 60, f"{topic} to be deleted")
+    finally:
+        admin.close()
+    again = subprocess.run(
+        [sys.executable, "-m", "deploy.cli", "train"], cwd=repo_root(),
+        env=_env(settings, free_port()), capture_output=True, text=True, timeout=180,
+    )
+    assert again.returncode == 2, again.stderr[-2000:]
+    assert "beyond its end" in again.stderr

@@ -31,3 +31,14 @@ def test_none_leaves_process_settings_alone() -> None:
     before = sys.getswitchinterval()
     with _tuned(LoopOptions(gil_switch_interval_s=None, blas_threads=None)):
         assert sys.getswitchinterval() == before
+
+
+def test_offsets_beyond_a_topic_end_are_refused() -> None:
+    from model.trainer.loop import OffsetsBeyondTopic, check_offsets
+
+    saved = {"s:0": 10, "s:1": 4, "other:0": 99}
+    check_offsets(saved, {0: 10, 1: 7}, "s", "ckpt")  # at or behind the end: resumable
+    with pytest.raises(OffsetsBeyondTopic, match=r"s:1 saved 4 > end 0"):
+        check_offsets(saved, {0: 12, 1: 0}, "s", "ckpt")
+    with pytest.raises(OffsetsBeyondTopic, match=r"s:1 saved 4 > end 0"):
+        check_offsets(saved, {0: 12}, "s", "ckpt")  # a partition the topic no longer has
