@@ -6,7 +6,9 @@ serving) on free ports under a temporary folder, writes ``--events`` simulated e
 ``streamrec replay LOG --speed max --follow`` and reports the wall time of each stage and its
 rate. The stages overlap (the feature job and the trainer work while the replay sends): a
 stage's time is from the end of the previous one until it caught up, so the rate of the
-pipeline as a whole is ``events / total``.
+pipeline as a whole is ``events / total``. The CPU seconds of each stage's processes during
+the first replay are reported too, and their sum over the cores: a floor under the wall time
+that no overlap of the stages can beat (``cpu_bound_s``).
 
 Then the same log is replayed a second time, and the bench checks that nothing changed: no
 event sent, the trainer's digest of trained sample ids and its count, the served version's
@@ -49,6 +51,40 @@ def write_log(path: Path, events: int, users: int, items: int) -> float:
                                     start_ms=LOG_START_MS))
     tmp.rename(path)
     return time.monotonic() - started
+
+
+def group_cpu_s(pgid: int) -> float:
+    """CPU seconds (user + system) of the live processes of process group ``pgid``."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the process ended meanwhile
+            continue
+        if int(fields[2]) == pgid:
+            total += int(fields[11]) + int(fields[12])
+    return total / tick
+
+
+def components_cpu_s(stack: Any, names: Sequence[str]) -> dict[str, float]:
+    """CPU seconds so far of each running component's process group (the TaskManager's
+    holds the feature job's Python operators)."""
+    from deploy.process import read_pid
+
+    out = {}
+    for name in names:
+        record = read_pid(stack.pid_path(name))
+        if record is not None:
+            out[name] = group_cpu_s(record.pid)
+    return out
+
+
+def children_cpu_s() -> float:
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def replay(settings: Settings, log: Path, out: Path) -> dict[str, Any]:
@@ -102,9 +138,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         s = s.model_copy(update={"trainer": s.trainer.model_copy(
             update={"export_every_s": 30.0, "batch_size": 512})})
         started = time.monotonic()
-        with private_stack(s, COMPONENTS):
+        with private_stack(s, COMPONENTS) as chaos:
             out["stack_start_s"] = round(time.monotonic() - started, 1)
+            cpu_before, replay_before = components_cpu_s(chaos.stack, COMPONENTS), children_cpu_s()
             first = replay(s, log, root / "first.json")
+            cpu_after = components_cpu_s(chaos.stack, COMPONENTS)
+            cpu = {name: round(cpu_after[name] - cpu_before.get(name, 0.0), 1)
+                   for name in cpu_after}
+            cpu["replay (process)"] = round(children_cpu_s() - replay_before, 1)
+            out["cpu_s_first_replay"] = cpu
+            # with every stage's CPU spread over every core, the wall time could not be less
+            out["cpu_bound_s"] = round(sum(cpu.values()) / (os.cpu_count() or 1), 1)
             b = first["backfill"]
             stages = b["seconds_by_stage"]
             print(f"first replay: {b}", flush=True)
