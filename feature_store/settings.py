@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 _SECTION = ConfigDict(frozen=True, extra="forbid")
@@ -166,8 +166,12 @@ class TrainerSettings(BaseModel):
     model_name: str = Field(
         "two_tower", description="Model name: its registry folder and Redis pointer key."
     )
-    registry_dir: Path = Field(Path(".streamrec/models"), description="Model registry root.")
-    checkpoint_dir: Path = Field(Path(".streamrec/trainer"), description="Checkpoints+offsets.")
+    registry_dir: Path = Field(
+        Path(".streamrec/models"), description="Model registry root (default <run_dir>/models)."
+    )
+    checkpoint_dir: Path = Field(
+        Path(".streamrec/trainer"), description="Checkpoints+offsets (default <run_dir>/trainer)."
+    )
     group_id: str = Field(
         "streamrec-trainer",
         description="Kafka group id of the samples consumer (client id prefix; it never commits: "
@@ -241,6 +245,17 @@ class Settings(BaseSettings):
     trainer: TrainerSettings = TrainerSettings()
     serving: ServingSettings = ServingSettings()
     prometheus: PrometheusSettings = PrometheusSettings()
+
+    @model_validator(mode="after")
+    def _trainer_dirs_in_run_dir(self) -> Settings:
+        """The trainer's registry and checkpoints live in the run folder unless set: a stack
+        started with another ``run_dir`` must not resume a checkpoint of an older one."""
+        unset = {"registry_dir": "models", "checkpoint_dir": "trainer"}.items()
+        update = {name: self.stack.run_dir / sub for name, sub in unset
+                  if name not in self.trainer.model_fields_set}
+        if update:
+            object.__setattr__(self, "trainer", self.trainer.model_copy(update=update))
+        return self
 
 
 def to_env(settings: Settings) -> dict[str, str]:

@@ -52,3 +52,24 @@ def test_every_setting_has_a_description(name: str, section: type[BaseModel]) ->
         if not (field.description or "").strip()
     ]
     assert not missing, f"settings without a description: {missing}"
+
+
+def test_trainer_folders_follow_the_run_folder_unless_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pathlib import Path
+
+    from feature_store.settings import load_settings
+
+    for key in ("STREAMREC_STACK__RUN_DIR", "STREAMREC_TRAINER__REGISTRY_DIR",
+                "STREAMREC_TRAINER__CHECKPOINT_DIR"):
+        monkeypatch.delenv(key, raising=False)
+    default = load_settings()
+    assert default.trainer.registry_dir == Path(".streamrec/models")
+    assert default.trainer.checkpoint_dir == Path(".streamrec/trainer")
+    monkeypatch.setenv("STREAMREC_STACK__RUN_DIR", "/srv/rec")
+    moved = load_settings()
+    assert moved.trainer.registry_dir == Path("/srv/rec/models")
+    assert moved.trainer.checkpoint_dir == Path("/srv/rec/trainer")
+    monkeypatch.setenv("STREAMREC_TRAINER__REGISTRY_DIR", "/data/models")
+    explicit = load_settings()
+    assert explicit.trainer.registry_dir == Path("/data/models")
+    assert explicit.trainer.checkpoint_dir == Path("/srv/rec/trainer")
