@@ -179,11 +179,12 @@ def _demo(args: argparse.Namespace) -> int:
 
 def _topics(args: argparse.Namespace) -> int:
     from feature_store.settings import load_settings
-    from stream.kafka_client import KafkaUnavailable, ensure_topics
+    from stream.kafka_client import KafkaUnavailable, ensure_topics, ensure_updates_topic
 
     k = load_settings().kafka
     try:
         created = ensure_topics(k, [k.events_topic, k.dlq_topic, k.samples_topic], k.partitions)
+        created += ensure_updates_topic(k)
     except KafkaUnavailable as exc:
         return _fail(exc)
     print(f"created {', '.join(created) or 'nothing (all exist)'}")

@@ -20,11 +20,11 @@ from model.delta.apply import (
     from_snapshot,
     peek,
 )
-from model.delta.codec import CODECS, DeltaError, decode_rows, encode_rows
+from model.delta.codec import CODECS, SNAPSHOT_FILE, DeltaError, decode_rows, encode_rows
 from model.delta.state import Constants, ModelState, compose, state_checksum
 
 __all__ = [
-    "CODECS", "Constants", "Delta", "DeltaError", "DeltaGap", "ModelState", "UnknownBase",
+    "CODECS", "SNAPSHOT_FILE", "Constants", "Delta", "DeltaError", "DeltaGap", "ModelState", "UnknownBase",
     "apply", "compose", "decode", "decode_rows", "empty_state", "encode", "encode_rows",
     "from_snapshot", "peek", "state_checksum",
 ]

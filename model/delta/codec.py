@@ -32,6 +32,8 @@ import numpy as np
 from model.errors import ModelError
 
 MAGIC = b"SRD1"
+#: The snapshot (``seq == 0``) of a full version's lineage, beside its artifact files.
+SNAPSHOT_FILE = "delta_snapshot.bin"
 CODECS = ("float32", "float16", "bfloat16", "int8")
 
 

@@ -30,7 +30,16 @@ from typing import Any
 
 import numpy as np
 
-from model.delta import Constants, Delta, ModelState, apply, from_snapshot, state_checksum
+from model.delta import (
+    SNAPSHOT_FILE,
+    Constants,
+    Delta,
+    ModelState,
+    apply,
+    encode,
+    from_snapshot,
+    state_checksum,
+)
 from model.towers.frequency import MIN_COUNT, CountFrequencyEstimator
 from model.towers.loss import INITIAL_GAP
 from model.towers.tf_env import tf
@@ -250,3 +259,55 @@ def _with_checksum(delta: Delta, state: ModelState) -> Delta:
     from dataclasses import replace
 
     return replace(delta, state_checksum=state_checksum(state))
+
+
+class DeltaPublisher:
+    """Deltas of a trainer service onto ``kafka.updates_topic`` (the loop's hooks call it).
+
+    ``snapshot_files(version, meta)`` at each full export starts a lineage and returns the
+    snapshot file to write beside the version; ``publish(meta)`` sends the next delta (the
+    producer is idempotent and sends in order; :meth:`flush` waits for the broker);
+    ``reset()`` forgets the lineage (a failed export) so no delta is sent until the next
+    full version."""
+
+    def __init__(
+        self, builder: DeltaBuilder, producer: Any, topic: str, key: str,
+        codec: str = "float32", compress: bool = False,
+    ) -> None:
+        self.builder, self.producer, self.topic = builder, producer, topic
+        self.key, self.codec, self.compress = key.encode(), codec, compress
+        self.sent = 0
+        self.bytes_sent = 0
+        self.last: Delta | None = None
+
+    @property
+    def active(self) -> bool:
+        """Whether a lineage exists (a full version with its snapshot)."""
+        return self.builder.mirror is not None
+
+    def snapshot_files(self, version: str, meta: Mapping[str, Any]) -> dict[str, bytes]:
+        snap = self.builder.snapshot(version, meta)
+        self.last = snap
+        return {SNAPSHOT_FILE: encode(snap, "float32", compress=True)}
+
+    def reset(self) -> None:
+        self.builder.mirror = None
+
+    def publish(self, meta: Mapping[str, Any]) -> Delta | None:
+        """Send the next delta if a lineage exists and a step ran since the last one."""
+        if not self.active or not self.builder.pending:
+            return None
+        delta = self.builder.delta(meta)
+        record = encode(delta, self.codec, compress=self.compress)
+        self.producer.send(self.topic, key=self.key, value=record)
+        self.sent += 1
+        self.bytes_sent += len(record)
+        self.last = delta
+        return delta
+
+    def flush(self) -> None:
+        self.producer.flush()
+
+    def close(self) -> None:
+        self.producer.flush()
+        self.producer.close()

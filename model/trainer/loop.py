@@ -16,6 +16,13 @@ counts as consumed (in order with the trained ones) and training continues.
 Every ``export_every_s`` seconds or ``export_every_samples`` samples (whichever first) the
 trainer checkpoints and then publishes a version whose manifest carries the offsets, the
 event time it is trained through, the rolling test-then-train metrics and the digest.
+
+With ``delta_every_s`` > 0, every version also starts a lineage of deltas
+(``model.trainer.deltas``: a snapshot beside the version, then every ``delta_every_s`` the
+rows that moved, on ``kafka.updates_topic``). Deltas are provisional (not checkpointed):
+a restarted trainer publishes a new full version before it trains, so serving resyncs to
+it and the samples after the checkpoint are trained once in the surviving lineage
+(``docs/decisions.md#delta-stream``).
 """
 
 from __future__ import annotations
@@ -41,6 +48,7 @@ from model.towers.two_tower import ModelConfig
 from model.trainer.checkpoint import CheckpointStore
 from model.trainer.core import Trainer, TrainOptions
 from model.trainer.dedupe import TrainedIds
+from model.trainer.deltas import DeltaBuilder, DeltaPublisher
 from model.trainer.export import publish_version
 from model.trainer.fetch import Chunk, ChunkFetcher, RecordSource, Rejected, open_source
 from model.trainer.fetch_process import ProcessFetcher
@@ -104,6 +112,8 @@ class LoopOptions:
     #: Most records one poll returns (the fetch thread decodes a poll as a whole); None =
     #: four batches, at least 2000.
     max_poll_records: int | None = None
+    #: Seconds between deltas on the updates topic (0 = none; ``model.trainer.deltas``).
+    delta_every_s: float = 0.0
 
 
 def feature_schema_hash(history_len: int, config: ModelConfig) -> str:
@@ -159,6 +169,7 @@ class TrainerService:
         self.loop = loop or LoopOptions(
             export_every_s=settings.trainer.export_every_s,
             export_every_samples=settings.trainer.export_every_samples,
+            delta_every_s=settings.trainer.delta_every_s,
         )
         self.clock = clock
         self.monotonic = monotonic
@@ -179,6 +190,8 @@ class TrainerService:
         self._producer: Any = None
         self._last_loss = float("nan")
         self._batches_done = 0
+        #: The delta stream (``LoopOptions.delta_every_s``), made when ``run()`` starts.
+        self.deltas: DeltaPublisher | None = None
 
     # -- state ---------------------------------------------------------------------------------
     def restore(self) -> bool:
@@ -232,6 +245,20 @@ class TrainerService:
             "last_version": self.state.last_version,
             "trained_through_ms": self.state.trained_through_ms,
             "metrics": self.trainer.evaluator.summary(),  # at most one batch behind
+            "delta": self._delta_status(),
+        }
+
+    def _delta_status(self) -> dict[str, Any] | None:
+        pub = self.deltas
+        if pub is None:
+            return None
+        last = pub.last
+        return {
+            "base_version": last.base_version if last else None,
+            "seq": last.seq if last else None,
+            "state_checksum": last.state_checksum if last else None,
+            "sent": pub.sent,
+            "bytes_sent": pub.bytes_sent,
         }
 
     # -- kafka ---------------------------------------------------------------------------------
@@ -279,7 +306,8 @@ class TrainerService:
         """Train until ``stop_event`` is set (or ``max_samples``); returns the final state."""
         self.restore()
         fetcher = self._fetcher()
-        last_export = self.monotonic()
+        self._start_deltas()
+        last_export = last_delta = self.monotonic()
         since_export = 0
         with _tuned(self.loop):
             fetcher.start()
@@ -296,6 +324,13 @@ class TrainerService:
                     ):
                         self._export_logged()
                         last_export, since_export = self.monotonic(), 0
+                    if self.deltas is not None and self.state.samples_trained:
+                        if not self.deltas.active:  # a new lineage first (also on restart)
+                            self._export_logged()
+                            last_export, since_export = self.monotonic(), 0
+                        elif now - last_delta >= self.loop.delta_every_s:
+                            self._publish_delta()
+                            last_delta = now
                 if since_export > 0:
                     self._export_logged()
                 return self.state
@@ -311,6 +346,35 @@ class TrainerService:
             self.export()
         except (RegistryError, ArtifactError, OSError) as exc:
             log.error("export of version %s failed: %s", self.state.last_version, exc)
+
+    def _start_deltas(self) -> None:
+        if self.loop.delta_every_s <= 0 or self.deltas is not None:
+            return
+        from stream.kafka_client import ensure_updates_topic, updates_producer
+
+        kafka, tcfg = self.settings.kafka, self.settings.trainer
+        ensure_updates_topic(kafka)
+        self.deltas = DeltaPublisher(
+            DeltaBuilder(self.trainer, lambda: self.item_ids), updates_producer(kafka),
+            kafka.updates_topic, tcfg.model_name, tcfg.delta_codec, tcfg.delta_compress,
+        )
+
+    def _delta_meta(self) -> dict[str, Any]:
+        st = self.state
+        return {
+            "offsets": dict(st.offsets), "trained_through_ms": st.trained_through_ms,
+            "samples_trained": st.samples_trained,
+            "created_at": self.clock().isoformat(),
+        }
+
+    def _publish_delta(self) -> None:
+        assert self.deltas is not None
+        started = self.monotonic()
+        delta = self.deltas.publish(self._delta_meta())
+        if delta is not None:
+            self.metrics.deltas.inc()
+            self.metrics.delta_rows.observe(delta.rows_changed)
+            self.metrics.delta_seconds.observe(self.monotonic() - started)
 
     def _limit_reached(self) -> bool:
         cap = self.loop.max_samples
@@ -388,7 +452,16 @@ class TrainerService:
                 "score_weights": self.trainer.mixer.as_dict(),
             },
         }
-        publish_version(self.registry, self.trainer, self.item_ids, version, extra, created_at=now)
+        files = None
+        if self.deltas is not None:  # the new lineage's snapshot, of this very state
+            files = self.deltas.snapshot_files(version, {**self._delta_meta(), "created_at": now.isoformat()})
+        try:
+            publish_version(self.registry, self.trainer, self.item_ids, version, extra,
+                            created_at=now, extra_files=files)
+        except BaseException:
+            if self.deltas is not None:
+                self.deltas.reset()  # no deltas of a version that does not exist
+            raise
         self.metrics.exports.inc()
         self.metrics.set_quality(summary)
         for table, rows in sizes.items():
@@ -397,6 +470,9 @@ class TrainerService:
         return version
 
     def close(self) -> None:
+        if self.deltas is not None:
+            self.deltas.close()
+            self.deltas = None
         if self._source is not None:
             self._source.close()
             self._source = None

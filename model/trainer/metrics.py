@@ -49,6 +49,15 @@ class TrainerMetrics:
             names.TRAINER_EXPORT_SECONDS, "Wall time of checkpoint+export", registry=r,
             buckets=(0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
         )
+        self.deltas = Counter(names.TRAINER_DELTAS, "Deltas published", registry=r)
+        self.delta_rows = Histogram(
+            names.TRAINER_DELTA_ROWS, "User and item rows per delta", registry=r,
+            buckets=(10, 100, 1000, 5000, 20_000, 100_000, 1_000_000),
+        )
+        self.delta_seconds = Histogram(
+            names.TRAINER_DELTA_SECONDS, "Wall time of building and sending a delta", registry=r,
+            buckets=(0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
+        )
         self.quality = Gauge(
             names.TRAINER_QUALITY, "Test-then-train figures over the rolling window",
             ["metric"], registry=r,
