@@ -71,6 +71,8 @@ class DeltaFollower:
         self.last_apply_ms: float | None = None
         self.last_created_at: str | None = None
         self._stuck: tuple[str, int] | None = None
+        #: The last version found without a snapshot (not looked for again).
+        self._missing: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -142,7 +144,9 @@ class DeltaFollower:
         started = time.perf_counter()
         try:
             new = apply(state, decode(value))
-            artifact = compose(new)
+            served = self.loader.current
+            artifact = compose(new, served.artifact if served is not None
+                               and served.artifact.version == base else None)
             smoke_check(artifact)
         except (DeltaError, VersionRefused, ValueError) as exc:
             log.error("delta %d of %s refused: %s", seq, base, exc)
@@ -156,7 +160,9 @@ class DeltaFollower:
         """Start the lineage of ``CURRENT`` when it moved (a new full version, a pin or a
         rollback): its deltas, if any, come later on the topic than its snapshot."""
         current = self.registry.current()
-        if current is not None and (self.state is None or self.state.base_version != current):
+        if current is None or current == self._missing:
+            return
+        if self.state is None or self.state.base_version != current:
             self._lineage(current)
 
     def _serve(self, state: ModelState, artifact: Any) -> None:
@@ -171,7 +177,9 @@ class DeltaFollower:
             record = (self.registry.path(base) / SNAPSHOT_FILE).read_bytes()
             state = from_snapshot(decode(record))
         except (RegistryError, OSError, DeltaError) as exc:
-            log.warning("no delta snapshot of version %s: %s", base, exc)
+            if base != self._missing:
+                log.warning("no delta snapshot of version %s: %s", base, exc)
+            self._missing = base
             return None
         artifact = compose(state)
         self._serve(state, artifact)

@@ -88,7 +88,12 @@ def run_train(args: argparse.Namespace) -> int:
         service = holder.get("service")
         return service.status() if service else {"status": "starting"}
 
-    server = HealthServer(settings.stack.bind_host, port, metrics, status).start()
+    def delta() -> dict[str, Any] | None:
+        service = holder.get("service")
+        return service.delta_status(checksum=True) if service else None
+
+    server = HealthServer(settings.stack.bind_host, port, metrics, status,
+                          {"/delta": delta}).start()
     try:
         from model.towers.two_tower import ModelConfig
         from model.trainer.core import TrainOptions

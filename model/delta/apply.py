@@ -155,16 +155,36 @@ def _upsert(
     removed: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray]:
     """A sorted keyed table with ``new_keys`` replaced or added and ``removed`` dropped (new
-    arrays; the inputs are left as they are and returned when nothing changes)."""
+    arrays; the inputs are left as they are and returned when nothing changes). Linear in
+    the table (copies and inserts by binary search) when ``new_keys`` are strictly
+    increasing, as deltas send them; sorted otherwise."""
     if not new_keys.size and not removed.size:
         return keys, values
-    drop = np.isin(keys, np.concatenate([removed, new_keys]))
-    k = np.concatenate([keys[~drop], new_keys])
-    v = np.concatenate([values[~drop], np.asarray(new_values, values.dtype)])
-    order = np.argsort(k, kind="stable")
-    k, v = k[order], v[order]
-    if k.size > 1 and not np.all(k[1:] > k[:-1]):
-        raise DeltaError("a delta names one key twice")
+    new_values = np.asarray(new_values, values.dtype)
+    if new_keys.size > 1 and not np.all(new_keys[1:] > new_keys[:-1]):
+        order = np.argsort(new_keys, kind="stable")
+        new_keys, new_values = new_keys[order], new_values[order]
+        if not np.all(new_keys[1:] > new_keys[:-1]):
+            raise DeltaError("a delta names one key twice")
+    k, v = keys, values
+    if removed.size and k.size:
+        pos = np.minimum(np.searchsorted(k, removed), k.size - 1)
+        gone = pos[k[pos] == removed]
+        if gone.size:
+            k, v = np.delete(k, gone), np.delete(v, gone, axis=0)
+    if not new_keys.size:
+        return k, v
+    pos = np.searchsorted(k, new_keys)
+    hit = np.zeros(new_keys.size, bool)
+    inside = pos < k.size
+    hit[inside] = k[pos[inside]] == new_keys[inside]
+    if hit.any():
+        v = v.copy() if v is values else v
+        v[pos[hit]] = new_values[hit]
+    miss = ~hit
+    if miss.any():
+        k = np.insert(k, pos[miss], new_keys[miss])
+        v = np.insert(v, pos[miss], new_values[miss], axis=0)
     return k, v
 
 

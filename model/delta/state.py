@@ -132,7 +132,7 @@ class ModelState:
         keep = (a >= 0) & (b >= 0)
         a, b = a[keep], b[keep]
         w = self.covisit_values[keep] * self.covisit_scale
-        order = np.lexsort((b, a))
+        order = np.argsort(a * np.int64(max(n, 1)) + b, kind="stable")  # by (a, b)
         indptr = np.zeros(n + 1, np.int64)
         np.cumsum(np.bincount(a, minlength=n), out=indptr[1:])
         return indptr, b[order].astype(np.int32), w[order].astype(np.float32)
@@ -154,9 +154,10 @@ class ModelState:
         return out
 
 
-def compose(state: ModelState, item_index: Mapping[str, int] | None = None) -> ServingArtifact:
+def compose(state: ModelState, previous: ServingArtifact | None = None) -> ServingArtifact:
     """The state as a servable artifact (its ``manifest`` names the base version and the
-    delta sequence). ``item_index``: the catalog's id -> row map when the caller has it."""
+    delta sequence). ``previous``: the artifact of an earlier state of the lineage, whose
+    id -> row map is reused when the catalog is the same or only grew."""
     c = state.constants
     arrays = state.artifact_arrays()
     vectors = arrays["item_vectors"]
@@ -187,9 +188,7 @@ def compose(state: ModelState, item_index: Mapping[str, int] | None = None) -> S
             "weight": state.weights[2], "last_weight": state.weights[3],
             "window": c.covisit_window, "decay": c.covisit_decay,
         }
-    index = item_index if item_index is not None else {
-        str(i): r for r, i in enumerate(state.item_ids.tolist())
-    }
+    index = _item_index(state.item_ids, previous)
     return ServingArtifact(
         path=Path(f"delta:{state.base_version}+{state.seq}"),
         manifest=manifest,
@@ -205,6 +204,21 @@ def compose(state: ModelState, item_index: Mapping[str, int] | None = None) -> S
         item_index=index,
         covisit=covisit,
     )
+
+
+def _item_index(ids: np.ndarray, previous: ServingArtifact | None) -> Mapping[str, int]:
+    """id -> catalog row; from ``previous`` when its catalog is ``ids`` or a prefix of it
+    (apply keeps the same array when the catalog did not change and appends new items)."""
+    if previous is not None:
+        old = previous.item_ids
+        if old is ids:
+            return previous.item_index
+        n = old.shape[0]
+        if n <= ids.shape[0] and np.array_equal(ids[:n], old):
+            index = dict(previous.item_index)
+            index.update((str(i), n + r) for r, i in enumerate(ids[n:].tolist()))
+            return index
+    return {str(i): r for r, i in enumerate(ids.tolist())}
 
 
 def state_checksum(state: ModelState) -> str:

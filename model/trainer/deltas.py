@@ -11,8 +11,8 @@ ones published (a pair whose value moved by more than :data:`PAIR_RTOL` is sent;
 decay of all pairs is one scalar), the mix weights and the dense layers are sent whole.
 
 The builder keeps the state it published (``mirror``, a :class:`model.delta.ModelState`)
-by applying each delta itself, so a delta carries the checksum of the state it leads to and
-serving can prove it converged (``model.delta.state_checksum``).
+by applying each delta itself, so the trainer can give the checksum of the state it
+published (``model.delta.state_checksum``) and serving prove it converged to it.
 
 Exactly-once (``docs/decisions.md#delta-stream``): deltas are provisional. Each full
 version starts a lineage (``base_version`` = the version, a snapshot beside it); a delta
@@ -64,8 +64,13 @@ def _unique(parts: list[np.ndarray]) -> np.ndarray:
 class DeltaBuilder:
     """Tracks touched keys of a trainer and builds snapshots and deltas (module doc)."""
 
-    def __init__(self, trainer: Trainer, item_ids: Callable[[], Mapping[int, str]]) -> None:
+    def __init__(
+        self, trainer: Trainer, item_ids: Callable[[], Mapping[int, str]], checksums: bool = False
+    ) -> None:
+        """``checksums``: every delta carries the checksum of the state it leads to (costs a
+        pass over the whole state each time; otherwise ask ``state_checksum(mirror)``)."""
         self.trainer = trainer
+        self.checksums = checksums
         self.item_ids = item_ids
         self.mirror: ModelState | None = None
         self._users: list[np.ndarray] = []
@@ -191,7 +196,7 @@ class DeltaBuilder:
             created_at=meta.get("created_at"), **self._common(),
         )
         self.mirror = from_snapshot(delta)
-        return _with_checksum(delta, self.mirror)
+        return _with_checksum(delta, self.mirror) if self.checksums else delta
 
     def delta(self, meta: Mapping[str, Any]) -> Delta:
         """What changed since the last snapshot or delta, as the next delta of the lineage."""
@@ -238,7 +243,7 @@ class DeltaBuilder:
             covisit_removed=removed, covisit_scale=scale, **self._common(),
         )
         self.mirror = apply(mirror, delta)
-        return _with_checksum(delta, self.mirror)
+        return _with_checksum(delta, self.mirror) if self.checksums else delta
 
 
 def _diff_pairs(

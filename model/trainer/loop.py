@@ -245,18 +245,23 @@ class TrainerService:
             "last_version": self.state.last_version,
             "trained_through_ms": self.state.trained_through_ms,
             "metrics": self.trainer.evaluator.summary(),  # at most one batch behind
-            "delta": self._delta_status(),
+            "delta": self.delta_status(),
         }
 
-    def _delta_status(self) -> dict[str, Any] | None:
+    def delta_status(self, checksum: bool = False) -> dict[str, Any] | None:
+        """The delta stream's lineage and last sequence (None: deltas off); ``checksum``:
+        also ``model.delta.state_checksum`` of the state published (tens of ms at 100k rows:
+        the trainer's ``/delta`` route, not ``/health``)."""
         pub = self.deltas
         if pub is None:
             return None
-        last = pub.last
+        from model.delta import state_checksum
+
+        mirror = pub.builder.mirror
         return {
-            "base_version": last.base_version if last else None,
-            "seq": last.seq if last else None,
-            "state_checksum": last.state_checksum if last else None,
+            "base_version": mirror.base_version if mirror else None,
+            "seq": mirror.seq if mirror else None,
+            "state_checksum": state_checksum(mirror) if checksum and mirror else None,
             "sent": pub.sent,
             "bytes_sent": pub.bytes_sent,
         }

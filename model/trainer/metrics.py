@@ -92,13 +92,20 @@ class HealthServer:
     """``GET /health`` (JSON from ``status()``) and ``GET /metrics`` on a background thread."""
 
     def __init__(
-        self, host: str, port: int, metrics: TrainerMetrics, status: Callable[[], dict[str, Any]]
+        self, host: str, port: int, metrics: TrainerMetrics, status: Callable[[], dict[str, Any]],
+        json_routes: dict[str, Callable[[], Any]] | None = None,
     ) -> None:
+        """``json_routes``: more ``GET`` paths answering the JSON of a callable."""
         self.metrics = metrics
         self.status = status
+        extra = {
+            path: (lambda fn=fn: (json.dumps(fn()).encode(), "application/json"))
+            for path, fn in (json_routes or {}).items()
+        }
         self.httpd = routes_server(host, port, {
             "/health": lambda: (json.dumps(self.status()).encode(), "application/json"),
             "/metrics": lambda: (self.metrics.render(), CONTENT_TYPE_LATEST),
+            **extra,
         })
         self._thread = threading.Thread(target=self.httpd.serve_forever, name="trainer-http", daemon=True)
 

@@ -92,6 +92,7 @@ def test_serving_converges_to_the_trainer_through_deltas_and_a_kill_9(
     first, second = stream.take(4_000), stream.take(6_000)
     total = len(first) + len(second)
     trainer_url = f"http://127.0.0.1:{procs['trainer_port']}/health"
+    delta_url = f"http://127.0.0.1:{procs['trainer_port']}/delta"
     _produce(settings, first)
     trainer = procs["launch"]("trainer", [
         "train", "--batch-size", "128", "--export-every-s", "3600", "--eval-rows", "32"])
@@ -128,7 +129,7 @@ def test_serving_converges_to_the_trainer_through_deltas_and_a_kill_9(
         return bool(t["seq"]) and s["seq"] == t["seq"] and s["base_version"] == t["base_version"]
 
     wait_until(converged, 60, "serving at the trainer's last delta", process=serving)
-    t, s = _get(trainer_url)["delta"], served()
+    t, s = _get(delta_url), served()
     assert s["base_version"] == base  # one lineage: no full version in between
     assert s["resyncs"] >= 1 and s["errors"] == 0
     assert s["state_checksum"] == t["state_checksum"]

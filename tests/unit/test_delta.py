@@ -3,8 +3,9 @@ from a real trainer equal to a full export of it (rows bit for bit)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import replace
+from datetime import UTC, datetime
+from functools import cache
 
 import numpy as np
 import pytest
@@ -83,7 +84,7 @@ class Run:
             tag="delta",
         )
         self.item_ids: dict[int, str] = {}
-        self.builder = DeltaBuilder(self.trainer, lambda: self.item_ids)
+        self.builder = DeltaBuilder(self.trainer, lambda: self.item_ids, checksums=True)
 
     def train(self, batches: int) -> None:
         for _ in range(batches):
@@ -94,15 +95,26 @@ class Run:
                                      strict=True))
 
 
-@pytest.fixture(scope="module")
-def lineage() -> Iterator[tuple[Run, list[bytes]]]:
+#: Creation time of the lineage's snapshot.
+CREATED = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+
+
+@cache
+def shared_lineage() -> tuple[Run, list[bytes]]:
+    """One trainer's snapshot and three deltas (one trainer per session: TFRA table names)."""
     run = Run()
     run.train(6)
-    records = [encode(run.builder.snapshot("v1", {"samples_trained": 6 * BATCH}), compress=True)]
+    meta = {"samples_trained": 6 * BATCH, "created_at": CREATED.isoformat()}
+    records = [encode(run.builder.snapshot("v1", meta), compress=True)]
     for n in range(3):
         run.train(3 + n)
         records.append(encode(run.builder.delta({"offsets": {"samples:0": n}})))
-    yield run, records
+    return run, records
+
+
+@pytest.fixture(scope="module")
+def lineage() -> tuple[Run, list[bytes]]:
+    return shared_lineage()
 
 
 def _by_key(keys: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -196,3 +208,20 @@ def test_compressed_rows_apply_with_bounded_error(lineage: tuple[Run, list[bytes
         peak = np.abs(exact.user_rows).max()
         np.testing.assert_allclose(approx.user_rows, exact.user_rows, atol=0.01 * peak)
         assert approx.user_keys.tolist() == exact.user_keys.tolist()
+
+
+def test_compose_reuses_the_catalog_index_only_when_it_is_still_right(
+    lineage: tuple[Run, list[bytes]],
+) -> None:
+    _, records = lineage
+    s0 = from_snapshot(decode(records[0]))
+    a0 = compose(s0)
+    same = compose(replace(s0, seq=5), a0)
+    assert same.item_index is a0.item_index
+    grown = replace(s0, item_keys=s0.item_keys[:-2], item_ids=s0.item_ids[:-2])
+    a_small = compose(grown)
+    a_big = compose(s0, a_small)
+    assert dict(a_big.item_index) == dict(a0.item_index)
+    shuffled = replace(s0, item_ids=s0.item_ids[::-1].copy(), item_keys=s0.item_keys[::-1].copy())
+    assert dict(compose(shuffled, a0).item_index) == {
+        str(i): r for r, i in enumerate(shuffled.item_ids.tolist())}
