@@ -180,7 +180,11 @@ class TrainerSettings(BaseModel):
     embedding_dim: int = Field(32, description="Embedding size d (user tower layers 2d, d).")
     batch_size: int = Field(512, description="Samples per training step.")
     learning_rate: float = Field(0.05, description="Adagrad learning rate (tables and layers).")
-    export_every_s: float = Field(30.0, description="Seconds between model versions.")
+    export_every_s: float = Field(
+        300.0,
+        description="Seconds between full model versions (bases for restart, pinning and "
+        "rollback; between them deltas keep serving fresh: delta_every_s).",
+    )
     export_every_samples: int = Field(
         200_000, description="Samples between model versions (whichever of the two comes first)."
     )
