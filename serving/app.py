@@ -340,6 +340,17 @@ def create_app(
     def model_info(checksum: bool = False) -> dict[str, Any]:
         return state.model_info(checksum)
 
+    @app.get("/model/items/{item_id}")
+    def model_item(item_id: str) -> dict[str, Any]:
+        """Whether the served model can recommend ``item_id`` (it is in its catalog)."""
+        model = state.loader.current
+        return {
+            "item_id": item_id,
+            "in_catalog": model is not None and item_id in model.artifact.item_index,
+            "version": model.version if model else None,
+            "delta_seq": model.manifest.get("delta_seq") if model else None,
+        }
+
     @app.post("/model/pin")
     def pin(
         body: PinRequest,

@@ -373,9 +373,17 @@ class TrainerService:
         }
 
     def _publish_delta(self) -> None:
+        from kafka.errors import KafkaError
+
         assert self.deltas is not None
         started = self.monotonic()
-        delta = self.deltas.publish(self._delta_meta())
+        try:
+            delta = self.deltas.publish(self._delta_meta())
+        except KafkaError as exc:
+            # a delta that did not go out leaves a gap: start a new lineage (a full version)
+            log.error("delta not sent (%s): a new full version follows", exc)
+            self.deltas.reset()
+            return
         if delta is not None:
             self.metrics.deltas.inc()
             self.metrics.delta_rows.observe(delta.rows_changed)
