@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import hmac
 import logging
+import os
 import time
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
@@ -171,6 +172,7 @@ class ServingState:
     def model_info(self, checksum: bool = False) -> dict[str, Any]:
         model = self.loader.current
         info: dict[str, Any] = {
+            "worker_pid": os.getpid(),
             "version": None,
             "current_pointer": self.registry.current(),
             "pinned": self.registry.pinned(),

@@ -355,6 +355,9 @@ class TrainerService:
     def _start_deltas(self) -> None:
         if self.loop.delta_every_s <= 0 or self.deltas is not None:
             return
+        if self.trainer.model.attention is not None:
+            log.warning("no deltas: they do not carry the attention user tower (full versions only)")
+            return
         from stream.kafka_client import ensure_updates_topic, updates_producer
 
         kafka, tcfg = self.settings.kafka, self.settings.trainer
