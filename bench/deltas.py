@@ -21,6 +21,12 @@ one second of the stream at ``--rate`` samples/s and builds the delta of that se
   (``model.trainer.checkpoint.CheckpointStore.save``, as ``TrainerService.checkpoint``) at
   this table size, three saves.
 
+With ``--quality-samples N``: the next N samples of the stream (not trained on) are ranked
+by the served artifact (``serving.retrieval.rank_with_model``, seen items excluded) after
+the float32 snapshot and the deltas in each codec; ``recall_at_10`` per codec, and its
+change against float32 (the quality cost of compressing the stream; ``--fill 0`` keeps the
+random rows out of the catalog).
+
 CPU time is shared with other work on the development machine: ``load_avg`` is written too.
 """
 
@@ -53,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rate", type=int, default=2000, help="samples per delta (per second)")
     p.add_argument("--deltas", type=int, default=20)
     p.add_argument("--batch", type=int, default=512)
+    p.add_argument("--quality-samples", type=int, default=0)
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
 
@@ -114,12 +121,14 @@ def main(argv: list[str] | None = None) -> int:
             ckpt_ms.append((time.perf_counter() - c0) * 1000.0)
 
     rows, pairs, build_ms, apply_ms = [], [], [], []
+    sent: list[Any] = []
     sizes_by: dict[str, list[int]] = {f"{c}{z}": [] for c in CODECS for z in ("", "+zlib")}
     for _ in range(args.deltas):
         train(args.rate)
         b0 = time.perf_counter()
         delta = builder.delta({})
         record = encode(delta)
+        sent.append(delta)
         build_ms.append((time.perf_counter() - b0) * 1000.0)
         rows.append(delta.rows_changed)
         pairs.append(int(delta.covisit_codes.size))
@@ -140,6 +149,12 @@ def main(argv: list[str] | None = None) -> int:
         "snapshot_bytes": len(snapshot_record), "checkpoint_ms": _pct(ckpt_ms),
         "load_avg": list(os.getloadavg()),
     }
+    if args.quality_samples:
+        result["recall_at_10"] = _quality(snap, sent, stream.take(args.quality_samples))
+        base = result["recall_at_10"]["float32"]
+        result["recall_change_vs_float32"] = {
+            c: (r - base) / base if base else None for c, r in result["recall_at_10"].items()}
+        print("recall@10 by codec:", {c: round(r, 4) for c, r in result["recall_at_10"].items()})
     print(f"catalog {result['catalog_items']} items; per delta ({args.rate} samples): rows p50 "
           f"{result['rows_per_delta']['p50']:.0f}, pairs p50 {result['pairs_per_delta']['p50']:.0f}")
     for name, r in result["bytes_per_s"].items():
@@ -152,6 +167,28 @@ def main(argv: list[str] | None = None) -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2))
     return 0
+
+
+def _quality(snapshot: Any, deltas: list[Any], held_out: list[Any]) -> dict[str, float]:
+    """Recall@10 of the served artifact on ``held_out`` samples, per row codec of the deltas."""
+    from model.delta import CODECS, apply, compose, decode, encode, from_snapshot
+    from serving.retrieval import rank_with_model
+
+    out = {}
+    for codec in CODECS:
+        state = from_snapshot(snapshot)
+        for delta in deltas:
+            state = apply(state, decode(encode(delta, codec)))
+        art = compose(state)
+        hits = 0
+        for start in range(0, len(held_out), 256):
+            part = held_out[start:start + 256]
+            ranked = rank_with_model(art, [s.user_id for s in part],
+                                     [list(s.history) for s in part], [10] * len(part),
+                                     [True] * len(part))
+            hits += sum(s.item_id in {x.item_id for x in r} for s, r in zip(part, ranked, strict=True))
+        out[codec] = hits / max(len(held_out), 1)
+    return out
 
 
 if __name__ == "__main__":
