@@ -150,11 +150,14 @@ def main(argv: list[str] | None = None) -> int:
         "load_avg": list(os.getloadavg()),
     }
     if args.quality_samples:
-        result["recall_at_10"] = _quality(snap, sent, stream.take(args.quality_samples))
-        base = result["recall_at_10"]["float32"]
+        quality = _quality(snap, sent, stream.take(args.quality_samples))
+        result["top10_differs_from_float32"] = quality.pop("top10_differs")
+        result["recall_at_10"] = quality
+        base = quality["float32"]
         result["recall_change_vs_float32"] = {
-            c: (r - base) / base if base else None for c, r in result["recall_at_10"].items()}
-        print("recall@10 by codec:", {c: round(r, 4) for c, r in result["recall_at_10"].items()})
+            c: (r - base) / base if base else None for c, r in quality.items()}
+        print("recall@10 by codec:", {c: round(r, 4) for c, r in quality.items()})
+        print("top 10 differs from float32's:", result["top10_differs_from_float32"])
     print(f"catalog {result['catalog_items']} items; per delta ({args.rate} samples): rows p50 "
           f"{result['rows_per_delta']['p50']:.0f}, pairs p50 {result['pairs_per_delta']['p50']:.0f}")
     for name, r in result["bytes_per_s"].items():
@@ -169,12 +172,14 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _quality(snapshot: Any, deltas: list[Any], held_out: list[Any]) -> dict[str, float]:
-    """Recall@10 of the served artifact on ``held_out`` samples, per row codec of the deltas."""
+def _quality(snapshot: Any, deltas: list[Any], held_out: list[Any]) -> dict[str, Any]:
+    """Recall@10 of the served artifact on ``held_out`` samples, per row codec of the deltas,
+    and the share of samples whose top 10 differs from float32's (a finer signal)."""
     from model.delta import CODECS, apply, compose, decode, encode, from_snapshot
     from serving.retrieval import rank_with_model
 
-    out = {}
+    out: dict[str, Any] = {}
+    tops: dict[str, list[list[str]]] = {}
     for codec in CODECS:
         state = from_snapshot(snapshot)
         for delta in deltas:
@@ -187,7 +192,11 @@ def _quality(snapshot: Any, deltas: list[Any], held_out: list[Any]) -> dict[str,
                                      [list(s.history) for s in part], [10] * len(part),
                                      [True] * len(part))
             hits += sum(s.item_id in {x.item_id for x in r} for s, r in zip(part, ranked, strict=True))
+            tops.setdefault(codec, []).extend([x.item_id for x in r] for r in ranked)
         out[codec] = hits / max(len(held_out), 1)
+    out["top10_differs"] = {c: float(np.mean([a != b for a, b in zip(tops[c], tops["float32"],
+                                                                     strict=True)]))
+                            for c in CODECS}
     return out
 
 
