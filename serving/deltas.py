@@ -103,7 +103,8 @@ class DeltaFollower:
                     self._resync(consumer, self.registry.current())
                 for records in consumer.poll(timeout_ms=200).values():
                     for record in records:
-                        self.handle(consumer, record.offset, record.value)
+                        if self.handle(consumer, record.offset, record.value):
+                            break  # sought elsewhere: the rest of this poll is stale
                 self.follow_pointer()
             except Exception as exc:  # noqa: BLE001 - Kafka or registry trouble: retry later
                 self.errors += 1
@@ -116,31 +117,31 @@ class DeltaFollower:
             consumer.close()
 
     # -- records -------------------------------------------------------------------------------
-    def handle(self, consumer: Any, offset: int, value: bytes) -> None:
-        """One record of the topic (module doc)."""
+    def handle(self, consumer: Any, offset: int, value: bytes) -> bool:
+        """One record of the topic (module doc); True when it made the consumer seek."""
         try:
             base, seq = peek(value)
         except DeltaError as exc:
             log.error("delta at offset %d does not decode: %s", offset, exc)
             self.errors += 1
-            return
+            return False
         current = self.registry.current()
         if base != current:
-            return
+            return False
         state = self.state
         if state is None or state.base_version != base:
             state = self._lineage(base)
             if state is None:
-                return
+                return False
         if seq <= state.seq:
-            return
+            return False
         if seq > state.seq + 1:
             if self._stuck == (base, seq):
-                return  # replayed once already: wait for the next lineage
+                return False  # replayed once already: wait for the next lineage
             log.warning("delta %d of %s after %d: resync", seq, base, state.seq)
             self._stuck = (base, seq)
             self._resync(consumer, base)
-            return
+            return True
         started = time.perf_counter()
         try:
             new = apply(state, decode(value))
@@ -149,12 +150,13 @@ class DeltaFollower:
                                and served.artifact.version == base else None)
             smoke_check(artifact)
         except (DeltaError, VersionRefused, ValueError) as exc:
-            log.error("delta %d of %s refused: %s", seq, base, exc)
+            log.error("delta %d of %s at offset %d refused: %s", seq, base, offset, exc)
             self.errors += 1
-            return
+            return False
         self._serve(new, artifact)
         self.applied += 1
         self.last_apply_ms = (time.perf_counter() - started) * 1000.0
+        return False
 
     def follow_pointer(self) -> None:
         """Start the lineage of ``CURRENT`` when it moved (a new full version, a pin or a

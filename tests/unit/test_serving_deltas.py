@@ -111,3 +111,15 @@ def test_only_the_current_version_is_followed(records: list[bytes], tmp_path: Pa
     follower.handle(seeks, 1, records[1])
     assert follower.state.seq == 1
     assert loader.current is not None and loader.current.version == "v1"
+
+
+def test_a_resync_tells_the_poll_loop_to_drop_the_rest_of_its_records(
+    records: list[bytes], tmp_path: Path
+) -> None:
+    follower, _, registry = _follower(tmp_path)
+    _publish(registry, "v1", records[0])
+    seeks = Seeks()
+    assert follower.handle(seeks, 10, records[1]) is False
+    assert follower.handle(seeks, 12, records[3]) is True  # gap: sought back
+    assert follower.handle(seeks, 12, records[3]) is False  # the same gap again: no loop
+    assert follower.state is not None and follower.state.seq == 0
