@@ -48,7 +48,7 @@ from model.towers.two_tower import ModelConfig
 from model.trainer.checkpoint import CheckpointStore
 from model.trainer.core import Trainer, TrainOptions
 from model.trainer.dedupe import TrainedIds
-from model.trainer.deltas import DeltaBuilder, DeltaPublisher
+from model.trainer.deltas import DeltaPublisher
 from model.trainer.export import publish_version
 from model.trainer.fetch import Chunk, ChunkFetcher, RecordSource, Rejected, open_source
 from model.trainer.fetch_process import ProcessFetcher
@@ -252,19 +252,7 @@ class TrainerService:
         """The delta stream's lineage and last sequence (None: deltas off); ``checksum``:
         also ``model.delta.state_checksum`` of the state published (tens of ms at 100k rows:
         the trainer's ``/delta`` route, not ``/health``)."""
-        pub = self.deltas
-        if pub is None:
-            return None
-        from model.delta import state_checksum
-
-        mirror = pub.builder.mirror
-        return {
-            "base_version": mirror.base_version if mirror else None,
-            "seq": mirror.seq if mirror else None,
-            "state_checksum": state_checksum(mirror) if checksum and mirror else None,
-            "sent": pub.sent,
-            "bytes_sent": pub.bytes_sent,
-        }
+        return self.deltas.status(checksum) if self.deltas is not None else None
 
     # -- kafka ---------------------------------------------------------------------------------
     def _fetcher(self) -> ChunkFetcher | ProcessFetcher:
@@ -353,19 +341,8 @@ class TrainerService:
             log.error("export of version %s failed: %s", self.state.last_version, exc)
 
     def _start_deltas(self) -> None:
-        if self.loop.delta_every_s <= 0 or self.deltas is not None:
-            return
-        if self.trainer.model.attention is not None:
-            log.warning("no deltas: they do not carry the attention user tower (full versions only)")
-            return
-        from stream.kafka_client import ensure_updates_topic, updates_producer
-
-        kafka, tcfg = self.settings.kafka, self.settings.trainer
-        ensure_updates_topic(kafka)
-        self.deltas = DeltaPublisher(
-            DeltaBuilder(self.trainer, lambda: self.item_ids), updates_producer(kafka),
-            kafka.updates_topic, tcfg.model_name, tcfg.delta_codec, tcfg.delta_compress,
-        )
+        if self.loop.delta_every_s > 0 and self.deltas is None:
+            self.deltas = DeltaPublisher.start(self.settings, self.trainer, lambda: self.item_ids)
 
     def _delta_meta(self) -> dict[str, Any]:
         st = self.state
@@ -376,17 +353,9 @@ class TrainerService:
         }
 
     def _publish_delta(self) -> None:
-        from kafka.errors import KafkaError
-
         assert self.deltas is not None
         started = self.monotonic()
-        try:
-            delta = self.deltas.publish(self._delta_meta())
-        except KafkaError as exc:
-            # a delta that did not go out leaves a gap: start a new lineage (a full version)
-            log.error("delta not sent (%s): a new full version follows", exc)
-            self.deltas.reset()
-            return
+        delta = self.deltas.publish(self._delta_meta())
         if delta is not None:
             self.metrics.deltas.inc()
             self.metrics.delta_rows.observe(delta.rows_changed)
