@@ -56,9 +56,11 @@ def register(sub: Any) -> None:
     demo.add_argument("--items", type=int, default=2000, help="simulated items (default 2000)")
     demo.set_defaults(func=_demo)
 
-    topics = sub.add_parser("topics", help="create the Kafka topics (events, events.dlq, samples)",
+    topics = sub.add_parser("topics",
+                            help="create the Kafka topics (events, events.dlq, samples, model.updates)",
                             description="Create the configured topics if they do not exist "
-                            "(STREAMREC_KAFKA__PARTITIONS partitions each). `up` does this too.")
+                            "(STREAMREC_KAFKA__PARTITIONS partitions each, model.updates one). "
+                            "`up` does this too.")
     topics.set_defaults(func=_topics)
 
     bench = sub.add_parser("bench",
