@@ -19,6 +19,15 @@ version and can only move that user's answers once a version trained on the clic
 (i.e. after (b)). Either way each probe records whether its item was in the served version
 at click time, and (c) is also reported split by that (``recommendation_s_by_item``).
 
+With deltas on (``trainer.delta_every_s``), (b) is the served delta's trained-through time.
+``--new-items N`` adds N probes that click a brand-new item id (never seen before) and time
+
+  (d) new_item_s        the first click -> the item is in the served catalog, recommendable
+                        (GET /model/items/{id})
+
+and the run also reports the delta stream's bytes/s as the trainer sent it (its
+``GET /delta``, ``--trainer``) and the serving worker's last apply cost (``GET /model``).
+
 Prints p50/p95/p99 of each in seconds; ``--json FILE`` writes ``feature_s``, ``model_s`` and
 ``recommendation_s`` each with ``p50``, ``p95``, ``p99`` (and the raw values); ``--png FILE``
 draws their distributions (matplotlib, if installed).
@@ -127,6 +136,37 @@ def probe(client: Client, user: str, item: str | None,
             out.setdefault(f"{name}_timeouts", []).append(timeout_s)
 
 
+def new_item_probe(client: Client, serving: str, user: str, item: str, timeout_s: float,
+                   out: dict[str, list[float]], lock: threading.Lock) -> None:
+    """(d): one click of ``user`` on the never-seen ``item`` until serving can recommend it."""
+    import httpx
+
+    ts = time.time_ns() // 1_000_000
+    t0 = time.monotonic()
+    client.send([Event(user, item, "click", ts=ts)])
+    while time.monotonic() - t0 < timeout_s:
+        try:
+            found = httpx.get(f"{serving}/model/items/{item}", timeout=5.0).json()["in_catalog"]
+        except (httpx.HTTPError, KeyError, ValueError):
+            found = False
+        if found:
+            with lock:
+                out["new_item_s"].append(time.monotonic() - t0)
+            return
+        time.sleep(0.05)  # polling cadence of the probe
+    with lock:
+        out.setdefault("new_item_s_timeouts", []).append(timeout_s)
+
+
+def _delta_figures(trainer: str) -> dict[str, Any] | None:
+    import httpx
+
+    try:
+        return httpx.get(f"{trainer}/delta", timeout=10.0).json()
+    except (httpx.HTTPError, ValueError):
+        return None
+
+
 def main(argv: list[str] | None = None) -> int:
     from feature_store.settings import load_settings
     from stream.simulate import ClickSimulator, SimConfig, run
@@ -143,6 +183,9 @@ def main(argv: list[str] | None = None) -> int:
                         "any: any simulator item (see above)")
     p.add_argument("--ingest", default=f"http://{s.stack.bind_host}:{s.ingest.port}")
     p.add_argument("--serving", default=f"http://{s.stack.bind_host}:{s.serving.port}")
+    p.add_argument("--trainer", default=f"http://{s.stack.bind_host}:{s.trainer.metrics_port}")
+    p.add_argument("--new-items", type=int, default=0,
+                   help="probes clicking a never-seen item, timed until it is recommendable")
     p.add_argument("--json", type=Path)
     p.add_argument("--png", type=Path)
     args = p.parse_args(argv)
@@ -154,7 +197,8 @@ def main(argv: list[str] | None = None) -> int:
                             kwargs={"should_stop": stop.is_set}, daemon=True)
     load.start()
     out: dict[str, list[float]] = {"feature_s": [], "model_s": [], "recommendation_s": [],
-                                   "recommendation_s_known": [], "recommendation_s_unknown": []}
+                                   "recommendation_s_known": [], "recommendation_s_unknown": [],
+                                   "new_item_s": []}
     lock = threading.Lock()
     rng = random.Random(5)
     catalog = ServedCatalog(s.trainer.registry_dir, s.trainer.model_name)
@@ -166,7 +210,21 @@ def main(argv: list[str] | None = None) -> int:
     client = Client(args.ingest, args.serving, timeout_s=30.0)
     print(f"freshness: {args.probes} probes every {args.interval}s under {args.rate:.0f} "
           f"events/s of background load")
-    for _ in range(args.probes):
+    stream_start = (_delta_figures(args.trainer), time.monotonic())
+    apply_ms: list[float] = []
+    for n in range(max(args.probes, args.new_items)):
+        if n < args.new_items:
+            t = threading.Thread(target=new_item_probe, args=(
+                client, args.serving, sim.user_id(rng.randrange(config.users)),
+                f"new-{time.time_ns()}-{n}", args.timeout, out, lock), daemon=True)
+            t.start()
+            threads.append(t)
+        delta = client.model().get("delta") or {}
+        if delta.get("last_apply_ms") is not None:
+            apply_ms.append(float(delta["last_apply_ms"]))
+        if n >= args.probes:
+            time.sleep(args.interval)  # probe cadence
+            continue
         user = sim.user_id(rng.randrange(config.users))
         item = sim.item_id(rng.randrange(config.items)) if args.probe_items == "any" else None
         t = threading.Thread(target=probe, args=(client, user, item,
@@ -178,8 +236,16 @@ def main(argv: list[str] | None = None) -> int:
     for t in threads:
         t.join(args.timeout + 30)
     stop.set()
+    stream_end = (_delta_figures(args.trainer), time.monotonic())
     result = {name: _pct(out.get(name, [])) for name in ("feature_s", "model_s",
-                                                          "recommendation_s")}
+                                                          "recommendation_s", "new_item_s")}
+    if stream_start[0] and stream_end[0]:
+        span = stream_end[1] - stream_start[1]
+        result["delta_stream"] = {
+            "bytes_per_s": (stream_end[0]["bytes_sent"] - stream_start[0]["bytes_sent"]) / span,
+            "deltas_per_s": (stream_end[0]["sent"] - stream_start[0]["sent"]) / span,
+            "serving_apply_ms": _pct(apply_ms),
+        }
     result["recommendation_s_by_item"] = {
         "known": _pct(out["recommendation_s_known"]),
         "unknown": _pct(out["recommendation_s_unknown"])}
@@ -187,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     result["probes"] = args.probes
     result["probe_items"] = args.probe_items
     result["background_rate"] = args.rate
-    for name in ("feature_s", "model_s", "recommendation_s"):
+    for name in ("feature_s", "model_s", "recommendation_s", "new_item_s"):
         r = result[name]
         if r["n"]:
             print(f"{name:<17} p50 {r['p50']:7.2f}  p95 {r['p95']:7.2f}  p99 {r['p99']:7.2f}  "
@@ -199,6 +265,10 @@ def main(argv: list[str] | None = None) -> int:
         if r["n"]:
             print(f"  item {kind + ' to the served version':<28} p50 {r['p50']:7.2f}  "
                   f"p95 {r['p95']:7.2f}  (n={r['n']})")
+    if "delta_stream" in result:
+        ds = result["delta_stream"]
+        print(f"delta stream      {ds['bytes_per_s'] / 1e3:.1f} kB/s, {ds['deltas_per_s']:.2f} "
+              f"deltas/s; serving apply p50 {ds['serving_apply_ms'].get('p50')} ms")
     if result["timeouts"]:
         print(f"timeouts: {result['timeouts']}")
     if args.json:

@@ -56,9 +56,11 @@ def register(sub: Any) -> None:
     demo.add_argument("--items", type=int, default=2000, help="simulated items (default 2000)")
     demo.set_defaults(func=_demo)
 
-    topics = sub.add_parser("topics", help="create the Kafka topics (events, events.dlq, samples)",
+    topics = sub.add_parser("topics",
+                            help="create the Kafka topics (events, events.dlq, samples, model.updates)",
                             description="Create the configured topics if they do not exist "
-                            "(STREAMREC_KAFKA__PARTITIONS partitions each). `up` does this too.")
+                            "(STREAMREC_KAFKA__PARTITIONS partitions each, model.updates one). "
+                            "`up` does this too.")
     topics.set_defaults(func=_topics)
 
     bench = sub.add_parser("bench",
@@ -179,11 +181,12 @@ def _demo(args: argparse.Namespace) -> int:
 
 def _topics(args: argparse.Namespace) -> int:
     from feature_store.settings import load_settings
-    from stream.kafka_client import KafkaUnavailable, ensure_topics
+    from stream.kafka_client import KafkaUnavailable, ensure_topics, ensure_updates_topic
 
     k = load_settings().kafka
     try:
         created = ensure_topics(k, [k.events_topic, k.dlq_topic, k.samples_topic], k.partitions)
+        created += ensure_updates_topic(k)
     except KafkaUnavailable as exc:
         return _fail(exc)
     print(f"created {', '.join(created) or 'nothing (all exist)'}")

@@ -205,10 +205,11 @@ class Stack:
         return was_running
 
     def _create_topics(self) -> None:
-        from stream.kafka_client import ensure_topics
+        from stream.kafka_client import ensure_topics, ensure_updates_topic
 
         k = self.settings.kafka
         ensure_topics(k, [k.events_topic, k.dlq_topic, k.samples_topic], k.partitions)
+        ensure_updates_topic(k)
 
     # ----------------------------------------------------------------- status
 

@@ -55,6 +55,10 @@ class KafkaSettings(BaseModel):
         "events.dlq", description="Dead-letter topic: records that failed downstream, with why."
     )
     samples_topic: str = Field("samples", description="Training samples (feature job -> trainer).")
+    updates_topic: str = Field(
+        "model.updates",
+        description="The trainer's deltas between full versions (one partition; model/delta/FORMAT.md).",
+    )
     partitions: int = Field(2, ge=1, description="Partitions of each topic created by `up`.")
     replication_factor: int = Field(1, ge=1, description="Replicas of each topic we create.")
     min_insync_replicas: int = Field(1, ge=1, description="min.insync.replicas of our topics.")
@@ -180,13 +184,25 @@ class TrainerSettings(BaseModel):
     embedding_dim: int = Field(32, description="Embedding size d (user tower layers 2d, d).")
     batch_size: int = Field(512, description="Samples per training step.")
     learning_rate: float = Field(0.05, description="Adagrad learning rate (tables and layers).")
-    export_every_s: float = Field(30.0, description="Seconds between model versions.")
+    export_every_s: float = Field(
+        300.0,
+        description="Seconds between full model versions (bases for restart, pinning and "
+        "rollback; between them deltas keep serving fresh: delta_every_s).",
+    )
     export_every_samples: int = Field(
         200_000, description="Samples between model versions (whichever of the two comes first)."
     )
     keep_versions: int = Field(
         5, description="Newest versions the registry keeps (plus the pinned and current ones)."
     )
+    delta_every_s: float = Field(
+        1.0, ge=0.0,
+        description="Seconds between deltas on kafka.updates_topic (0 = no deltas; model/delta).",
+    )
+    delta_codec: str = Field(
+        "float32", description="Row codec of the deltas: float32, float16, bfloat16 or int8."
+    )
+    delta_compress: bool = Field(False, description="Deflate each delta record (zlib level 1).")
     metrics_host: str = Field("127.0.0.1", description="Host of the trainer's /metrics.")
     metrics_port: int = Field(8002, description="Port of the trainer's /health and /metrics.")
     seed: int = Field(7, description="Seed of the model's initialisers and samplers.")

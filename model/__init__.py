@@ -8,6 +8,8 @@ Sub-packages (``import model`` loads none of them, and never TensorFlow):
   serving: history pooling, the popularity prior, item co-visitation.
 * ``model.artifact`` — the version artifact (spec: ``model/artifact/FORMAT.md``) and the
   registry of versions; numpy only, the one part of ``model`` that serving imports.
+* ``model.delta`` — deltas between versions (spec ``model/delta/FORMAT.md``): the record,
+  its row codecs, the state they build and ``apply``; numpy only, serving reads it.
 * ``model.trainer`` — the trainer service: samples decoding, the fetch process, the train
   step, checkpoints with Kafka offsets, export, metrics.
 * ``model.evaluation`` — test-then-train evaluation (``streamrec evaluate``) and baselines.

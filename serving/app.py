@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import hmac
 import logging
+import os
 import time
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
@@ -35,6 +36,7 @@ from serving import errors
 from serving import metrics as m
 from serving import retrieval as r
 from serving.dashboard import collector_from_settings, dashboard_router
+from serving.deltas import DeltaFollower
 from serving.errors import Forbidden, NotFound, Unauthorized
 from serving.features_api import features_router
 from serving.loader import ModelLoader, TrendingCache
@@ -144,6 +146,9 @@ class ServingState:
             self.metrics)
         self.metrics.track_store_state(lambda: self.store_guard.health.status().state)
         self.pubsub_factory = pubsub_factory
+        self.deltas: DeltaFollower | None = None
+        if settings.trainer.delta_every_s > 0:
+            self.deltas = DeltaFollower(self.loader, registry, settings.kafka, clock)
 
     async def recommend(self, user_id: str, k: int, exclude_seen: bool) -> dict[str, Any]:
         start = time.perf_counter()
@@ -164,14 +169,17 @@ class ServingState:
             "took_ms": round(took * 1000.0, 3),
         }
 
-    def model_info(self) -> dict[str, Any]:
+    def model_info(self, checksum: bool = False) -> dict[str, Any]:
         model = self.loader.current
         info: dict[str, Any] = {
+            "worker_pid": os.getpid(),
             "version": None,
             "current_pointer": self.registry.current(),
             "pinned": self.registry.pinned(),
             "refused": self.loader.refused,
         }
+        if self.deltas is not None:
+            info["delta"] = self.deltas.status(checksum)
         if model is None:
             return info
         through = model.trained_through_ms
@@ -295,9 +303,13 @@ def create_app(
                 tasks.append(asyncio.create_task(
                     state.loader.listen(state.pubsub_factory), name="model-pubsub"))
             tasks.append(asyncio.create_task(stats.run(), name="dashboard-stats"))
+            if state.deltas is not None:
+                state.deltas.start()
         try:
             yield
         finally:
+            if state.deltas is not None:
+                await asyncio.to_thread(state.deltas.stop)
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -327,8 +339,19 @@ def create_app(
         return Response(orjson.dumps(answer), media_type="application/json")
 
     @app.get("/model")
-    def model_info() -> dict[str, Any]:
-        return state.model_info()
+    def model_info(checksum: bool = False) -> dict[str, Any]:
+        return state.model_info(checksum)
+
+    @app.get("/model/items/{item_id}")
+    def model_item(item_id: str) -> dict[str, Any]:
+        """Whether the served model can recommend ``item_id`` (it is in its catalog)."""
+        model = state.loader.current
+        return {
+            "item_id": item_id,
+            "in_catalog": model is not None and item_id in model.artifact.item_index,
+            "version": model.version if model else None,
+            "delta_seq": model.manifest.get("delta_seq") if model else None,
+        }
 
     @app.post("/model/pin")
     def pin(

@@ -139,9 +139,12 @@ class ModelLoader:
             raise VersionRefused(repr(exc)) from exc
         return LoadedModel(artifact, artifact.manifest, self.clock().astimezone(UTC))
 
-    def swap(self, model: LoadedModel, only_if_current: bool = False) -> bool:
+    def swap(
+        self, model: LoadedModel, only_if_current: bool = False, quiet: bool = False
+    ) -> bool:
         """Serve ``model`` (one reference assignment). With ``only_if_current``, only if the
-        registry still points at it (a pin may have moved the pointer meanwhile)."""
+        registry still points at it (a pin may have moved the pointer meanwhile); ``quiet``:
+        log at debug level (a delta's swap, every second)."""
         with self._lock:
             if only_if_current and self.registry.current() != model.version:
                 log.info("not swapping in %s: the registry moved on", model.version)
@@ -152,8 +155,8 @@ class ModelLoader:
             self.metrics.swaps.inc()
             self.metrics.items.set(model.artifact.item_ids.shape[0])
             self.metrics.served(model.created_at or model.loaded_at, model.trained_through_ms)
-        log.info("serving model version %s (was %s)", model.version,
-                 previous.version if previous else None)
+        log.log(logging.DEBUG if quiet else logging.INFO, "serving model version %s (was %s)",
+                model.version, previous.version if previous else None)
         return True
 
     def load(self, version: str) -> LoadedModel:

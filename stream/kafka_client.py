@@ -142,8 +142,10 @@ def ensure_topics(
     names: Iterable[str],
     partitions: int | None = None,
     timeout_s: float = 30.0,
+    configs: Mapping[str, str] | None = None,
 ) -> list[str]:
-    """Create the topics that do not exist yet; returns the names it created."""
+    """Create the topics that do not exist yet; returns the names it created. ``configs``:
+    more topic configs of the created ones (beside ``min.insync.replicas``)."""
     from kafka.admin import KafkaAdminClient, NewTopic
     from kafka.errors import KafkaError, TopicAlreadyExistsError
 
@@ -163,7 +165,9 @@ def ensure_topics(
                     n,
                     num_partitions=partitions or kafka.partitions,
                     replication_factor=kafka.replication_factor,
-                    topic_configs={"min.insync.replicas": str(kafka.min_insync_replicas)},
+                    topic_configs={
+                        "min.insync.replicas": str(kafka.min_insync_replicas), **(configs or {}),
+                    },
                 )
                 for n in missing
             ]
@@ -175,6 +179,50 @@ def ensure_topics(
         return missing
     finally:
         admin.close()
+
+
+#: Largest record of the model updates topic (a delta after a burst, a snapshot is never
+#: sent there: it lives beside its full version).
+UPDATES_MAX_BYTES = 32 << 20
+
+
+def ensure_updates_topic(kafka: KafkaSettings, timeout_s: float = 30.0) -> list[str]:
+    """Create ``kafka.updates_topic`` if needed: one partition (the deltas are one ordered
+    sequence), records up to :data:`UPDATES_MAX_BYTES`."""
+    return ensure_topics(kafka, [kafka.updates_topic], 1, timeout_s,
+                         {"max.message.bytes": str(UPDATES_MAX_BYTES)})
+
+
+def updates_producer(kafka: KafkaSettings) -> Any:
+    """The trainer's producer of deltas: ``acks=all``, idempotent, in order, large records."""
+    return make_producer(kafka, **_IDEMPOTENT, max_request_size=UPDATES_MAX_BYTES, linger_ms=0)
+
+
+def updates_consumer(kafka: KafkaSettings) -> Any:
+    """A consumer of the updates topic's one partition (assigned: no group, no commits),
+    able to fetch its largest records."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(
+        bootstrap_servers=kafka.bootstrap, group_id=None, enable_auto_commit=False,
+        max_partition_fetch_bytes=UPDATES_MAX_BYTES, fetch_max_bytes=2 * UPDATES_MAX_BYTES,
+        fetch_max_wait_ms=50,
+    )
+    consumer.assign([TopicPartition(kafka.updates_topic, 0)])
+    return consumer
+
+
+def seek_to_time(consumer: Any, topic: str, at_ms: int, partition: int = 0) -> None:
+    """Seek an assigned ``consumer`` to the first record of ``topic``/``partition`` written
+    at or after ``at_ms`` (epoch ms), or to the end when there is none."""
+    from kafka import TopicPartition
+
+    tp = TopicPartition(topic, partition)
+    found = consumer.offsets_for_times({tp: max(int(at_ms), 0)}).get(tp)
+    if found is None:
+        consumer.seek_to_end(tp)
+    else:
+        consumer.seek(tp, found.offset)
 
 
 def dlq_record(

@@ -9,10 +9,12 @@ Rules, read top to bottom; a module's import is allowed when every rule that app
    ``serving`` <- ``deploy`` (each may import only those to its left; nothing imports
    ``serving`` or ``deploy`` but ``deploy``). ``streamrec`` (the HTTP client users import)
    stands beside ``feature_store`` at the bottom: it imports nothing of ours, all may use it.
-2. ``serving`` takes from ``model`` only ``model.artifact`` and ``model.scoring`` (numpy only)
+2. ``serving`` takes from ``model`` only ``model.artifact``, ``model.scoring`` and
+   ``model.delta`` (numpy only)
    and from ``stream`` only ``stream.kafka_client``.
-3. Inside ``model``: ``scoring`` <- ``artifact``, ``towers`` <- ``trainer`` <- ``evaluation``
-   <- ``cli`` (``artifact`` and ``towers`` both sit on ``scoring`` and not on each other).
+3. Inside ``model``: ``scoring`` <- ``artifact`` <- ``delta``, ``towers`` <- ``trainer`` <-
+   ``evaluation`` <- ``cli`` (``artifact`` and ``towers`` both sit on ``scoring`` and not on
+   each other; ``delta`` sits on ``artifact``, not on ``towers``).
 4. TensorFlow, TFRA and tf_keras are imported in ``model.towers.tf_env`` only.
 """
 
@@ -38,7 +40,7 @@ LADDER: dict[str, frozenset[str]] = {
 
 #: Rule 2: (importer package, imported package) -> the only modules allowed (prefixes).
 NARROW: dict[tuple[str, str], tuple[str, ...]] = {
-    ("serving", "model"): ("model.artifact", "model.scoring"),
+    ("serving", "model"): ("model.artifact", "model.scoring", "model.delta"),
     ("serving", "stream"): ("stream.kafka_client",),
 }
 
@@ -46,10 +48,11 @@ NARROW: dict[tuple[str, str], tuple[str, ...]] = {
 MODEL_LADDER: dict[str, frozenset[str]] = {
     "scoring": frozenset(),
     "artifact": frozenset({"scoring"}),
+    "delta": frozenset({"scoring", "artifact"}),
     "towers": frozenset({"scoring"}),
-    "trainer": frozenset({"scoring", "artifact", "towers"}),
-    "evaluation": frozenset({"scoring", "artifact", "towers", "trainer"}),
-    "cli": frozenset({"scoring", "artifact", "towers", "trainer", "evaluation"}),
+    "trainer": frozenset({"scoring", "artifact", "delta", "towers"}),
+    "evaluation": frozenset({"scoring", "artifact", "delta", "towers", "trainer"}),
+    "cli": frozenset({"scoring", "artifact", "delta", "towers", "trainer", "evaluation"}),
 }
 
 #: Rule 4.

@@ -98,6 +98,7 @@ def isolated_settings(stack: Any, root: Path, prefix: str = "t") -> Any:
             "events_topic": f"{uid}.events",
             "dlq_topic": f"{uid}.events.dlq",
             "samples_topic": f"{uid}.samples",
+            "updates_topic": f"{uid}.updates",
         }),
         "redis": stack.redis.model_copy(update={"key_prefix": f"{uid}:"}),
         "trainer": stack.trainer.model_copy(update={

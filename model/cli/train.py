@@ -40,6 +40,8 @@ def register(sub: Any) -> None:
     p.add_argument("--batch-size", type=int, help="samples per step (default: trainer.batch_size)")
     p.add_argument("--export-every-s", type=float, help="default: trainer.export_every_s")
     p.add_argument("--export-every-samples", type=int, help="default: trainer.export_every_samples")
+    p.add_argument("--delta-every-s", type=float,
+                   help="seconds between deltas, 0 = none (default: trainer.delta_every_s)")
     p.add_argument("--batch-timeout-s", type=float, default=0.2,
                    help="train a partial batch after this wait (default 0.2)")
     p.add_argument("--max-samples", type=int, help="stop after this many trained samples")
@@ -86,7 +88,12 @@ def run_train(args: argparse.Namespace) -> int:
         service = holder.get("service")
         return service.status() if service else {"status": "starting"}
 
-    server = HealthServer(settings.stack.bind_host, port, metrics, status).start()
+    def delta() -> dict[str, Any] | None:
+        service = holder.get("service")
+        return service.delta_status(checksum=True) if service else None
+
+    server = HealthServer(settings.stack.bind_host, port, metrics, status,
+                          {"/delta": delta}).start()
     try:
         from model.towers.two_tower import ModelConfig
         from model.trainer.core import TrainOptions
@@ -122,6 +129,8 @@ def run_train(args: argparse.Namespace) -> int:
             export_every_s=args.export_every_s or tcfg.export_every_s,
             export_every_samples=args.export_every_samples or tcfg.export_every_samples,
             max_samples=args.max_samples,
+            delta_every_s=(tcfg.delta_every_s if args.delta_every_s is None
+                           else args.delta_every_s),
         )
         from model.trainer.core import Trainer
 

@@ -128,6 +128,11 @@ class Trainer:
         self._step_fn = tf.function(single, input_signature=_SIG)
         self._step_concrete: Any = None
         self._accum_fn = tf.function(self._accum_step, input_signature=_SIG)
+        #: Called with (batch, sampled negatives) before each optimizer update: the keys
+        #: whose rows it moves (``model.trainer.deltas``); None = nobody listens.
+        self.on_step: Callable[[Batch, np.ndarray], None] | None = None
+        #: Rows removed by eviction so far (a delta rescans its tables when this moves).
+        self.evicted_rows = 0
         self._user_vec_fn = tf.function(
             self.model.user_vectors,
             input_signature=[tf.TensorSpec([None], tf.int64), tf.TensorSpec([None, None], tf.int64)],
@@ -358,6 +363,8 @@ class Trainer:
             self.negatives.reset(self.model.known_rows(self.model.items)[0])
         self.negatives.add(batch.item_keys)
         neg, neg_lq = self.negatives.draw()
+        if self.on_step is not None:
+            self.on_step(batch, neg)
         args = (
             tf.constant(batch.user_keys, tf.int64),
             tf.constant(batch.item_keys, tf.int64),
@@ -656,6 +663,7 @@ class Trainer:
             (self.model.items, self.opt_item, self.options.max_item_rows),
         ):
             removed += self.model.evict(table, cap, self._slot_tables(opt, table))
+        self.evicted_rows += removed
         if removed and self.negatives.count:
             self.negatives.reset(self.model.known_rows(self.model.items)[0])
         return removed

@@ -55,19 +55,7 @@ def artifact_arrays(trainer: Trainer, item_ids: Mapping[int, str]) -> dict[str, 
     vkeys, vecs = trainer.item_vectors()
     named = np.fromiter((int(k) in item_ids for k in vkeys), bool, vkeys.size)
     config = model.config
-    layers = [
-        (w.numpy(), b.numpy(), act)
-        for w, b, act in zip(model.kernels, model.biases, model.activations, strict=True)
-    ]
-    # the residual's source is the last block of the MLP input (see TwoTower.user_mlp)
-    before = config.embedding_dim * (2 if config.attention and config.attention_pool else 1)
-    tower = export_fields(
-        fold_pool_residual(layers, before, config.pool_residual),
-        config.prior_weight,
-        config.normalize and config.normalize_user,
-        config.history_len,
-        config.history_decay,
-    )
+    tower = tower_fields(trainer)
     covisit: dict[str, Any] = {}
     if trainer.covisit is not None:
         covisit = {
@@ -102,6 +90,25 @@ def artifact_arrays(trainer: Trainer, item_ids: Mapping[int, str]) -> dict[str, 
     }
 
 
+def tower_fields(trainer: Trainer) -> dict[str, Any]:
+    """The user tower's fields of a version: folded dense layers, normalisation, prior flag,
+    history window and pooling (``model.scoring.prior.export_fields``)."""
+    model, config = trainer.model, trainer.model.config
+    layers = [
+        (w.numpy(), b.numpy(), act)
+        for w, b, act in zip(model.kernels, model.biases, model.activations, strict=True)
+    ]
+    # the residual's source is the last block of the MLP input (see TwoTower.user_mlp)
+    before = config.embedding_dim * (2 if config.attention and config.attention_pool else 1)
+    return export_fields(
+        fold_pool_residual(layers, before, config.pool_residual),
+        config.prior_weight,
+        config.normalize and config.normalize_user,
+        config.history_len,
+        config.history_decay,
+    )
+
+
 def write_version(
     directory: str | Path,
     trainer: Trainer,
@@ -127,8 +134,12 @@ def publish_version(
     version: str,
     manifest_extra: Mapping[str, Any] | None = None,
     created_at: datetime | None = None,
+    extra_files: Mapping[str, bytes] | None = None,
 ) -> str:
-    """Stage, write, verify and publish one version (atomic: temp dir + rename + pointer)."""
+    """Stage, write, verify and publish one version (atomic: temp dir + rename + pointer).
+    ``extra_files``: more files of the version beside the artifact (e.g. the delta
+    snapshot, ``model/delta/FORMAT.md``), written before the rename; they carry their
+    own checksums (the manifest does not list them)."""
     arrays = artifact_arrays(trainer, item_ids)
 
     def write(path: Path) -> None:
@@ -139,6 +150,8 @@ def publish_version(
             created_at=created_at,
             **arrays,
         )
+        for name, data in (extra_files or {}).items():
+            (path / name).write_bytes(data)
 
     published = registry.publish(version, write)
     log.info("published version %s (%d items)", published, len(arrays["item_ids"]))

@@ -16,6 +16,13 @@ counts as consumed (in order with the trained ones) and training continues.
 Every ``export_every_s`` seconds or ``export_every_samples`` samples (whichever first) the
 trainer checkpoints and then publishes a version whose manifest carries the offsets, the
 event time it is trained through, the rolling test-then-train metrics and the digest.
+
+With ``delta_every_s`` > 0, every version also starts a lineage of deltas
+(``model.trainer.deltas``: a snapshot beside the version, then every ``delta_every_s`` the
+rows that moved, on ``kafka.updates_topic``). Deltas are provisional (not checkpointed):
+a restarted trainer publishes a new full version before it trains, so serving resyncs to
+it and the samples after the checkpoint are trained once in the surviving lineage
+(``docs/decisions.md#delta-stream``).
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ from model.towers.two_tower import ModelConfig
 from model.trainer.checkpoint import CheckpointStore
 from model.trainer.core import Trainer, TrainOptions
 from model.trainer.dedupe import TrainedIds
+from model.trainer.deltas import DeltaPublisher
 from model.trainer.export import publish_version
 from model.trainer.fetch import Chunk, ChunkFetcher, RecordSource, Rejected, open_source
 from model.trainer.fetch_process import ProcessFetcher
@@ -131,6 +139,8 @@ class LoopOptions:
     #: Most records one poll returns (the fetch thread decodes a poll as a whole); None =
     #: four batches, at least 2000.
     max_poll_records: int | None = None
+    #: Seconds between deltas on the updates topic (0 = none; ``model.trainer.deltas``).
+    delta_every_s: float = 0.0
 
 
 def feature_schema_hash(history_len: int, config: ModelConfig) -> str:
@@ -186,6 +196,7 @@ class TrainerService:
         self.loop = loop or LoopOptions(
             export_every_s=settings.trainer.export_every_s,
             export_every_samples=settings.trainer.export_every_samples,
+            delta_every_s=settings.trainer.delta_every_s,
         )
         self.clock = clock
         self.monotonic = monotonic
@@ -206,6 +217,8 @@ class TrainerService:
         self._producer: Any = None
         self._last_loss = float("nan")
         self._batches_done = 0
+        #: The delta stream (``LoopOptions.delta_every_s``), made when ``run()`` starts.
+        self.deltas: DeltaPublisher | None = None
 
     # -- state ---------------------------------------------------------------------------------
     def restore(self) -> bool:
@@ -259,7 +272,14 @@ class TrainerService:
             "last_version": self.state.last_version,
             "trained_through_ms": self.state.trained_through_ms,
             "metrics": self.trainer.evaluator.summary(),  # at most one batch behind
+            "delta": self.delta_status(),
         }
+
+    def delta_status(self, checksum: bool = False) -> dict[str, Any] | None:
+        """The delta stream's lineage and last sequence (None: deltas off); ``checksum``:
+        also ``model.delta.state_checksum`` of the state published (tens of ms at 100k rows:
+        the trainer's ``/delta`` route, not ``/health``)."""
+        return self.deltas.status(checksum) if self.deltas is not None else None
 
     # -- kafka ---------------------------------------------------------------------------------
     def _fetcher(self) -> ChunkFetcher | ProcessFetcher:
@@ -311,7 +331,8 @@ class TrainerService:
         """Train until ``stop_event`` is set (or ``max_samples``); returns the final state."""
         self.restore()
         fetcher = self._fetcher()
-        last_export = self.monotonic()
+        self._start_deltas()
+        last_export = last_delta = self.monotonic()
         since_export = 0
         with _tuned(self.loop):
             fetcher.start()
@@ -328,6 +349,13 @@ class TrainerService:
                     ):
                         self._export_logged()
                         last_export, since_export = self.monotonic(), 0
+                    if self.deltas is not None and self.state.samples_trained:
+                        if not self.deltas.active:  # a new lineage first (also on restart)
+                            self._export_logged()
+                            last_export, since_export = self.monotonic(), 0
+                        elif now - last_delta >= self.loop.delta_every_s:
+                            self._publish_delta()
+                            last_delta = now
                 if since_export > 0:
                     self._export_logged()
                 return self.state
@@ -343,6 +371,27 @@ class TrainerService:
             self.export()
         except (RegistryError, ArtifactError, OSError) as exc:
             log.error("export of version %s failed: %s", self.state.last_version, exc)
+
+    def _start_deltas(self) -> None:
+        if self.loop.delta_every_s > 0 and self.deltas is None:
+            self.deltas = DeltaPublisher.start(self.settings, self.trainer, lambda: self.item_ids)
+
+    def _delta_meta(self) -> dict[str, Any]:
+        st = self.state
+        return {
+            "offsets": dict(st.offsets), "trained_through_ms": st.trained_through_ms,
+            "samples_trained": st.samples_trained,
+            "created_at": self.clock().isoformat(),
+        }
+
+    def _publish_delta(self) -> None:
+        assert self.deltas is not None
+        started = self.monotonic()
+        delta = self.deltas.publish(self._delta_meta())
+        if delta is not None:
+            self.metrics.deltas.inc()
+            self.metrics.delta_rows.observe(delta.rows_changed)
+            self.metrics.delta_seconds.observe(self.monotonic() - started)
 
     def _limit_reached(self) -> bool:
         cap = self.loop.max_samples
@@ -420,7 +469,16 @@ class TrainerService:
                 "score_weights": self.trainer.mixer.as_dict(),
             },
         }
-        publish_version(self.registry, self.trainer, self.item_ids, version, extra, created_at=now)
+        files = None
+        if self.deltas is not None:  # the new lineage's snapshot, of this very state
+            files = self.deltas.snapshot_files(version, {**self._delta_meta(), "created_at": now.isoformat()})
+        try:
+            publish_version(self.registry, self.trainer, self.item_ids, version, extra,
+                            created_at=now, extra_files=files)
+        except BaseException:
+            if self.deltas is not None:
+                self.deltas.reset()  # no deltas of a version that does not exist
+            raise
         self.metrics.exports.inc()
         self.metrics.set_quality(summary)
         for table, rows in sizes.items():
@@ -429,6 +487,9 @@ class TrainerService:
         return version
 
     def close(self) -> None:
+        if self.deltas is not None:
+            self.deltas.close()
+            self.deltas = None
         if self._source is not None:
             self._source.close()
             self._source = None

@@ -49,6 +49,15 @@ class TrainerMetrics:
             names.TRAINER_EXPORT_SECONDS, "Wall time of checkpoint+export", registry=r,
             buckets=(0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
         )
+        self.deltas = Counter(names.TRAINER_DELTAS, "Deltas published", registry=r)
+        self.delta_rows = Histogram(
+            names.TRAINER_DELTA_ROWS, "User and item rows per delta", registry=r,
+            buckets=(10, 100, 1000, 5000, 20_000, 100_000, 1_000_000),
+        )
+        self.delta_seconds = Histogram(
+            names.TRAINER_DELTA_SECONDS, "Wall time of building and sending a delta", registry=r,
+            buckets=(0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
+        )
         self.quality = Gauge(
             names.TRAINER_QUALITY, "Test-then-train figures over the rolling window",
             ["metric"], registry=r,
@@ -83,13 +92,20 @@ class HealthServer:
     """``GET /health`` (JSON from ``status()``) and ``GET /metrics`` on a background thread."""
 
     def __init__(
-        self, host: str, port: int, metrics: TrainerMetrics, status: Callable[[], dict[str, Any]]
+        self, host: str, port: int, metrics: TrainerMetrics, status: Callable[[], dict[str, Any]],
+        json_routes: dict[str, Callable[[], Any]] | None = None,
     ) -> None:
+        """``json_routes``: more ``GET`` paths answering the JSON of a callable."""
         self.metrics = metrics
         self.status = status
+        extra = {
+            path: (lambda fn=fn: (json.dumps(fn()).encode(), "application/json"))
+            for path, fn in (json_routes or {}).items()
+        }
         self.httpd = routes_server(host, port, {
             "/health": lambda: (json.dumps(self.status()).encode(), "application/json"),
             "/metrics": lambda: (self.metrics.render(), CONTENT_TYPE_LATEST),
+            **extra,
         })
         self._thread = threading.Thread(target=self.httpd.serve_forever, name="trainer-http", daemon=True)
 

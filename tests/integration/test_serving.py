@@ -89,6 +89,8 @@ def serve(tmp_path: Path) -> Iterator:
             "STREAMREC_TRAINER__REGISTRY_DIR": str(settings.trainer.registry_dir),
             "STREAMREC_TRAINER__MODEL_NAME": settings.trainer.model_name,
             "STREAMREC_SERVING__POLL_INTERVAL_S": "60",  # swaps must come by pub/sub
+            "STREAMREC_KAFKA__PORT": str(settings.kafka.port),
+            "STREAMREC_KAFKA__UPDATES_TOPIC": settings.kafka.updates_topic,
         })
         log = (tmp_path / f"serve-{port}.log").open("w")
         proc = subprocess.Popen(

@@ -119,6 +119,7 @@ def _env(settings: Settings, port: int) -> dict[str, str]:
     env.update({
         "STREAMREC_KAFKA__PORT": str(k.port),
         "STREAMREC_KAFKA__SAMPLES_TOPIC": k.samples_topic,
+        "STREAMREC_KAFKA__UPDATES_TOPIC": k.updates_topic,
         "STREAMREC_KAFKA__DLQ_TOPIC": k.dlq_topic,
         "STREAMREC_KAFKA__EVENTS_TOPIC": k.events_topic,
         "STREAMREC_REDIS__PORT": str(r.port),

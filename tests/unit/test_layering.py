@@ -89,3 +89,22 @@ def test_nothing_imports_deploy_or_serving_from_below(tmp_path: Path) -> None:
         ("model.cli.train", "serving.app"),
         ("model.cli.train", "deploy"),
     }
+
+
+def test_deltas_sit_on_artifacts_and_serving_may_read_them(tmp_path: Path) -> None:
+    root = _tree(tmp_path, {
+        "model/__init__.py": "",
+        "model/delta/__init__.py": "",
+        "model/delta/state.py": "from model.artifact import files\nfrom model.towers import tf_env\n",
+        "model/artifact/__init__.py": "",
+        "model/artifact/files.py": "from model.delta import state\n",
+        "model/towers/__init__.py": "",
+        "model/towers/tf_env.py": "import tensorflow as tf\n",
+        "serving/__init__.py": "",
+        "serving/deltas.py": "from model.delta import apply\nfrom model.trainer import deltas\n",
+    })
+    assert _edges(violations(root)) == {
+        ("model.delta.state", "model.towers.tf_env"),
+        ("model.artifact.files", "model.delta.state"),
+        ("serving.deltas", "model.trainer"),
+    }

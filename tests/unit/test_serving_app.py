@@ -397,3 +397,15 @@ def test_pinning_a_broken_version_is_refused_and_moves_nothing(env) -> None:
         assert get(client, user_id="alice")["model_version"] == "v2"
         assert client.post("/model/rollback", headers={"X-Admin-Token": TOKEN}).status_code == 422
         assert reg.current() == "v2"
+
+
+def test_model_items_says_whether_the_served_catalog_holds_an_item(env) -> None:
+    app, _, reg = env
+    with TestClient(app) as client:
+        assert client.get("/model/items/i3").json()["in_catalog"] is False  # no model yet
+    publish(reg, "v1", n=20)
+    with TestClient(app) as client:
+        known = client.get("/model/items/i3").json()
+        assert known == {"item_id": "i3", "in_catalog": True, "version": "v1", "delta_seq": None}
+        assert client.get("/model/items/i20").json()["in_catalog"] is False
+        assert "delta" in client.get("/model").json()  # deltas on by default (not followed here)

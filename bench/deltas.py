@@ -1,0 +1,204 @@
+"""Delta stream benchmark (in process, no services): size of the stream, build and apply
+cost, and the checkpoint cost that decides how deltas stay exactly-once.
+
+    python -m bench.deltas [--users 20000] [--items 20000] [--warm-samples 40000]
+                           [--fill 100000] [--rate 2000] [--deltas 20] [--json FILE]
+
+A trainer (the live defaults: ``ModelConfig()``, batch 512) is warmed on ``--warm-samples``
+of the synthetic stream (``--users``, ``--items``), then both tables get ``--fill`` more rows
+(random keys and rows, named items: what the size-bound costs see — snapshot, apply and
+compose, checkpoint — as in a long-running stream); then, ``--deltas`` times, it trains
+one second of the stream at ``--rate`` samples/s and builds the delta of that second
+(``model.trainer.deltas.DeltaBuilder``). Reported, each as p50/p95 over the deltas:
+
+* ``rows_per_delta`` (user + item rows), ``pairs_per_delta`` (co-visitation pairs);
+* ``bytes_per_s``: the record per codec (float32, float16, bfloat16, int8), raw and with
+  zlib (``--rate`` samples/s means one delta per second, so bytes per delta = bytes/s);
+* ``build_ms``: the trainer's cost of reading the touched rows and encoding (float32);
+* ``apply_ms``: serving's cost of decoding, applying and composing the servable artifact
+  (``model.delta.apply`` + ``compose``), ``apply_rows``;
+* ``snapshot_bytes``: the lineage's snapshot; ``checkpoint_ms``: one trainer checkpoint
+  (``model.trainer.checkpoint.CheckpointStore.save``, as ``TrainerService.checkpoint``) at
+  this table size, three saves.
+
+With ``--quality-samples N``: the next N samples of the stream (not trained on) are ranked
+by the served artifact (``serving.retrieval.rank_with_model``, seen items excluded) after
+the float32 snapshot and the deltas in each codec; ``recall_at_10`` per codec, and its
+change against float32 (the quality cost of compressing the stream; ``--fill 0`` keeps the
+random rows out of the catalog).
+
+CPU time is shared with other work on the development machine: ``load_avg`` is written too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+def _pct(values: list[float]) -> dict[str, float]:
+    arr = np.asarray(values, np.float64)
+    return {"p50": float(np.percentile(arr, 50)), "p95": float(np.percentile(arr, 95)),
+            "mean": float(arr.mean())}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="bench.deltas", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--users", type=int, default=20_000)
+    p.add_argument("--items", type=int, default=20_000)
+    p.add_argument("--warm-samples", type=int, default=40_000)
+    p.add_argument("--fill", type=int, default=100_000, help="random rows added to each table")
+    p.add_argument("--rate", type=int, default=2000, help="samples per delta (per second)")
+    p.add_argument("--deltas", type=int, default=20)
+    p.add_argument("--batch", type=int, default=512)
+    p.add_argument("--quality-samples", type=int, default=0)
+    p.add_argument("--json", type=Path)
+    args = p.parse_args(argv)
+
+    from model.delta import CODECS, apply, compose, decode, encode, from_snapshot
+    from model.evaluation.synthetic import SyntheticConfig, SyntheticStream
+    from model.towers.two_tower import ModelConfig
+    from model.trainer.checkpoint import CheckpointStore
+    from model.trainer.core import Trainer, TrainOptions
+    from model.trainer.deltas import DeltaBuilder
+    from model.trainer.samples import KeyCache, to_batch
+
+    hist = ModelConfig().history_len
+    stream = SyntheticStream(SyntheticConfig(users=args.users, items=args.items, clusters=50,
+                                             history_len=hist, seed=4))
+    trainer = Trainer(ModelConfig(), TrainOptions(batch_size=args.batch))
+    keys = KeyCache()
+    item_ids: dict[int, str] = {}
+
+    def train(n: int) -> None:
+        for start in range(0, n, args.batch):
+            samples = stream.take(min(args.batch, n - start))
+            batch = to_batch(samples, hist, keys)
+            trainer.fit_batch(batch)
+            item_ids.update(zip(batch.item_keys.tolist(), [s.item_id for s in samples],
+                                strict=True))
+
+    builder = DeltaBuilder(trainer, lambda: item_ids)
+    t0 = time.perf_counter()
+    train(args.warm_samples)
+    warm_s = time.perf_counter() - t0
+    if args.fill:
+        from model.towers.tf_env import tf
+
+        rng = np.random.default_rng(1)
+        d = trainer.config.embedding_dim
+        for table, kind in ((trainer.model.users, "u"), (trainer.model.items, "i")):
+            fill_keys = rng.integers(1 << 40, 1 << 62, args.fill, dtype=np.int64)
+            table.params.upsert(tf.constant(fill_keys), tf.constant(
+                rng.normal(scale=0.1, size=(args.fill, d)), tf.float32))
+            if kind == "i":
+                item_ids.update({int(k): f"fill-{j}" for j, k in enumerate(fill_keys.tolist())})
+    sizes = trainer.table_sizes()
+    print(f"warmed on {args.warm_samples} samples in {warm_s:.0f}s: {sizes}")
+
+    snap = builder.snapshot("bench", {})
+    snapshot_record = encode(snap, compress=True)
+    state = from_snapshot(decode(snapshot_record))
+    served = compose(state)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        store = CheckpointStore(Path(tmp), trainer.trackables())
+        ckpt_ms = []
+        for _ in range(3):
+            c0 = time.perf_counter()
+            trainer.wait_evaluation()
+            arrays = trainer.covisit.to_arrays() if trainer.covisit is not None else {}
+            store.save({"bench": True}, {**arrays, **{f"mixer_{k}": v for k, v in
+                                                      trainer.mixer.state().items()}})
+            ckpt_ms.append((time.perf_counter() - c0) * 1000.0)
+
+    rows, pairs, build_ms, apply_ms = [], [], [], []
+    sent: list[Any] = []
+    sizes_by: dict[str, list[int]] = {f"{c}{z}": [] for c in CODECS for z in ("", "+zlib")}
+    for _ in range(args.deltas):
+        train(args.rate)
+        b0 = time.perf_counter()
+        delta = builder.delta({})
+        record = encode(delta)
+        sent.append(delta)
+        build_ms.append((time.perf_counter() - b0) * 1000.0)
+        rows.append(delta.rows_changed)
+        pairs.append(int(delta.covisit_codes.size))
+        for codec in CODECS:
+            sizes_by[codec].append(len(record) if codec == "float32" else len(encode(delta, codec)))
+            sizes_by[f"{codec}+zlib"].append(len(encode(delta, codec, compress=True)))
+        a0 = time.perf_counter()
+        state = apply(state, decode(record))
+        served = compose(state, served)
+        apply_ms.append((time.perf_counter() - a0) * 1000.0)
+
+    result: dict[str, Any] = {
+        "tables": sizes, "catalog_items": int(served.item_ids.shape[0]),
+        "rate_samples_per_s": args.rate, "deltas": args.deltas,
+        "rows_per_delta": _pct(rows), "pairs_per_delta": _pct(pairs),
+        "bytes_per_s": {k: _pct([float(x) for x in v]) for k, v in sizes_by.items()},
+        "build_ms": _pct(build_ms), "apply_ms": _pct(apply_ms),
+        "snapshot_bytes": len(snapshot_record), "checkpoint_ms": _pct(ckpt_ms),
+        "load_avg": list(os.getloadavg()),
+    }
+    if args.quality_samples:
+        quality = _quality(snap, sent, stream.take(args.quality_samples))
+        result["top10_differs_from_float32"] = quality.pop("top10_differs")
+        result["recall_at_10"] = quality
+        base = quality["float32"]
+        result["recall_change_vs_float32"] = {
+            c: (r - base) / base if base else None for c, r in quality.items()}
+        print("recall@10 by codec:", {c: round(r, 4) for c, r in quality.items()})
+        print("top 10 differs from float32's:", result["top10_differs_from_float32"])
+    print(f"catalog {result['catalog_items']} items; per delta ({args.rate} samples): rows p50 "
+          f"{result['rows_per_delta']['p50']:.0f}, pairs p50 {result['pairs_per_delta']['p50']:.0f}")
+    for name, r in result["bytes_per_s"].items():
+        print(f"  {name:<14} {r['p50'] / 1e3:9.1f} kB/s p50  {r['p95'] / 1e3:9.1f} kB/s p95")
+    for name in ("build_ms", "apply_ms", "checkpoint_ms"):
+        r = result[name]
+        print(f"{name:<14} p50 {r['p50']:8.1f}  p95 {r['p95']:8.1f}")
+    print(f"snapshot {len(snapshot_record) / 1e6:.1f} MB; load avg {result['load_avg']}")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2))
+    return 0
+
+
+def _quality(snapshot: Any, deltas: list[Any], held_out: list[Any]) -> dict[str, Any]:
+    """Recall@10 of the served artifact on ``held_out`` samples, per row codec of the deltas,
+    and the share of samples whose top 10 differs from float32's (a finer signal)."""
+    from model.delta import CODECS, apply, compose, decode, encode, from_snapshot
+    from serving.retrieval import rank_with_model
+
+    out: dict[str, Any] = {}
+    tops: dict[str, list[list[str]]] = {}
+    for codec in CODECS:
+        state = from_snapshot(snapshot)
+        for delta in deltas:
+            state = apply(state, decode(encode(delta, codec)))
+        art = compose(state)
+        hits = 0
+        for start in range(0, len(held_out), 256):
+            part = held_out[start:start + 256]
+            ranked = rank_with_model(art, [s.user_id for s in part],
+                                     [list(s.history) for s in part], [10] * len(part),
+                                     [True] * len(part))
+            hits += sum(s.item_id in {x.item_id for x in r} for s, r in zip(part, ranked, strict=True))
+            tops.setdefault(codec, []).extend([x.item_id for x in r] for r in ranked)
+        out[codec] = hits / max(len(held_out), 1)
+    out["top10_differs"] = {c: float(np.mean([a != b for a, b in zip(tops[c], tops["float32"],
+                                                                     strict=True)]))
+                            for c in CODECS}
+    return out
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

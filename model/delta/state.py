@@ -1,0 +1,252 @@
+"""The served model as deltas build it: :class:`ModelState`, and what it computes.
+
+A state holds what the served score depends on in the form the trainer changes it, so a
+delta replaces only what moved (the format: ``model/delta/FORMAT.md``):
+
+* user rows and history (item table) rows by key, the default user row, the user tower's
+  dense layers (already folded, as a full version exports them);
+* the catalog: item keys with their external ids, in row order (new items are appended);
+  an item's scoring vector is composed from its history row, never shipped;
+* the popularity prior by hash bucket of the frequency estimate: ``base[h]`` such that
+  ``log q = max(base[h] - shift, floor) - log_norm`` (``model.towers.frequency``: the
+  decay of every count is the scalar ``shift``, the batch normaliser the scalar
+  ``log_norm``; the gap estimator has ``shift = log_norm = 0``, ``floor = -inf``);
+* the co-visitation pairs as the trainer stores them (``model.scoring.covisit``: dense ids
+  ``a << 32 | b``) with values relative to the lineage's reference sample count; the
+  current weight is ``value * covisit_scale``, the global decay since then;
+* the learned mix weights (``Trainer.score_weights``, ``Trainer.last_weight``).
+
+:func:`compose` turns a state into a :class:`model.artifact.files.ServingArtifact` with the
+arithmetic of ``Trainer._scoring_items`` and ``CoVisitation.csr``; :func:`state_checksum`
+hashes a state in a canonical order (replicas that applied the same deltas hash equal).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from model.artifact.files import ServingArtifact
+from model.scoring.prior import item_scoring_vectors
+
+_LOW = np.int64(0xFFFFFFFF)
+Layer = tuple[np.ndarray, np.ndarray, str]
+
+
+@dataclass(frozen=True)
+class Constants:
+    """What a lineage (a base and its deltas) never changes."""
+
+    normalize: bool
+    score_bias: bool
+    temperature: float
+    history_len: int | None
+    history_decay: float
+    #: Hash buckets of the frequency estimate (``key mod buckets``).
+    prior_buckets: int
+    #: ``base`` of a bucket the state does not hold (never counted).
+    prior_default: float
+    covisit_window: int | None = None
+    covisit_decay: float = 1.0
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True, eq=False)
+class ModelState:
+    """One immutable state; :func:`model.delta.apply` returns a new one (arrays shared
+    where nothing changed, never written)."""
+
+    constants: Constants
+    base_version: str
+    seq: int
+    user_keys: np.ndarray
+    user_rows: np.ndarray
+    default_user_row: np.ndarray
+    hist_keys: np.ndarray
+    hist_rows: np.ndarray
+    item_keys: np.ndarray
+    item_ids: np.ndarray
+    prior_buckets: np.ndarray
+    prior_base: np.ndarray
+    #: (shift, floor, log_norm) of the prior.
+    prior_scalars: tuple[float, float, float]
+    covisit_keys: np.ndarray
+    covisit_codes: np.ndarray
+    covisit_values: np.ndarray
+    covisit_scale: float
+    #: (tower, prior, covisit, covisit_last) weights of the score.
+    weights: tuple[float, float, float, float]
+    layers: tuple[Layer, ...]
+    trained_through_ms: int | None = None
+    offsets: Mapping[str, int] = field(default_factory=dict)
+    samples_trained: int = 0
+    created_at: str | None = None
+
+    def log_q(self, keys: np.ndarray) -> np.ndarray:
+        """The prior's ``log q`` of item ``keys`` (float32)."""
+        c = self.constants
+        buckets = np.mod(np.asarray(keys, np.int64), np.int64(c.prior_buckets))
+        base = np.full(buckets.shape, c.prior_default, np.float64)
+        if self.prior_buckets.size:
+            pos = np.minimum(np.searchsorted(self.prior_buckets, buckets), self.prior_buckets.size - 1)
+            hit = self.prior_buckets[pos] == buckets
+            base[hit] = self.prior_base[pos[hit]]
+        shift, floor, log_norm = self.prior_scalars
+        return (np.maximum(base - shift, floor) - log_norm).astype(np.float32)
+
+    def item_vectors(self) -> np.ndarray:
+        """Scoring vectors of the catalog, in its row order (``Trainer._scoring_items``)."""
+        c = self.constants
+        rows = self.hist_rows[np.searchsorted(self.hist_keys, self.item_keys)] if self.item_keys.size \
+            else np.zeros((0, self.hist_rows.shape[1]), np.float32)
+        if c.normalize and rows.size:
+            rows = rows / np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-12)
+        tower_w, prior_w = self.weights[0], self.weights[1]
+        if tower_w != 1.0:
+            rows = rows * tower_w
+        if not c.score_bias:
+            return np.ascontiguousarray(rows, np.float32)
+        log_q = self.log_q(self.item_keys)
+        if not prior_w:
+            log_q, prior_w = np.zeros_like(log_q), 1.0
+        return item_scoring_vectors(rows, log_q, c.temperature, prior_w)
+
+    def covisit_csr(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The pairs among the catalog as CSR arrays over its rows (``CoVisitation.csr``)."""
+        n = self.item_keys.size
+        order_keys = np.argsort(self.item_keys, kind="stable")
+        sorted_keys = self.item_keys[order_keys]
+        row_of = np.full(self.covisit_keys.size, -1, np.int64)
+        if n and self.covisit_keys.size:
+            pos = np.minimum(np.searchsorted(sorted_keys, self.covisit_keys), n - 1)
+            hit = sorted_keys[pos] == self.covisit_keys
+            row_of[hit] = order_keys[pos[hit]]
+        a, b = row_of[self.covisit_codes >> 32], row_of[self.covisit_codes & _LOW]
+        keep = (a >= 0) & (b >= 0)
+        a, b = a[keep], b[keep]
+        w = self.covisit_values[keep] * self.covisit_scale
+        order = np.argsort(a * np.int64(max(n, 1)) + b, kind="stable")  # by (a, b)
+        indptr = np.zeros(n + 1, np.int64)
+        np.cumsum(np.bincount(a, minlength=n), out=indptr[1:])
+        return indptr, b[order].astype(np.int32), w[order].astype(np.float32)
+
+    def artifact_arrays(self) -> dict[str, Any]:
+        """The arrays a full version of this state would hold (names of ``write_artifact``)."""
+        out: dict[str, Any] = {
+            "item_ids": self.item_ids,
+            "item_vectors": self.item_vectors(),
+            "item_hist_keys": self.hist_keys,
+            "item_hist_rows": self.hist_rows,
+            "user_keys": self.user_keys,
+            "user_rows": self.user_rows,
+            "default_user_row": self.default_user_row,
+            "layers": list(self.layers),
+        }
+        if self.constants.covisit_window is not None:
+            out["covisit"] = self.covisit_csr()
+        return out
+
+
+def compose(state: ModelState, previous: ServingArtifact | None = None) -> ServingArtifact:
+    """The state as a servable artifact (its ``manifest`` names the base version and the
+    delta sequence). ``previous``: the artifact of an earlier state of the lineage, whose
+    id -> row map is reused when the catalog is the same or only grew."""
+    c = state.constants
+    arrays = state.artifact_arrays()
+    vectors = arrays["item_vectors"]
+    for arr in vectors, state.user_rows, state.hist_rows:
+        arr.setflags(write=False)
+    manifest: dict[str, Any] = {
+        "format": "streamrec-artifact",
+        "version": state.base_version,
+        "delta_seq": state.seq,
+        "created_at": state.created_at,
+        "trained_through_ms": state.trained_through_ms,
+        "normalize": c.normalize,
+        "dims": {
+            "items": int(state.item_ids.shape[0]), "d": int(vectors.shape[1]),
+            "hist_items": int(state.hist_keys.shape[0]), "hist_dim": int(state.hist_rows.shape[1]),
+            "users": int(state.user_keys.shape[0]), "user_dim": int(state.user_rows.shape[1]),
+        },
+    }
+    if c.score_bias:
+        manifest["score_bias"] = True
+    if c.history_len is not None:
+        manifest["history_len"] = c.history_len
+    if c.history_decay != 1.0:
+        manifest["history_decay"] = c.history_decay
+    covisit = arrays.get("covisit")
+    if covisit is not None:
+        manifest["covisit"] = {
+            "weight": state.weights[2], "last_weight": state.weights[3],
+            "window": c.covisit_window, "decay": c.covisit_decay,
+        }
+    index = _item_index(state.item_ids, previous)
+    return ServingArtifact(
+        path=Path(f"delta:{state.base_version}+{state.seq}"),
+        manifest=manifest,
+        item_ids=state.item_ids,
+        item_vectors=vectors,
+        item_hist_keys=state.hist_keys,
+        item_hist_rows=state.hist_rows,
+        user_keys=state.user_keys,
+        user_rows=state.user_rows,
+        default_user_row=state.default_user_row,
+        layers=state.layers,
+        normalize=c.normalize,
+        item_index=index,
+        covisit=covisit,
+    )
+
+
+def _item_index(ids: np.ndarray, previous: ServingArtifact | None) -> Mapping[str, int]:
+    """id -> catalog row; from ``previous`` when its catalog is ``ids`` or a prefix of it
+    (apply keeps the same array when the catalog did not change and appends new items)."""
+    if previous is not None:
+        old = previous.item_ids
+        if old is ids:
+            return previous.item_index
+        n = old.shape[0]
+        if n <= ids.shape[0] and np.array_equal(ids[:n], old):
+            index = dict(previous.item_index)
+            index.update((str(i), n + r) for r, i in enumerate(ids[n:].tolist()))
+            return index
+    return {str(i): r for r, i in enumerate(ids.tolist())}
+
+
+def state_checksum(state: ModelState) -> str:
+    """BLAKE2b-128 of everything the served score reads, in a canonical order (catalog by
+    key), so states equal in content hash equal whatever order their items joined in."""
+    h = hashlib.blake2b(digest_size=16)
+    order = np.argsort(state.item_keys, kind="stable")
+
+    def put(arr: np.ndarray) -> None:
+        a = np.ascontiguousarray(arr)
+        h.update(f"{a.dtype.str}{a.shape}".encode())
+        h.update(a.tobytes())
+
+    for arr in (state.user_keys, state.user_rows, state.default_user_row, state.hist_keys,
+                state.hist_rows, state.item_keys[order], state.item_ids[order],
+                state.item_vectors()[order]):
+        put(arr)
+    for w, b, act in state.layers:
+        put(w)
+        put(b)
+        h.update(act.encode())
+    if state.constants.covisit_window is not None:
+        # pairs as (key a, key b, weight), sorted: independent of dense ids and row order
+        ka = state.covisit_keys[state.covisit_codes >> 32]
+        kb = state.covisit_keys[state.covisit_codes & _LOW]
+        w = (state.covisit_values * state.covisit_scale).astype(np.float32)
+        o = np.lexsort((kb, ka))
+        for arr in (ka[o], kb[o], w[o]):
+            put(arr)
+    h.update(repr(tuple(float(x) for x in state.weights)).encode())
+    return h.hexdigest()

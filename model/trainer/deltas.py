@@ -1,0 +1,359 @@
+"""The trainer's side of the delta stream: which rows moved, and the delta that carries them.
+
+:class:`DeltaBuilder` listens to every train step (``Trainer.on_step``: user keys, target
+keys, the model's window of history keys, the sampled negatives — every row the optimizer
+may move) and, when asked, reads the current value of just those rows from the TFRA tables.
+A touched key that no longer has an own row (evicted, or never admitted) is sent as removed;
+after an eviction (``Trainer.evicted_rows`` moved) the keys published so far are read again
+too, so evicted keys that were not touched are removed as well. The prior is read for the
+hash buckets the step counted (the targets), the co-visitation pairs are diffed against the
+ones published (a pair whose value moved by more than :data:`PAIR_RTOL` is sent; the global
+decay of all pairs is one scalar), the mix weights and the dense layers are sent whole.
+
+The builder keeps the state it published (``mirror``, a :class:`model.delta.ModelState`)
+by applying each delta itself, so the trainer can give the checksum of the state it
+published (``model.delta.state_checksum``) and serving prove it converged to it.
+
+Exactly-once (``docs/decisions.md#delta-stream``): deltas are provisional. Each full
+version starts a lineage (``base_version`` = the version, a snapshot beside it); a delta
+is published without a checkpoint. A trainer that restarts restores its checkpoint,
+publishes a new full version (a new base) before it trains, and the samples after the
+checkpoint are trained once more in that new lineage only; serving that sees the new base
+resyncs to it, so the state it converges to has trained every sample exactly once.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from model.delta import (
+    SNAPSHOT_FILE,
+    Constants,
+    Delta,
+    ModelState,
+    apply,
+    encode,
+    from_snapshot,
+    state_checksum,
+)
+from model.towers.frequency import MIN_COUNT, CountFrequencyEstimator
+from model.towers.loss import INITIAL_GAP
+from model.towers.tf_env import tf
+from model.towers.two_tower import DEFAULT_KEY
+from model.trainer.core import Trainer
+from model.trainer.export import tower_fields
+from model.trainer.samples import Batch
+
+log = logging.getLogger(__name__)
+
+#: Relative change of a co-visitation pair's value below which it is not re-sent (the
+#: global decay is applied as a scalar; repeated float64 multiplications drift ~1e-16 each).
+PAIR_RTOL = 1e-9
+_I64 = np.zeros(0, np.int64)
+
+
+def _unique(parts: list[np.ndarray]) -> np.ndarray:
+    if not parts:
+        return _I64
+    keys = np.unique(np.concatenate([np.asarray(p, np.int64).reshape(-1) for p in parts]))
+    return keys[(keys != DEFAULT_KEY) & (keys != 0)]
+
+
+class DeltaBuilder:
+    """Tracks touched keys of a trainer and builds snapshots and deltas (module doc)."""
+
+    def __init__(
+        self, trainer: Trainer, item_ids: Callable[[], Mapping[int, str]], checksums: bool = False
+    ) -> None:
+        """``checksums``: every delta carries the checksum of the state it leads to (costs a
+        pass over the whole state each time; otherwise ask ``state_checksum(mirror)``)."""
+        self.trainer = trainer
+        self.checksums = checksums
+        self.item_ids = item_ids
+        self.mirror: ModelState | None = None
+        self._users: list[np.ndarray] = []
+        self._items: list[np.ndarray] = []
+        self._targets: list[np.ndarray] = []
+        self._evicted_seen = trainer.evicted_rows
+        self._covisit_ref = 0
+        trainer.on_step = self.record
+
+    # -- tracking ------------------------------------------------------------------------------
+    def record(self, batch: Batch, negatives: np.ndarray) -> None:
+        """``Trainer.on_step``: remember the keys of one step."""
+        window = self.trainer.config.window
+        self._users.append(batch.user_keys)
+        self._targets.append(batch.item_keys)
+        self._items.extend((batch.item_keys, batch.history[:, :window], negatives))
+
+    @property
+    def pending(self) -> bool:
+        """Whether any step ran since the last delta."""
+        return bool(self._targets)
+
+    def _take(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        out = _unique(self._users), _unique(self._items), _unique(self._targets)
+        self._users, self._items, self._targets = [], [], []
+        return out
+
+    # -- reading the trainer -------------------------------------------------------------------
+    def _rows(self, table: Any, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(mask of keys with an own row, their rows float32)."""
+        model = self.trainer.model
+        if not keys.size:
+            return np.zeros(0, bool), np.zeros((0, model.config.embedding_dim), np.float32)
+        k = tf.constant(keys, tf.int64)
+        rows, exists = table.params.lookup(k, return_exists=True)
+        known = exists.numpy()
+        if model.threshold(table) > 1:
+            known &= table.sightings(k).numpy() >= model.threshold(table)
+        return known, rows.numpy()[known]
+
+    def _prior(self, buckets: np.ndarray) -> tuple[np.ndarray, tuple[float, float, float], float]:
+        """(base of each bucket float64, (shift, floor, log_norm), default base)."""
+        freq = self.trainer.freq
+        b = tf.constant(buckets, tf.int64)
+        if isinstance(freq, CountFrequencyEstimator):
+            c = tf.gather(freq.count, b).numpy().astype(np.float64)
+            rate = math.log(2.0) / freq.half_life if freq.half_life else 0.0
+            a = tf.gather(freq.last, b).numpy().astype(np.float64)
+            with np.errstate(divide="ignore"):
+                base = np.log(c) + a * rate
+            scalars = (float(freq.time.numpy()) * rate, math.log(MIN_COUNT),
+                       math.log(max(float(freq.batches.numpy()), 1.0)))
+            return base, scalars, -math.inf
+        gap = tf.gather(freq.gap, b).numpy().astype(np.float64)
+        return -np.log(gap), (0.0, -math.inf, 0.0), -math.log(INITIAL_GAP)
+
+    def _covisit(self) -> tuple[np.ndarray, np.ndarray, float]:
+        """(codes, values relative to the lineage's reference, scale) of the pairs now."""
+        cv = self.trainer.covisit
+        if cv is None:
+            return _I64, np.zeros(0), 1.0
+        cv.merge()
+        rate = math.log(2.0) / cv.half_life if cv.half_life > 0 else 0.0
+        age = cv.samples - self._covisit_ref
+        return cv.codes, cv.weights * math.exp(rate * age), math.exp(-rate * age)
+
+    def _common(self) -> dict[str, Any]:
+        tr = self.trainer
+        tower = tower_fields(tr)
+        w = tr.score_weights()
+        return {
+            "weights": (w[0], w[1], w[2], tr.last_weight()),
+            "layers": tuple(tower["layers"]),
+            "default_user_row": tr.model.default_row(tr.model.users),
+        }
+
+    def _constants(self) -> Constants:
+        config = self.trainer.config
+        cv = self.trainer.covisit
+        return Constants(
+            normalize=config.normalize, score_bias=bool(config.prior_weight),
+            temperature=config.temperature, history_len=config.history_len,
+            history_decay=config.history_decay,
+            prior_buckets=int(self.trainer.freq.buckets),
+            prior_default=self._prior(np.zeros(0, np.int64))[2],
+            covisit_window=cv.window if cv is not None else None,
+            covisit_decay=cv.decay if cv is not None else 1.0,
+        )
+
+    # -- snapshots and deltas ------------------------------------------------------------------
+    def snapshot(self, base_version: str, meta: Mapping[str, Any]) -> Delta:
+        """Everything of the trainer now as the ``seq == 0`` delta of ``base_version`` (a
+        new lineage); ``meta``: offsets, trained_through_ms, samples_trained, created_at."""
+        tr = self.trainer
+        if tr.model.attention is not None:
+            raise ValueError("deltas do not carry the attention tower (ModelConfig.user_tower)")
+        tr.wait_evaluation()  # the co-visitation learns on the evaluation thread
+        self._take()
+        self._evicted_seen = tr.evicted_rows
+        ukeys, urows = tr.model.known_rows(tr.model.users)
+        hkeys, hrows = tr.model.known_rows(tr.model.items)
+        names = self.item_ids()
+        named = np.fromiter((int(k) in names for k in hkeys), bool, hkeys.size)
+        cat = hkeys[named]
+        buckets = np.unique(np.mod(cat, np.int64(tr.freq.buckets)))
+        base, scalars, _ = self._prior(buckets)
+        cv = tr.covisit
+        if cv is not None:
+            cv.merge()
+            self._covisit_ref = cv.samples
+        codes, values, scale = self._covisit()
+        delta = Delta(
+            base_version=base_version, seq=0, offsets=dict(meta.get("offsets", {})),
+            trained_through_ms=meta.get("trained_through_ms"),
+            samples_trained=int(meta.get("samples_trained", 0)),
+            user_keys=ukeys, user_rows=urows, removed_users=_I64,
+            hist_keys=hkeys, hist_rows=hrows, removed_hist=_I64,
+            new_item_keys=cat, new_item_ids=np.array([names[int(k)] for k in cat], np.str_),
+            removed_items=_I64, prior_buckets=buckets, prior_base=base, prior_scalars=scalars,
+            covisit_first_id=0, covisit_new_keys=cv.keys.copy() if cv is not None else _I64,
+            covisit_codes=codes.copy(), covisit_values=values, covisit_removed=_I64,
+            covisit_scale=scale, constants=self._constants(),
+            created_at=meta.get("created_at"), **self._common(),
+        )
+        self.mirror = from_snapshot(delta)
+        return _with_checksum(delta, self.mirror) if self.checksums else delta
+
+    def delta(self, meta: Mapping[str, Any]) -> Delta:
+        """What changed since the last snapshot or delta, as the next delta of the lineage."""
+        mirror = self.mirror
+        if mirror is None:
+            raise ValueError("no snapshot yet: a lineage starts with snapshot()")
+        tr = self.trainer
+        tr.wait_evaluation()
+        users, items, targets = self._take()
+        if tr.evicted_rows != self._evicted_seen:  # evicted keys leave, touched or not
+            self._evicted_seen = tr.evicted_rows
+            users = np.union1d(users, mirror.user_keys)
+            items = np.union1d(items, mirror.hist_keys)
+        ukn, urows = self._rows(tr.model.users, users)
+        hkn, hrows = self._rows(tr.model.items, items)
+        gone_items = items[~hkn]
+        names = self.item_ids()
+        known_items = items[hkn]
+        named = np.fromiter((int(k) in names for k in known_items), bool, known_items.size)
+        new_items = np.setdiff1d(known_items[named], mirror.item_keys)
+        buckets = np.unique(np.mod(np.concatenate([targets, new_items]),
+                                   np.int64(tr.freq.buckets)))
+        base, scalars, _ = self._prior(buckets)
+        codes, values, scale = self._covisit()
+        changed, removed = _diff_pairs(mirror.covisit_codes, mirror.covisit_values, codes, values)
+        cv = tr.covisit
+        first = mirror.covisit_keys.size
+        delta = Delta(
+            base_version=mirror.base_version, seq=mirror.seq + 1,
+            offsets=dict(meta.get("offsets", {})),
+            trained_through_ms=meta.get("trained_through_ms"),
+            samples_trained=int(meta.get("samples_trained", 0)),
+            user_keys=users[ukn], user_rows=urows,
+            removed_users=np.intersect1d(users[~ukn], mirror.user_keys),
+            hist_keys=known_items, hist_rows=hrows,
+            removed_hist=np.intersect1d(gone_items, mirror.hist_keys),
+            new_item_keys=new_items,
+            new_item_ids=np.array([names[int(k)] for k in new_items], np.str_),
+            removed_items=np.intersect1d(gone_items, mirror.item_keys),
+            prior_buckets=buckets, prior_base=base, prior_scalars=scalars,
+            covisit_first_id=first,
+            covisit_new_keys=cv.keys[first:].copy() if cv is not None else _I64,
+            covisit_codes=codes[changed], covisit_values=values[changed],
+            covisit_removed=removed, covisit_scale=scale, **self._common(),
+        )
+        self.mirror = apply(mirror, delta)
+        return _with_checksum(delta, self.mirror) if self.checksums else delta
+
+
+def _diff_pairs(
+    old_codes: np.ndarray, old_values: np.ndarray, codes: np.ndarray, values: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """(mask of the pairs now that are new or moved, codes of the published pairs gone)."""
+    if not old_codes.size:
+        return np.ones(codes.size, bool), _I64
+    pos = np.minimum(np.searchsorted(old_codes, codes), old_codes.size - 1)
+    hit = old_codes[pos] == codes
+    old = old_values[pos]
+    moved = np.abs(values - old) > PAIR_RTOL * np.abs(old)
+    gone = old_codes[~np.isin(old_codes, codes, assume_unique=True)]
+    return ~hit | moved, gone
+
+
+def _with_checksum(delta: Delta, state: ModelState) -> Delta:
+    from dataclasses import replace
+
+    return replace(delta, state_checksum=state_checksum(state))
+
+
+class DeltaPublisher:
+    """Deltas of a trainer service onto ``kafka.updates_topic`` (the loop's hooks call it).
+
+    ``snapshot_files(version, meta)`` at each full export starts a lineage and returns the
+    snapshot file to write beside the version; ``publish(meta)`` sends the next delta (the
+    producer is idempotent and sends in order; :meth:`flush` waits for the broker);
+    ``reset()`` forgets the lineage (a failed export) so no delta is sent until the next
+    full version."""
+
+    def __init__(
+        self, builder: DeltaBuilder, producer: Any, topic: str, key: str,
+        codec: str = "float32", compress: bool = False,
+    ) -> None:
+        self.builder, self.producer, self.topic = builder, producer, topic
+        self.key, self.codec, self.compress = key.encode(), codec, compress
+        self.sent = 0
+        self.bytes_sent = 0
+        self.last: Delta | None = None
+
+    @classmethod
+    def start(
+        cls, settings: Any, trainer: Trainer, item_ids: Callable[[], Mapping[int, str]]
+    ) -> DeltaPublisher | None:
+        """The publisher of a trainer service (``feature_store.settings.Settings``): the
+        updates topic created, its producer connected; None for a model deltas cannot carry
+        (the attention user tower: full versions only)."""
+        if trainer.model.attention is not None:
+            log.warning("no deltas: they do not carry the attention user tower (full versions only)")
+            return None
+        from stream.kafka_client import ensure_updates_topic, updates_producer
+
+        kafka, tcfg = settings.kafka, settings.trainer
+        ensure_updates_topic(kafka)
+        return cls(DeltaBuilder(trainer, item_ids), updates_producer(kafka), kafka.updates_topic,
+                   tcfg.model_name, tcfg.delta_codec, tcfg.delta_compress)
+
+    def status(self, checksum: bool = False) -> dict[str, Any]:
+        """Lineage, last sequence and totals; ``checksum``: also ``state_checksum`` of the
+        state published (tens of ms at 100k rows)."""
+        mirror = self.builder.mirror
+        return {
+            "base_version": mirror.base_version if mirror else None,
+            "seq": mirror.seq if mirror else None,
+            "state_checksum": state_checksum(mirror) if checksum and mirror else None,
+            "sent": self.sent,
+            "bytes_sent": self.bytes_sent,
+        }
+
+    @property
+    def active(self) -> bool:
+        """Whether a lineage exists (a full version with its snapshot)."""
+        return self.builder.mirror is not None
+
+    def snapshot_files(self, version: str, meta: Mapping[str, Any]) -> dict[str, bytes]:
+        snap = self.builder.snapshot(version, meta)
+        self.last = snap
+        return {SNAPSHOT_FILE: encode(snap, "float32", compress=True)}
+
+    def reset(self) -> None:
+        self.builder.mirror = None
+
+    def publish(self, meta: Mapping[str, Any]) -> Delta | None:
+        """Send the next delta if a lineage exists and a step ran since the last one. A
+        delta Kafka refuses would leave a gap: the lineage is dropped instead, so the loop
+        publishes a new full version (a new base) next."""
+        from kafka.errors import KafkaError
+
+        if not self.active or not self.builder.pending:
+            return None
+        delta = self.builder.delta(meta)
+        record = encode(delta, self.codec, compress=self.compress)
+        try:
+            self.producer.send(self.topic, key=self.key, value=record)
+        except KafkaError as exc:
+            log.error("delta %d not sent (%s): a new full version follows", delta.seq, exc)
+            self.reset()
+            return None
+        self.sent += 1
+        self.bytes_sent += len(record)
+        self.last = delta
+        return delta
+
+    def flush(self) -> None:
+        self.producer.flush()
+
+    def close(self) -> None:
+        self.producer.flush()
+        self.producer.close()

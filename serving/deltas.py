@@ -1,0 +1,218 @@
+"""Serving's follower of the delta stream: applies deltas off the request path, in order.
+
+One :class:`DeltaFollower` per serving worker (each process follows the topic itself, so
+every worker converges to the same state). Its thread reads the updates topic's partition
+(``stream.kafka_client.updates_consumer``: assigned, no group) and, for each record:
+
+* a record of a base that is not the registry's ``CURRENT`` version is skipped (an older
+  lineage, or a pin/rollback that moved the pointer elsewhere);
+* a record of ``CURRENT`` when the follower holds another lineage (or none) starts that
+  lineage: the version's snapshot (``model.delta.SNAPSHOT_FILE``) is loaded from the
+  registry and the deltas replayed on it; so does a move of ``CURRENT`` itself (checked
+  after every poll), so a pin, a rollback or a new version is followed at once;
+* ``seq`` at or below the applied one is skipped (idempotent); a gap, or a record that
+  fails its checksum, makes it *resync*: reload the snapshot and replay the lineage from
+  the topic, sought by time to just before the version was created;
+* otherwise the delta is applied (``model.delta.apply``: new arrays, the served ones are
+  never written), composed into an artifact, checked, and swapped in as one reference.
+
+On start it seeks to the lineage of the current version the same way. ``status()`` is what
+``/model`` shows under ``delta``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from feature_store.settings import KafkaSettings
+from model.artifact.registry import Registry, RegistryError
+from model.delta import (
+    SNAPSHOT_FILE,
+    DeltaError,
+    ModelState,
+    apply,
+    compose,
+    decode,
+    from_snapshot,
+    peek,
+    state_checksum,
+)
+from serving.errors import VersionRefused
+from serving.loader import LoadedModel, ModelLoader, smoke_check
+
+log = logging.getLogger(__name__)
+
+#: How far before a version's creation its lineage's deltas are sought (clock skew).
+SEEK_MARGIN_MS = 5_000
+
+
+class DeltaFollower:
+    """Follows ``kafka.updates_topic`` for one serving process (see the module doc)."""
+
+    def __init__(
+        self,
+        loader: ModelLoader,
+        registry: Registry,
+        kafka: KafkaSettings,
+        clock: Callable[[], datetime],
+        consumer_factory: Callable[[], Any] | None = None,
+    ) -> None:
+        self.loader, self.registry, self.kafka, self.clock = loader, registry, kafka, clock
+        self._factory = consumer_factory
+        self.state: ModelState | None = None
+        self.applied = 0
+        self.resyncs = 0
+        self.errors = 0
+        self.last_apply_ms: float | None = None
+        self.last_created_at: str | None = None
+        self._stuck: tuple[str, int] | None = None
+        #: The last version found without a snapshot (not looked for again).
+        self._missing: str | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="delta-follower", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    def _consumer(self) -> Any:
+        if self._factory is not None:
+            return self._factory()
+        from stream.kafka_client import ensure_updates_topic, updates_consumer
+
+        ensure_updates_topic(self.kafka)
+        return updates_consumer(self.kafka)
+
+    def _run(self) -> None:
+        consumer = None
+        while not self._stop.is_set():
+            try:
+                if consumer is None:
+                    consumer = self._consumer()
+                    self._resync(consumer, self.registry.current())
+                for records in consumer.poll(timeout_ms=200).values():
+                    for record in records:
+                        if self.handle(consumer, record.offset, record.value):
+                            break  # sought elsewhere: the rest of this poll is stale
+                self.follow_pointer()
+            except Exception as exc:  # noqa: BLE001 - Kafka or registry trouble: retry later
+                self.errors += 1
+                log.warning("delta follower: %s; reconnecting", exc)
+                if consumer is not None:
+                    consumer.close()
+                consumer = None
+                self._stop.wait(1.0)
+        if consumer is not None:
+            consumer.close()
+
+    # -- records -------------------------------------------------------------------------------
+    def handle(self, consumer: Any, offset: int, value: bytes) -> bool:
+        """One record of the topic (module doc); True when it made the consumer seek."""
+        try:
+            base, seq = peek(value)
+        except DeltaError as exc:
+            log.error("delta at offset %d does not decode: %s", offset, exc)
+            self.errors += 1
+            return False
+        current = self.registry.current()
+        if base != current:
+            return False
+        state = self.state
+        if state is None or state.base_version != base:
+            state = self._lineage(base)
+            if state is None:
+                return False
+        if seq <= state.seq:
+            return False
+        if seq > state.seq + 1:
+            if self._stuck == (base, seq):
+                return False  # replayed once already: wait for the next lineage
+            log.warning("delta %d of %s after %d: resync", seq, base, state.seq)
+            self._stuck = (base, seq)
+            self._resync(consumer, base)
+            return True
+        started = time.perf_counter()
+        try:
+            new = apply(state, decode(value))
+            served = self.loader.current
+            artifact = compose(new, served.artifact if served is not None
+                               and served.artifact.version == base else None)
+            smoke_check(artifact)
+        except (DeltaError, VersionRefused, ValueError) as exc:
+            log.error("delta %d of %s at offset %d refused: %s", seq, base, offset, exc)
+            self.errors += 1
+            return False
+        self._serve(new, artifact)
+        self.applied += 1
+        self.last_apply_ms = (time.perf_counter() - started) * 1000.0
+        return False
+
+    def follow_pointer(self) -> None:
+        """Start the lineage of ``CURRENT`` when it moved (a new full version, a pin or a
+        rollback): its deltas, if any, come later on the topic than its snapshot."""
+        current = self.registry.current()
+        if current is None or current == self._missing:
+            return
+        if self.state is None or self.state.base_version != current:
+            self._lineage(current)
+
+    def _serve(self, state: ModelState, artifact: Any) -> None:
+        self.state = state
+        self.last_created_at = state.created_at
+        self.loader.swap(LoadedModel(artifact, artifact.manifest, self.clock().astimezone(UTC)),
+                         quiet=True)
+
+    def _lineage(self, base: str) -> ModelState | None:
+        """The snapshot state of ``base`` from the registry (served at once), or None."""
+        try:
+            record = (self.registry.path(base) / SNAPSHOT_FILE).read_bytes()
+            state = from_snapshot(decode(record))
+        except (RegistryError, OSError, DeltaError) as exc:
+            if base != self._missing:
+                log.warning("no delta snapshot of version %s: %s", base, exc)
+            self._missing = base
+            return None
+        artifact = compose(state)
+        self._serve(state, artifact)
+        return state
+
+    def _resync(self, consumer: Any, base: str | None) -> None:
+        """Start ``base``'s lineage from its snapshot and seek to just before its deltas."""
+        from stream.kafka_client import seek_to_time
+
+        self.resyncs += 1
+        state = self._lineage(base) if base is not None else None
+        at = 1 << 62  # nothing to follow yet: from the end
+        if state is not None and state.created_at is not None:
+            created = datetime.fromisoformat(state.created_at)
+            at = int(created.timestamp() * 1000) - SEEK_MARGIN_MS
+        seek_to_time(consumer, self.kafka.updates_topic, at)
+
+    def status(self, checksum: bool = False) -> dict[str, Any]:
+        """What ``/model`` shows; ``checksum``: also the state's ``state_checksum``."""
+        state = self.state
+        lag = None
+        if self.last_created_at:
+            lag = (self.clock() - datetime.fromisoformat(self.last_created_at)).total_seconds()
+        return {
+            "base_version": state.base_version if state else None,
+            "seq": state.seq if state else None,
+            "trained_through_ms": state.trained_through_ms if state else None,
+            "lag_s": lag,
+            "applied": self.applied,
+            "resyncs": self.resyncs,
+            "errors": self.errors,
+            "last_apply_ms": self.last_apply_ms,
+            "state_checksum": state_checksum(state) if checksum and state else None,
+        }

@@ -1,0 +1,199 @@
+"""The delta stream on the real stack: a trainer process publishes deltas, a serving process
+applies them; the state serving converges to equals the trainer's (checksum), across a
+kill -9 of serving, and equals the full version the trainer exports at the same point."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from feature_store.settings import Settings
+from model.artifact.registry import Registry
+from model.evaluation.synthetic import SyntheticConfig, SyntheticStream
+from model.trainer.samples import encode_sample
+from tests.support import free_port, repo_root, stop_process, wait_until
+
+pytestmark = pytest.mark.integration
+
+
+def _env(settings: Settings, trainer_port: int) -> dict[str, str]:
+    env = dict(os.environ)
+    k, r, t = settings.kafka, settings.redis, settings.trainer
+    env.update({
+        "STREAMREC_KAFKA__PORT": str(k.port),
+        "STREAMREC_KAFKA__SAMPLES_TOPIC": k.samples_topic,
+        "STREAMREC_KAFKA__DLQ_TOPIC": k.dlq_topic,
+        "STREAMREC_KAFKA__UPDATES_TOPIC": k.updates_topic,
+        "STREAMREC_REDIS__PORT": str(r.port),
+        "STREAMREC_REDIS__KEY_PREFIX": r.key_prefix,
+        "STREAMREC_TRAINER__REGISTRY_DIR": str(t.registry_dir),
+        "STREAMREC_TRAINER__CHECKPOINT_DIR": str(t.checkpoint_dir),
+        "STREAMREC_TRAINER__GROUP_ID": t.group_id,
+        "STREAMREC_TRAINER__METRICS_PORT": str(trainer_port),
+        "STREAMREC_TRAINER__DELTA_EVERY_S": "0.5",
+        "STREAMREC_FEATURES__HISTORY_LEN": "20",
+        "STREAMREC_SERVING__POLL_INTERVAL_S": "2",
+    })
+    return env
+
+
+def _produce(settings: Settings, samples: list[Any]) -> None:
+    from stream.kafka_client import make_producer
+
+    producer = make_producer(settings.kafka, linger_ms=20)
+    try:
+        for s in samples:
+            producer.send(settings.kafka.samples_topic, key=s.user_id.encode(),
+                          value=encode_sample(s))
+        producer.flush(timeout=60)
+    finally:
+        producer.close()
+
+
+@pytest.fixture
+def procs(settings: Settings, tmp_path: Path) -> Iterator[dict[str, Any]]:
+    started: list[subprocess.Popen[bytes]] = []
+    trainer_port = free_port()
+    env = _env(settings, trainer_port)
+
+    def launch(name: str, args: list[str]) -> subprocess.Popen[bytes]:
+        log = (tmp_path / f"{name}-{len(started)}.log").open("wb")
+        proc = subprocess.Popen([sys.executable, "-m", "deploy.cli", *args], cwd=repo_root(),
+                                env=env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        started.append(proc)
+        return proc
+
+    yield {"launch": launch, "trainer_port": trainer_port}
+    for proc in started:
+        if proc.poll() is None:
+            stop_process(proc)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _get(url: str) -> dict[str, Any]:
+    return httpx.get(url, timeout=5.0).json()
+
+
+def test_serving_converges_to_the_trainer_through_deltas_and_a_kill_9(
+    settings: Settings, procs: dict[str, Any]
+) -> None:
+    stream = SyntheticStream(SyntheticConfig(users=300, items=200, history_len=20, seed=9))
+    first, second = stream.take(4_000), stream.take(6_000)
+    total = len(first) + len(second)
+    trainer_url = f"http://127.0.0.1:{procs['trainer_port']}/health"
+    delta_url = f"http://127.0.0.1:{procs['trainer_port']}/delta"
+    _produce(settings, first)
+    trainer = procs["launch"]("trainer", [
+        "train", "--batch-size", "128", "--export-every-s", "3600", "--eval-rows", "32"])
+    serve_port = free_port()
+    model_url = f"http://127.0.0.1:{serve_port}/model"
+
+    def start_serving() -> subprocess.Popen[bytes]:
+        proc = procs["launch"]("serve", ["serve", "--port", str(serve_port), "--workers", "1"])
+        wait_until(lambda: httpx.get(model_url, timeout=2.0).status_code == 200, 90,
+                   "serving up", process=proc)
+        return proc
+
+    def served() -> dict[str, Any]:
+        return _get(model_url + "?checksum=true")["delta"]
+
+    serving = start_serving()
+    wait_until(lambda: (served().get("seq") or 0) >= 2, 180, "serving applies deltas",
+               process=trainer)
+    base = served()["base_version"]
+    _produce(settings, second)
+    # kill -9 serving while the trainer is still training and publishing
+    wait_until(lambda: _get(trainer_url)["samples_trained"] > len(first), 60,
+               "training on part 2", process=trainer)
+    os.killpg(serving.pid, signal.SIGKILL)
+    serving.wait(timeout=30)
+    serving = start_serving()
+
+    wait_until(lambda: _get(trainer_url)["samples_trained"] == total, 180, "all samples trained",
+               process=trainer)
+
+    def converged() -> bool:
+        t = _get(trainer_url)["delta"]
+        s = served()
+        return bool(t["seq"]) and s["seq"] == t["seq"] and s["base_version"] == t["base_version"]
+
+    wait_until(converged, 60, "serving at the trainer's last delta", process=serving)
+    t, s = _get(delta_url), served()
+    assert s["base_version"] == base  # one lineage: no full version in between
+    assert s["resyncs"] >= 1 and s["errors"] == 0
+    assert s["state_checksum"] == t["state_checksum"]
+    info = _get(model_url)
+    assert info["version"] == base and info["trained_through_ms"] == max(
+        x.ts_ms for x in first + second)
+
+    # the trainer's full version of this very state (its stop exports one) starts a new
+    # lineage; serving resyncs to its snapshot, whose checksum is the deltas' one
+    registry = Registry(settings.trainer.registry_dir, settings.trainer.model_name)
+    trainer.send_signal(signal.SIGTERM)
+    assert trainer.wait(timeout=60) == 0
+    final = registry.current()
+    assert final is not None and final != base
+    assert registry.show(final)["samples_trained"] == total
+    wait_until(lambda: served()["base_version"] == final, 30, "serving on the final version",
+               process=serving)
+    assert served()["state_checksum"] == t["state_checksum"]
+
+
+def test_a_trainer_killed_mid_stream_leaves_every_worker_on_an_exactly_once_state(
+    settings: Settings, procs: dict[str, Any]
+) -> None:
+    from model.trainer.samples import sample_digest
+
+    stream = SyntheticStream(SyntheticConfig(users=300, items=200, history_len=20, seed=13))
+    first, second = stream.take(3_000), stream.take(5_000)
+    every = first + second
+    trainer_url = f"http://127.0.0.1:{procs['trainer_port']}/health"
+    delta_url = f"http://127.0.0.1:{procs['trainer_port']}/delta"
+    args = ["train", "--batch-size", "128", "--export-every-s", "3600", "--eval-rows", "32"]
+    _produce(settings, first)
+    trainer = procs["launch"]("trainer", args)
+    serve_port = free_port()
+    model_url = f"http://127.0.0.1:{serve_port}/model?checksum=true"
+    serving = procs["launch"]("serve", ["serve", "--port", str(serve_port), "--workers", "2"])
+    wait_until(lambda: (_get(model_url)["delta"].get("seq") or 0) >= 2, 180,
+               "serving applies deltas", process=trainer)
+    first_base = _get(trainer_url)["delta"]["base_version"]
+    _produce(settings, second)
+    wait_until(lambda: _get(trainer_url)["samples_trained"] > len(first), 60,
+               "training on part 2", process=trainer)
+    # the deltas past the lineage's snapshot are provisional: nothing checkpointed them
+    os.killpg(trainer.pid, signal.SIGKILL)
+    trainer.wait(timeout=30)
+    trainer = procs["launch"]("trainer", args)
+    wait_until(lambda: _get(trainer_url)["samples_trained"] == len(every), 240,
+               "all samples trained after the restart", process=trainer)
+    health = _get(trainer_url)
+    assert health["digest"] == str(sample_digest([s.sample_id for s in every]))
+    assert health["delta"]["base_version"] != first_base  # a new full version came first
+
+    want: dict[int, str] = {}
+
+    def both_workers_converged() -> bool:
+        t = _get(delta_url)
+        for _ in range(8):  # the kernel spreads the connections over both workers
+            info = _get(model_url)
+            d = info["delta"]
+            if d["seq"] == t["seq"] and d["base_version"] == t["base_version"]:
+                want[info["worker_pid"]] = d["state_checksum"]
+            else:
+                want.pop(info["worker_pid"], None)
+        return len(want) == 2 and set(want.values()) == {t["state_checksum"]}
+
+    wait_until(both_workers_converged, 120, "both workers at the trainer's last delta",
+               process=serving)
