@@ -4,8 +4,9 @@ The simulator (``stream.simulate``) posts impressions and clicks to the ingest A
 probe asks the serving API for recommendations of simulated users; both go through
 ``streamrec.client``, as a user's code would. Each status line shows:
 events/s accepted by ingest, samples/s on the ``samples`` topic, examples/s trained, the served
-model version and its age, the trainer's rolling test-then-train Recall@10, and the serving
-p99 latency seen by the probe with the share of ``popular``/``degraded`` answers.
+model version (``+N``: with N deltas applied) and its age (of the last delta, if any), the
+trainer's rolling test-then-train Recall@10, and the serving p99 latency seen by the probe
+with the share of ``popular``/``degraded`` answers.
 """
 
 from __future__ import annotations
@@ -96,6 +97,16 @@ def _model(serving: Client) -> dict[str, Any]:
         return {}
 
 
+def served_model(model: dict[str, Any]) -> tuple[str, float | None]:
+    """The served state as ``version`` or ``version+seq`` (deltas applied on top of it) and
+    its age: of the last applied delta, else of the version."""
+    delta = model.get("delta") or {}
+    version = model.get("version") or "-"
+    if delta.get("seq"):
+        return f"{version}+{delta['seq']}", delta.get("lag_s")
+    return version, model.get("age_s")
+
+
 def run_demo(settings: Settings, rate: float, duration_s: float | None, users: int,
              items: int, interval_s: float = 2.0) -> int:
     from stream.simulate import ClickSimulator, SimConfig, run
@@ -147,11 +158,11 @@ def run_demo(settings: Settings, rate: float, duration_s: float | None, users: i
                 return f"{(now_vals[name] - before[name]) / span:,.0f}"
 
             p99 = probe.p99()
-            age = model.get("age_s")
+            served, age = served_model(model)
             print(
                 f"[{now - t0:6.0f}s] events/s {rate_of('accepted'):>7}  samples/s "
                 f"{rate_of('samples'):>6}  trained/s {rate_of('trained'):>7}  model "
-                f"{model.get('version') or '-'} age {f'{age:.0f}s' if age is not None else '-'}"
+                f"{served} age {f'{age:.0f}s' if age is not None else '-'}"
                 f"  recall@10 {f'{recall:.3f}' if recall is not None else '-'}"
                 f" (popularity {f'{pop:.3f}' if pop is not None else '-'}, item-to-item "
                 f"{f'{i2i:.3f}' if i2i is not None else '-'})  serving p99 "

@@ -243,7 +243,8 @@ class DeltaBuilder:
             covisit_first_id=first,
             covisit_new_keys=cv.keys[first:].copy() if cv is not None else _I64,
             covisit_codes=codes[changed], covisit_values=values[changed],
-            covisit_removed=removed, covisit_scale=scale, **self._common(),
+            covisit_removed=removed, covisit_scale=scale,
+            created_at=meta.get("created_at"), **self._common(),
         )
         self.mirror = apply(mirror, delta)
         return _with_checksum(delta, self.mirror) if self.checksums else delta

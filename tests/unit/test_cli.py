@@ -73,3 +73,14 @@ def test_bench_with_a_checkout_runs_the_script(
     )
     monkeypatch.setattr(cli_stack, "REPO_ROOT", tmp_path)
     assert main(["bench", "ingest", "--x", "1"]) == 0
+
+
+def test_demo_names_the_served_state_with_its_deltas() -> None:
+    from deploy.demo import served_model
+
+    assert served_model({}) == ("-", None)
+    assert served_model({"version": "v1", "age_s": 40.0}) == ("v1", 40.0)
+    assert served_model({"version": "v1", "age_s": 40.0,
+                         "delta": {"seq": 0, "lag_s": None}}) == ("v1", 40.0)
+    assert served_model({"version": "v1", "age_s": 40.0,
+                         "delta": {"seq": 17, "lag_s": 0.8}}) == ("v1+17", 0.8)

@@ -4,7 +4,7 @@ from a real trainer equal to a full export of it (rows bit for bit)."""
 from __future__ import annotations
 
 from dataclasses import replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from functools import cache
 
 import numpy as np
@@ -108,7 +108,8 @@ def shared_lineage() -> tuple[Run, list[bytes]]:
     records = [encode(run.builder.snapshot("v1", meta), compress=True)]
     for n in range(3):
         run.train(3 + n)
-        records.append(encode(run.builder.delta({"offsets": {"samples:0": n}})))
+        at = (CREATED + timedelta(seconds=n + 1)).isoformat()
+        records.append(encode(run.builder.delta({"offsets": {"samples:0": n}, "created_at": at})))
     return run, records
 
 
@@ -130,6 +131,8 @@ def test_applied_deltas_equal_a_full_export(lineage: tuple[Run, list[bytes]]) ->
     state = from_snapshot(deltas[0])
     for d in deltas[1:]:
         state = apply(state, d)
+    # the state is as old as its newest delta (serving's lag), not as its snapshot
+    assert state.created_at == (CREATED + timedelta(seconds=3)).isoformat()
     full = artifact_arrays(run.trainer, run.item_ids)
     mine = state.artifact_arrays()
     for name in ("user", "item_hist"):
