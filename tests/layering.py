@@ -11,8 +11,9 @@ Rules, read top to bottom; a module's import is allowed when every rule that app
    stands beside ``feature_store`` at the bottom: it imports nothing of ours, all may use it.
 2. ``serving`` takes from ``model`` only ``model.artifact`` and ``model.scoring`` (numpy only)
    and from ``stream`` only ``stream.kafka_client``.
-3. Inside ``model``: ``scoring`` <- ``artifact``, ``towers`` <- ``trainer`` <- ``evaluation``
-   <- ``cli`` (``artifact`` and ``towers`` both sit on ``scoring`` and not on each other).
+3. Inside ``model``: ``scoring`` <- ``artifact``, ``towers`` <- ``trainer`` <- ``cluster``
+   <- ``evaluation`` <- ``cli`` (``artifact`` and ``towers`` both sit on ``scoring`` and not
+   on each other; ``evaluation`` does not need ``cluster``).
 4. TensorFlow, TFRA and tf_keras are imported in ``model.towers.tf_env`` only.
 """
 
@@ -48,8 +49,9 @@ MODEL_LADDER: dict[str, frozenset[str]] = {
     "artifact": frozenset({"scoring"}),
     "towers": frozenset({"scoring"}),
     "trainer": frozenset({"scoring", "artifact", "towers"}),
+    "cluster": frozenset({"scoring", "artifact", "towers", "trainer"}),
     "evaluation": frozenset({"scoring", "artifact", "towers", "trainer"}),
-    "cli": frozenset({"scoring", "artifact", "towers", "trainer", "evaluation"}),
+    "cli": frozenset({"scoring", "artifact", "towers", "trainer", "cluster", "evaluation"}),
 }
 
 #: Rule 4.

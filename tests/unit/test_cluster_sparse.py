@@ -1,0 +1,59 @@
+"""``model.cluster``: the layout and the stateless sparse step's math, in one process
+(the tables on the local CPU; the multi-process exactness: tests/integration/test_cluster.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from model.cluster.spec import ClusterLayout, free_ports
+
+
+def test_layout_round_trips_through_json_with_distinct_free_ports() -> None:
+    layout = ClusterLayout.local(2, 3)
+    assert ClusterLayout.from_json(layout.to_json()) == layout
+    addrs = [layout.chief, *layout.ps, *layout.workers]
+    assert len(set(addrs)) == 6
+    assert layout.roles() == [("ps", 0), ("ps", 1), ("worker", 0), ("worker", 1), ("worker", 2)]
+    assert layout.ps_devices()[1] == "/job:ps/replica:0/task:1/device:CPU:0"
+    assert len(set(free_ports(4))) == 4
+    with pytest.raises(ValueError, match="at least one"):
+        ClusterLayout("h:1", (), ("h:2",))
+
+
+def test_adagrad_matches_keras_legacy_adagrad_and_first_rows_are_fixed_per_key() -> None:
+    from model.cluster.sparse import ShardedTable
+    from model.towers.tf_env import tf, tf_keras
+
+    table = ShardedTable("unit_ada", 3, ["/CPU:0"], init_stddev=0.1, seed=5, adagrad_initial=0.1)
+    keys = tf.constant([7, -3, 11], tf.int64)
+    first = table.read(keys).numpy()
+    again = ShardedTable("unit_ada2", 3, ["/CPU:0"], init_stddev=0.1, seed=5).read(keys).numpy()
+    np.testing.assert_array_equal(first, again)  # a function of (key, seed), not of the draw
+    assert np.all(np.abs(first) <= 0.1 * 3**0.5) and len(np.unique(first)) == first.size
+
+    dense = tf.Variable(first)
+    opt = tf_keras.optimizers.legacy.Adagrad(learning_rate=0.05)
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        g = rng.normal(size=(3, 3)).astype(np.float32)
+        rows = table.read(keys)
+        np.testing.assert_allclose(rows.numpy(), dense.numpy(), rtol=1e-6, atol=1e-7)
+        table.adagrad(keys, tf.constant(g), 0.05)
+        opt.apply_gradients([(tf.constant(g), dense)])
+    np.testing.assert_allclose(table.read(keys).numpy(), dense.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_bfloat16_wire_keeps_float32_rows_on_the_table() -> None:
+    from model.cluster.sparse import ShardedTable
+    from model.towers.tf_env import tf
+
+    table = ShardedTable("unit_wire", 2, ["/CPU:0"], wire_dtype="bfloat16")
+    keys = tf.constant([1, 2], tf.int64)
+    table.read(keys)
+    for _ in range(4):  # deltas of 1/3 are rounded to bfloat16 on the way, summed in float32
+        table.sgd(keys, tf.fill([2, 2], 1.0 / 3.0), 1.0)
+    _, stored = table.params.export()
+    step = float(tf.cast(tf.cast(1.0 / 3.0, tf.bfloat16), tf.float32))
+    np.testing.assert_allclose(stored.numpy(), -4 * step, rtol=1e-6)
+    assert stored.dtype == np.float32
