@@ -54,6 +54,12 @@ class ClusterLayout:
             f"{host}:{chief}", tuple(f"{host}:{p}" for p in ps), tuple(f"{host}:{p}" for p in workers)
         )
 
+    @classmethod
+    def from_base(cls, host: str, base: int, num_ps: int, num_workers: int) -> ClusterLayout:
+        """Consecutive ports from ``base``: the chief, then each PS, then each worker."""
+        ports = list(range(base, base + 1 + num_ps + num_workers))
+        return cls.from_ports(ports[0], ports[1 : 1 + num_ps], ports[1 + num_ps :], host)
+
     @property
     def num_ps(self) -> int:
         return len(self.ps)

@@ -626,6 +626,10 @@ class Trainer:
             self._eval_pool = ThreadPoolExecutor(1, thread_name_prefix="trainer-eval")
         self._eval_pending = self._eval_pool.submit(fn, *args)
 
+    def sync(self) -> None:
+        """Block until every step handed out is applied to the state a checkpoint saves
+        (a no-op in one process; the cluster trainer waits for its workers)."""
+
     def wait_evaluation(self) -> None:
         """Block until every batch handed to the evaluation is scored (errors re-raised)."""
         pending, self._eval_pending = self._eval_pending, None

@@ -57,3 +57,32 @@ def test_bfloat16_wire_keeps_float32_rows_on_the_table() -> None:
     step = float(tf.cast(tf.cast(1.0 / 3.0, tf.bfloat16), tf.float32))
     np.testing.assert_allclose(stored.numpy(), -4 * step, rtol=1e-6)
     assert stored.dtype == np.float32
+
+
+def test_up_runs_each_server_of_a_fixed_layout_as_a_component_before_the_chief() -> None:
+    from deploy.components import service_components
+    from feature_store.settings import load_settings
+
+    s = load_settings()
+    single = [c.name for c in service_components(s, {"train"})]
+    assert single == ["trainer"]
+    s = s.model_copy(update={"trainer": s.trainer.model_copy(
+        update={"ps": 2, "workers": 1, "cluster_port": 9500})})
+    comps = service_components(s, {"train"})
+    assert [c.name for c in comps] == ["trainer-ps-0", "trainer-ps-1", "trainer-worker-0", "trainer"]
+    assert [c.port for c in comps[:3]] == [9501, 9502, 9503]  # the chief has 9500
+    assert comps[1].argv()[-4:] == ["--role", "ps", "--index", "1"]
+    # without a fixed layout the chief starts its servers itself: one component
+    s = s.model_copy(update={"trainer": s.trainer.model_copy(update={"cluster_port": 0})})
+    assert [c.name for c in service_components(s, {"train"})] == ["trainer"]
+
+
+def test_configs_the_cluster_step_does_not_support_are_refused_by_name() -> None:
+    from model.cluster.trainer import ClusterError, check_supported
+    from model.towers.config import ModelConfig
+    from model.trainer.options import TrainOptions
+
+    check_supported(ModelConfig(), TrainOptions())
+    with pytest.raises(ClusterError, match="attention.*gradient accumulation.*eviction"):
+        check_supported(ModelConfig(user_tower="attention"),
+                        TrainOptions(grad_accum_steps=2, evict_every_steps=10))
