@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 from contextlib import ExitStack
 from typing import Any
@@ -168,7 +169,17 @@ def run_train(args: argparse.Namespace) -> int:
 
             signal.signal(signal.SIGTERM, stop)
             signal.signal(signal.SIGINT, stop)
-            state = service.run()
+            try:
+                state = service.run()
+            except Exception:
+                if not ps:
+                    raise
+                # e.g. a step re-run after a worker failure (StepsReplayed): nothing after the
+                # last cut is saved; exit at once (TF's coordinator can hang in its destructor),
+                # the servers die with this process, the restart resumes from the last cut
+                log.exception("trainer cluster failed: exiting to resume from the last checkpoint")
+                logging.shutdown()
+                os._exit(1)
             log.info("trainer stopped: %d samples trained", state.samples_trained)
             return 0
     finally:

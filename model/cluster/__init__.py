@@ -12,9 +12,13 @@ one worker): ``docs/cluster.md``.
   stateless step's reads (insert-if-absent) and delta writes (SGD, sparse Adagrad), rows
   optionally bfloat16 on the wire.
 * ``probe`` — the exactness probe (``python -m model.cluster.probe``).
+* ``trainer`` — :class:`ClusterTrainer`: the two-tower ``Trainer`` with its step on the
+  workers, checkpoints as one consistent cut, and what it does not support yet.
+* ``service`` — where the layout comes from (settings or free ports) and the chief's
+  servers; ``liveness`` — the chief's watchdog process (a lost server: back to the last cut).
 
-Importing this package loads nothing; ``coordinator``, ``sparse`` and ``probe``'s run load
-TensorFlow (through ``model.towers.tf_env``).
+Importing this package loads nothing; ``coordinator``, ``sparse``, ``trainer`` and
+``probe``'s run load TensorFlow (through ``model.towers.tf_env``).
 """
 
 from model.cluster.spec import ClusterLayout, free_ports

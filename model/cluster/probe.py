@@ -45,19 +45,22 @@ def run_probe(
     layout: ClusterLayout, mode: str, steps: int, per_step: int = 64, dim: int = 4, seed: int = 0,
     wire_dtype: str = "float32",
 ) -> dict[str, Any]:
-    """Train the probe on a running cluster of ``layout``; returns the check's figures."""
+    """Train the probe on a running cluster of ``layout``; returns the check's figures
+    (``begun``: steps that started on a worker, counted on the PS as the cluster trainer
+    counts them)."""
     from model.cluster.coordinator import connect
     from model.cluster.sparse import ShardedTable
     from model.towers.tf_env import tf
 
     c = connect(layout)
     with c.strategy.scope():
+        begun = tf.Variable(0, dtype=tf.int64, trainable=False, name="probe_begun")
         sgd = ShardedTable("probe_sgd", dim, layout.ps_devices(), wire_dtype=wire_dtype)
         ada = ShardedTable("probe_ada", dim, layout.ps_devices(), adagrad_initial=ADAGRAD_INITIAL,
                            wire_dtype=wire_dtype)
 
     def replica(keys: tf.Tensor) -> tf.Tensor:
-        with tf.GradientTape() as tape:
+        with tf.control_dependencies([begun.assign_add(1)]), tf.GradientTape() as tape:
             rows = sgd.read(keys)
             tape.watch(rows)
             loss = tf.reduce_sum(rows)
@@ -98,6 +101,7 @@ def run_probe(
         "num_ps": layout.num_ps, "num_workers": layout.num_workers,
         "rows_per_shard": _per_shard(sgd),
         "steps_per_s": steps / elapsed if elapsed > 0 else float("inf"),
+        "begun": int(begun.numpy()),
     }
 
 

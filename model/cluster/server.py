@@ -45,6 +45,18 @@ def argv(layout: ClusterLayout, job: str, index: int) -> list[str]:
             "--job", job, "--index", str(index)]
 
 
+def die_with_parent() -> None:
+    """In the child before exec: SIGKILL it when its parent dies (Linux ``prctl``), so a
+    chief killed with -9 leaves no servers behind."""
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass  # not Linux: the servers then outlive a killed chief
+
+
 def listening(address: str, timeout_s: float = 0.5) -> bool:
     host, port = address.rsplit(":", 1)
     try:
@@ -67,14 +79,14 @@ class LocalCluster:
         if self.log_dir is None:
             proc = subprocess.Popen(
                 argv(self.layout, job, index), env={**os.environ, **self.env},
-                stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+                stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, preexec_fn=die_with_parent,
             )
         else:
             self.log_dir.mkdir(parents=True, exist_ok=True)
             with open(self.log_dir / f"{job}-{index}.log", "ab") as out:
                 proc = subprocess.Popen(
                     argv(self.layout, job, index), env={**os.environ, **self.env},
-                    stdout=out, stderr=subprocess.STDOUT,
+                    stdout=out, stderr=subprocess.STDOUT, preexec_fn=die_with_parent,
                 )
         self.procs[(job, index)] = proc
         return proc

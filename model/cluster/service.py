@@ -4,23 +4,24 @@
   and worker servers run as processes of their own (``streamrec train --role ps|worker``:
   components of ``streamrec up``, services of docker-compose); the chief waits until they
   listen.
-* neither: the chief picks free ports and starts the servers as its children, restarting a
-  worker that dies (a dead parameter server fails the next step: the chief exits and its
-  restart resumes from the last checkpoint).
+* neither: the chief picks free ports and starts the servers as its children.
+
+Either way a watchdog process (``model.cluster.liveness``) kills the chief when a server is
+lost; its restart (by the supervisor) resumes from the last checkpoint.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from feature_store.settings import TrainerSettings
-from model.cluster.server import LocalCluster, launch, listening
-from model.cluster.spec import WORKER, ClusterLayout
+from model.cluster import liveness
+from model.cluster.server import launch, listening
+from model.cluster.spec import ClusterLayout
 
 log = logging.getLogger(__name__)
 
@@ -45,42 +46,23 @@ def wait_listening(layout: ClusterLayout, timeout_s: float) -> None:
             time.sleep(0.2)
 
 
-class _Watchdog(threading.Thread):
-    """Restarts dead workers of a :class:`LocalCluster` (at their address, so the
-    coordinator finds them again)."""
-
-    def __init__(self, cluster: LocalCluster) -> None:
-        super().__init__(name="cluster-watchdog", daemon=True)
-        self.cluster = cluster
-        self.stopping = threading.Event()
-        self.restarts = 0
-
-    def run(self) -> None:
-        while not self.stopping.wait(0.5):
-            for (job, index), proc in list(self.cluster.procs.items()):
-                if job == WORKER and proc.poll() is not None and not self.stopping.is_set():
-                    log.warning("worker %d exited (%s): restarting it", index, proc.returncode)
-                    self.cluster.start(job, index)
-                    self.restarts += 1
-
-
 @contextmanager
 def cluster_servers(
     tcfg: TrainerSettings, log_dir: Path | None = None, timeout_s: float = 120.0
 ) -> Iterator[ClusterLayout]:
     """The cluster's layout with its servers listening (started here if not configured)."""
     layout = configured_layout(tcfg)
+    cluster = None
     if layout is not None:
         wait_listening(layout, timeout_s)
-        yield layout
-        return
-    layout = ClusterLayout.local(tcfg.ps, tcfg.workers, tcfg.metrics_host)
-    cluster = launch(layout, log_dir=log_dir, timeout_s=timeout_s)
-    watchdog = _Watchdog(cluster)
-    watchdog.start()
+    else:
+        layout = ClusterLayout.local(tcfg.ps, tcfg.workers, tcfg.metrics_host)
+        cluster = launch(layout, log_dir=log_dir, timeout_s=timeout_s)
+    watchdog = liveness.start(layout)
     try:
         yield layout
     finally:
-        watchdog.stopping.set()
-        watchdog.join(timeout=5)
-        cluster.stop()
+        watchdog.kill()  # first: the servers stop next
+        watchdog.wait()
+        if cluster is not None:
+            cluster.stop()

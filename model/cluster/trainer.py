@@ -20,12 +20,12 @@ weights into the chief's local model, so checkpoints (one consistent cut: shards
 weights, chief state and the Kafka offsets of exactly the scheduled batches) and exports
 (``model.trainer.export`` unchanged) read one state.
 
-Re-run steps: the coordinator moves the functions of a dead worker to another one, and a
-function that died half-way through its ``accum`` writes would apply part of its update
-twice. Every step first increments a counter on the PS; :meth:`sync` compares it with the
-steps scheduled and raises :class:`StepsReplayed` when a step began more than once — the
-chief then exits without saving, and its restart resumes from the last cut (a worker
-failure costs the work since the last checkpoint; nothing is applied twice).
+Failures: a lost server ends the chief (``model.cluster.liveness``) and its restart
+resumes from the last cut, so a step is never re-run on the live state. As a second line,
+every step first increments a counter on the PS; :meth:`sync` compares it with the steps
+scheduled and raises :class:`StepsReplayed` when a step began more than once (a function
+the coordinator re-ran after a worker failure, which could apply part of its ``accum``
+writes twice) — the chief then exits without saving, back to the last cut too.
 
 Not supported yet (refused by :func:`check_supported`): the attention user tower,
 ``train_history=False``, gradient accumulation, eviction, bfloat16 compute, and

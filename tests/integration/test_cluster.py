@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from feature_store.settings import Settings
@@ -21,7 +23,7 @@ from model.artifact.registry import Registry
 from model.evaluation.synthetic import SyntheticConfig, SyntheticStream
 from model.trainer.samples import sample_digest
 from tests.integration.test_trainer import _encoded, _env, _produce
-from tests.support import REPO_ROOT, free_port
+from tests.support import REPO_ROOT, free_port, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -44,6 +46,7 @@ def test_no_update_lost_or_doubled_on_two_ps_two_workers(tmp_path: Path, keys: s
     assert r["wrong_rows"] == 0, r["examples_wrong"]
     assert r["wrong_accumulators"] == 0
     assert r["rows"] == r["keys"]
+    assert r["begun"] == r["steps"]  # no step ran twice without a failure
     # both shards hold rows (key % 2), and the shared run really shares keys between steps
     assert all(n > 0 for n in r["rows_per_shard"])  # type: ignore[attr-defined]
     if keys == "shared":
@@ -102,3 +105,122 @@ def test_cluster_trainer_from_kafka_exports_what_one_process_exports(
     qa, qb = cluster["metrics"], single["metrics"]
     assert qa["ndcg@10"] > qa["popularity_ndcg@10"], qa
     assert abs(qa["recall@10"] - qb["recall@10"]) < 0.1, (qa, qb)
+
+
+# -- kill -9 of each role --------------------------------------------------------------------
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _children(pid: int, marker: str) -> list[int]:
+    """Pids of the processes whose parent is ``pid`` and whose command line has ``marker``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid and marker in cmd:
+            found.append(int(entry.name))
+    return found
+
+
+class _Supervised:
+    """``streamrec train --ps 2 --workers 2`` restarted whenever it exits before the end, as
+    `streamrec up` restarts a component (the chief starts its own servers)."""
+
+    def __init__(self, settings: Settings, root: Path, total: int) -> None:
+        self.env = _env(settings, free_port())
+        self.env["STREAMREC_STACK__RUN_DIR"] = str(root / "run")
+        self.port = int(self.env["STREAMREC_TRAINER__METRICS_PORT"])
+        self.root, self.total = root, total
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.exits: list[int] = []
+
+    def start(self) -> None:
+        log = (self.root / f"chief-{len(self.exits)}.log").open("wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "deploy.cli", "train", "--ps", "2", "--workers", "2",
+             "--batch-size", "256", "--eval-rows", "32", "--export-every-s", "2",
+             "--evict-every", "0", "--max-samples", str(self.total)],
+            cwd=REPO_ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+        )
+
+    def poll(self) -> None:
+        """Restart the chief if it exited before training everything."""
+        assert self.proc is not None
+        code = self.proc.poll()
+        if code is not None:
+            self.exits.append(code)
+            if code != 0:
+                self.start()
+
+    def health(self) -> dict[str, Any]:
+        self.poll()
+        try:
+            return httpx.get(f"http://127.0.0.1:{self.port}/health", timeout=2.0).json()
+        except httpx.HTTPError:
+            return {}
+
+    def trained(self) -> int:
+        return int(self.health().get("samples_trained", 0))
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+
+
+def test_kill_9_of_a_worker_a_ps_and_the_chief_still_trains_every_sample_once(
+    settings: Settings, tmp_path: Path
+) -> None:
+    stream = SyntheticStream(SyntheticConfig(users=300, items=200, history_len=20, seed=8))
+    samples = stream.take(60_000)
+    _produce(settings, _encoded(samples))
+    registry = Registry(settings.trainer.registry_dir, settings.trainer.model_name)
+    run = _Supervised(settings, tmp_path, len(samples))
+    run.start()
+    try:
+        for role in ("--job worker", "--job ps", "chief"):
+            # live progress past the newest cut, so the kill loses uncheckpointed work
+            wait_until(lambda: registry.current() is not None
+                       and run.trained() > registry.show(registry.current())["samples_trained"]
+                       and run.trained() < len(samples), 240, f"progress before killing {role}")
+            assert run.proc is not None
+            servers = _children(run.proc.pid, "model.cluster.server")
+            if role == "chief":
+                victim = run.proc.pid
+            else:
+                (victim, *_) = _children(run.proc.pid, role)
+            chief = run.proc
+            os.kill(victim, signal.SIGKILL)
+            # a lost server ends the chief (its watchdog), which takes its servers with it
+            chief.wait(timeout=60)
+            wait_until(lambda servers=servers: not any(map(_alive, servers)), 30,
+                       "the chief's servers to exit with it")
+        wait_until(lambda: run.health().get("samples_trained") == len(samples)
+                   or (run.proc is not None and run.proc.poll() == 0), 300, "all samples trained")
+        wait_until(lambda: run.proc is not None and run.proc.poll() is not None, 120,
+                   "the chief to stop after --max-samples")
+        run.poll()
+    finally:
+        run.stop()
+    manifest = registry.show(registry.current())  # type: ignore[arg-type]
+    assert manifest["samples_trained"] == len(samples)
+    assert manifest["sample_digest"] == str(sample_digest([s.sample_id for s in samples]))
+    assert sum(manifest["kafka_offsets"].values()) == len(samples)
+    # each kill ended the chief without saving (a lost server: its watchdog kills it, or a
+    # step re-run was detected at the next cut: it exits 1) and its restart resumed from the
+    # last cut; the last run finished the topic
+    assert all(code in (1, -signal.SIGKILL) for code in run.exits[:-1]), run.exits
+    assert len(run.exits) >= 4 and run.exits[-1] == 0, run.exits
+
