@@ -31,7 +31,7 @@ worker processes itself on free ports; with a fixed layout each runs as
 
 examples:
   streamrec train
-  streamrec train --ps 2 --workers 2 --evict-every 0
+  streamrec train --ps 2 --workers 2
   streamrec train --grad-accum 4 --mixed-precision --item-lr 0.1 --evict-every 500
 """
 
@@ -57,8 +57,9 @@ def register(sub: Any) -> None:
                    help="sightings before an id gets its own row (default 1)")
     p.add_argument("--max-user-rows", type=int, default=2_000_000, help="eviction cap of users")
     p.add_argument("--max-item-rows", type=int, default=1_000_000, help="eviction cap of items")
-    p.add_argument("--evict-every", type=int, default=1000,
-                   help="evict every N steps (0 = never; default 1000)")
+    p.add_argument("--evict-every", type=int,
+                   help="evict every N steps (0 = never; default 1000, and 0 on a cluster, "
+                        "which does not evict yet)")
     p.add_argument("--grad-accum", type=int, default=1,
                    help="accumulate gradients over N micro-batches per step (default 1)")
     p.add_argument("--mixed-precision", action="store_true",
@@ -133,7 +134,7 @@ def run_train(args: argparse.Namespace) -> int:
             dense_lr=args.dense_lr,
             grad_accum_steps=args.grad_accum,
             mixed_precision=args.mixed_precision,
-            evict_every_steps=args.evict_every,
+            evict_every_steps=_evict_every(args.evict_every, ps),
             max_user_rows=args.max_user_rows,
             max_item_rows=args.max_item_rows,
             eval_rows=args.eval_rows,
@@ -184,6 +185,15 @@ def run_train(args: argparse.Namespace) -> int:
             return 0
     finally:
         server.stop()
+
+
+def _evict_every(given: int | None, ps: int) -> int:
+    if given is not None:
+        return given
+    if ps:
+        log.warning("the trainer cluster does not evict yet: its tables grow with the ids seen")
+        return 0
+    return 1000
 
 
 def _cluster_trainer(

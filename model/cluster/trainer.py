@@ -82,7 +82,7 @@ def check_supported(config: ModelConfig, options: TrainOptions) -> None:
     if options.grad_accum_steps > 1:
         unsupported.append("gradient accumulation (--grad-accum > 1)")
     if options.evict_every_steps:
-        unsupported.append("eviction (use --evict-every 0)")
+        unsupported.append("eviction (--evict-every > 0)")
     if options.mixed_precision or config.compute_dtype != "float32":
         unsupported.append("bfloat16 compute (--mixed-precision)")
     if not options.dedup_lookups:

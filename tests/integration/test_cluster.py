@@ -68,7 +68,7 @@ def _train(settings: Settings, root: Path, cluster: bool, total: int) -> dict[st
     env["STREAMREC_STACK__RUN_DIR"] = str(root / "run")
     argv = [sys.executable, "-m", "deploy.cli", "train", "--batch-size", "256",
             "--eval-rows", "64", "--eval-every", "1", "--export-every-s", "3600",
-            "--evict-every", "0", "--max-samples", str(total)]
+            "--max-samples", str(total)]
     if cluster:
         argv += ["--ps", "2", "--workers", "2"]
     root.mkdir(parents=True, exist_ok=True)
