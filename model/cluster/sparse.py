@@ -130,11 +130,20 @@ class ShardedTable:
 
     # -- writes ----------------------------------------------------------------------------
     def _add(self, var: Any, keys: tf.Tensor, delta: tf.Tensor) -> Any:
-        """Add ``delta`` to the rows of existing ``keys`` on their parameter servers."""
-        if self.wire_dtype != tf.float32:
-            delta = tf.cast(tf.cast(delta, self.wire_dtype), tf.float32)
-        zeros = tf.zeros_like(delta)
-        return var.accum(keys, zeros, delta, tf.ones_like(keys, tf.bool))
+        """Add ``delta`` to the rows of existing ``keys`` on their parameter servers: each
+        shard's deltas leave the worker in the wire dtype and become float32 on the PS."""
+        if self.wire_dtype == tf.float32:
+            return var.accum(keys, tf.zeros_like(delta), delta, tf.ones_like(keys, tf.bool))
+        n = len(self.devices)
+        shard = tf.cast(keys % n, tf.int32)  # TFRA's default partition: key % shards
+        parts_k = tf.dynamic_partition(keys, shard, n)
+        parts_d = tf.dynamic_partition(tf.cast(delta, self.wire_dtype), shard, n)
+        ops = []
+        for i, device in enumerate(self.devices):
+            with tf.device(device):
+                exists = tf.ones([tf.size(parts_k[i]), 1], tf.bool)
+                ops.append(var.tables[i].accum(parts_k[i], tf.cast(parts_d[i], tf.float32), exists))
+        return tf.group(ops)
 
     def sgd(self, keys: tf.Tensor, grads: tf.Tensor, lr: float) -> Any:
         """Plain SGD on the rows of distinct ``keys`` (read by :meth:`read` this step)."""

@@ -40,9 +40,15 @@ def _probe(tmp_path: Path, *args: str) -> dict[str, object]:
     return json.loads(out.read_text())
 
 
-@pytest.mark.parametrize("keys", ["shared", "disjoint"])
-def test_no_update_lost_or_doubled_on_two_ps_two_workers(tmp_path: Path, keys: str) -> None:
-    r = _probe(tmp_path, "--keys", keys, "--steps", "150", "--per-step", "48")
+@pytest.mark.parametrize(("keys", "wire"), [("shared", "float32"), ("disjoint", "float32"),
+                                           ("shared", "bfloat16")])
+def test_no_update_lost_or_doubled_on_two_ps_two_workers(
+    tmp_path: Path, keys: str, wire: str
+) -> None:
+    """(bfloat16 on the wire: the probe's rows, deltas and accumulator steps are small
+    integers, exact in bfloat16, so exactness still holds.)"""
+    r = _probe(tmp_path, "--keys", keys, "--steps", "150", "--per-step", "48",
+               "--wire-dtype", wire)
     assert r["wrong_rows"] == 0, r["examples_wrong"]
     assert r["wrong_accumulators"] == 0
     assert r["rows"] == r["keys"]

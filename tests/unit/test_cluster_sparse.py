@@ -48,15 +48,17 @@ def test_bfloat16_wire_keeps_float32_rows_on_the_table() -> None:
     from model.cluster.sparse import ShardedTable
     from model.towers.tf_env import tf
 
-    table = ShardedTable("unit_wire", 2, ["/CPU:0"], wire_dtype="bfloat16")
-    keys = tf.constant([1, 2], tf.int64)
+    # two shards (key % 2) on the local CPU
+    table = ShardedTable("unit_wire", 2, ["/CPU:0", "/CPU:0"], wire_dtype="bfloat16")
+    keys = tf.constant([1, 2, 3, -6, 10], tf.int64)
     table.read(keys)
+    assert [int(t.size()) for t in table.params.tables] == [3, 2]
     for _ in range(4):  # deltas of 1/3 are rounded to bfloat16 on the way, summed in float32
-        table.sgd(keys, tf.fill([2, 2], 1.0 / 3.0), 1.0)
+        table.sgd(keys, tf.fill([5, 2], 1.0 / 3.0), 1.0)
     _, stored = table.params.export()
     step = float(tf.cast(tf.cast(1.0 / 3.0, tf.bfloat16), tf.float32))
     np.testing.assert_allclose(stored.numpy(), -4 * step, rtol=1e-6)
-    assert stored.dtype == np.float32
+    assert stored.dtype == np.float32 and stored.shape == (5, 2)
 
 
 def test_up_runs_each_server_of_a_fixed_layout_as_a_component_before_the_chief() -> None:
@@ -86,3 +88,23 @@ def test_configs_the_cluster_step_does_not_support_are_refused_by_name() -> None
     with pytest.raises(ClusterError, match="attention.*gradient accumulation.*eviction"):
         check_supported(ModelConfig(user_tower="attention"),
                         TrainOptions(grad_accum_steps=2, evict_every_steps=10))
+
+
+def test_the_watchdog_names_the_server_that_stopped_listening_and_ends_with_the_chief() -> None:
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    from model.cluster.liveness import watch
+
+    with socket.socket() as a, socket.socket() as b:
+        for s in (a, b):
+            s.bind(("127.0.0.1", 0))
+            s.listen()
+        addrs = [f"127.0.0.1:{s.getsockname()[1]}" for s in (a, b)]
+        b.close()  # b is lost; a keeps listening
+        assert watch(os.getpid(), addrs, grace_s=0.3, every_s=0.05) == addrs[1]
+        gone = subprocess.Popen([sys.executable, "-c", "pass"])
+        gone.wait()
+        assert watch(gone.pid, addrs[:1], grace_s=0.3, every_s=0.05) == ""
