@@ -209,7 +209,14 @@ class ClusterTrainer(Trainer):
             v_local.assign(v_ps.read_value())
 
     def table_sizes(self) -> dict[str, int]:
-        return {"user_rows": self.users_ps.size(), "item_rows": self.items_ps.size()}
+        """Rows per table, and per table and parameter server (``item_rows_ps1``: the
+        trainer's table-rows gauge and the manifest carry both)."""
+        out = {}
+        for name, table in (("user_rows", self.users_ps), ("item_rows", self.items_ps)):
+            shards = [int(t.size()) for t in table.params.tables]
+            out[name] = sum(shards)
+            out.update({f"{name}_ps{i}": n for i, n in enumerate(shards)})
+        return out
 
     def _item_rows(self) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """The known items' rows read from the shards (steps may still be in flight: the

@@ -109,6 +109,10 @@ def test_cluster_trainer_from_kafka_exports_what_one_process_exports(
     assert a.item_vectors.shape == b.item_vectors.shape
     assert [w.shape for w, _, _ in a.layers] == [w.shape for w, _, _ in b.layers]
     qa, qb = cluster["metrics"], single["metrics"]
+    # the rows of each table split over both parameter servers (key % 2)
+    for table in ("user_rows", "item_rows"):
+        shards = [qa[f"{table}_ps{i}"] for i in range(2)]
+        assert sum(shards) == qa[table] and min(shards) > 0, qa
     assert qa["ndcg@10"] > qa["popularity_ndcg@10"], qa
     assert abs(qa["recall@10"] - qb["recall@10"]) < 0.1, (qa, qb)
 
