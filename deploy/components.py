@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from deploy.process import StackError
+from deploy.process import StackError, port_in_use
 from feature_store.settings import Settings
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -421,7 +421,37 @@ def service_components(s: Settings, available: set[str]) -> list[Component]:
     ]
     command_of = {"ingest-api": "ingest-api", "features": "features", "trainer": "train",
                   "serving": "serve"}
-    return [c for c in services if command_of[c.name] in available]
+    chosen = [c for c in services if command_of[c.name] in available]
+    if "train" in available:
+        at = next(i for i, c in enumerate(chosen) if c.name == "trainer")
+        chosen[at:at] = trainer_cluster_components(s)
+    return chosen
+
+
+def trainer_cluster_components(s: Settings) -> list[Component]:
+    """``trainer-ps-N`` / ``trainer-worker-N`` of a fixed trainer cluster layout
+    (``trainer.cluster_port`` or ``trainer.cluster_spec``), each ready when its gRPC port
+    listens; none otherwise (one process, or a chief that starts its servers itself)."""
+    from model.cluster.service import configured_layout
+
+    if not s.trainer.ps:
+        return []
+    layout = configured_layout(s.trainer)
+    if layout is None:
+        return []
+    py, out = sys.executable, []
+
+    def argv_of(job: str, index: int) -> Callable[[], list[str]]:
+        return lambda: [py, "-m", "deploy.cli", "train", "--role", job, "--index", str(index)]
+
+    def ready_of(host: str, port: int) -> Callable[[], bool]:
+        return lambda: port_in_use(host, port)
+
+    for job, index in layout.roles():
+        host, port = layout.address(job, index).rsplit(":", 1)
+        out.append(Component(f"trainer-{job}-{index}", int(port), argv_of(job, index),
+                             ready_of(host, int(port)), marker=f"--role {job} --index {index}"))
+    return out
 
 
 # --------------------------------------------------------------------------- monitoring

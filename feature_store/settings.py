@@ -206,6 +206,23 @@ class TrainerSettings(BaseModel):
     metrics_host: str = Field("127.0.0.1", description="Host of the trainer's /metrics.")
     metrics_port: int = Field(8002, description="Port of the trainer's /health and /metrics.")
     seed: int = Field(7, description="Seed of the model's initialisers and samplers.")
+    ps: int = Field(
+        0, ge=0, description="Parameter servers of the trainer cluster (0 with workers 0 = one "
+        "process, the default; model/cluster)."
+    )
+    workers: int = Field(0, ge=0, description="Workers of the trainer cluster (see ps).")
+    cluster_port: int = Field(
+        0, ge=0, description="First gRPC port of the cluster on trainer.metrics_host: chief, "
+        "then each PS, then each worker; 0 = the chief picks free ports and starts the PS and "
+        "worker processes itself."
+    )
+    cluster_spec: str | None = Field(
+        None, description='The whole cluster as ClusterSpec JSON ({"chief": [..], "ps": [..], '
+        '"worker": [..]}), e.g. one host per role in docker-compose; overrides cluster_port.'
+    )
+    wire_dtype: Literal["float32", "bfloat16"] = Field(
+        "float32", description="Rows and updates on the cluster's wire (tables stay float32)."
+    )
 
 
 class ServingSettings(BaseModel):

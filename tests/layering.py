@@ -13,8 +13,9 @@ Rules, read top to bottom; a module's import is allowed when every rule that app
    ``model.delta`` (numpy only)
    and from ``stream`` only ``stream.kafka_client``.
 3. Inside ``model``: ``scoring`` <- ``artifact`` <- ``delta``, ``towers`` <- ``trainer`` <-
-   ``evaluation`` <- ``cli`` (``artifact`` and ``towers`` both sit on ``scoring`` and not on
-   each other; ``delta`` sits on ``artifact``, not on ``towers``).
+   ``cluster`` <- ``evaluation`` <- ``cli`` (``artifact`` and ``towers`` both sit on
+   ``scoring`` and not on each other; ``delta`` sits on ``artifact``, not on ``towers``;
+   ``evaluation`` does not need ``cluster``).
 4. TensorFlow, TFRA and tf_keras are imported in ``model.towers.tf_env`` only.
 """
 
@@ -51,8 +52,10 @@ MODEL_LADDER: dict[str, frozenset[str]] = {
     "delta": frozenset({"scoring", "artifact"}),
     "towers": frozenset({"scoring"}),
     "trainer": frozenset({"scoring", "artifact", "delta", "towers"}),
+    "cluster": frozenset({"scoring", "artifact", "delta", "towers", "trainer"}),
     "evaluation": frozenset({"scoring", "artifact", "delta", "towers", "trainer"}),
-    "cli": frozenset({"scoring", "artifact", "delta", "towers", "trainer", "evaluation"}),
+    "cli": frozenset({"scoring", "artifact", "delta", "towers", "trainer", "cluster",
+                      "evaluation"}),
 }
 
 #: Rule 4.

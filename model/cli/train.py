@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
+from contextlib import ExitStack
 from typing import Any
 
 from model.trainer.options import TrainOptions
@@ -20,8 +22,16 @@ The trainer consumes the samples topic from the offsets saved in its newest chec
 seconds or --export-every-samples samples checkpoints and publishes a model version to
 STREAMREC_TRAINER__REGISTRY_DIR. GET /health and /metrics on STREAMREC_TRAINER__METRICS_PORT.
 
+With --ps N --workers M (settings trainer.ps / trainer.workers) the step runs on a
+parameter-server cluster (model/cluster: tables sharded over the PS, steps on the workers,
+this process the chief holding the consumer, offsets and checkpoints). Unless
+trainer.cluster_port or trainer.cluster_spec fixes the layout, the chief starts the PS and
+worker processes itself on free ports; with a fixed layout each runs as
+`streamrec train --role ps|worker --index I`.
+
 examples:
   streamrec train
+  streamrec train --ps 2 --workers 2
   streamrec train --grad-accum 4 --mixed-precision --item-lr 0.1 --evict-every 500
 """
 
@@ -49,8 +59,9 @@ def register(sub: Any) -> None:
                    help="sightings before an id gets its own row (default 1)")
     p.add_argument("--max-user-rows", type=int, default=2_000_000, help="eviction cap of users")
     p.add_argument("--max-item-rows", type=int, default=1_000_000, help="eviction cap of items")
-    p.add_argument("--evict-every", type=int, default=1000,
-                   help="evict every N steps (0 = never; default 1000)")
+    p.add_argument("--evict-every", type=int,
+                   help="evict every N steps (0 = never; default 1000, and 0 on a cluster, "
+                        "which does not evict yet)")
     p.add_argument("--grad-accum", type=int, default=1,
                    help="accumulate gradients over N micro-batches per step (default 1)")
     p.add_argument("--mixed-precision", action="store_true",
@@ -69,6 +80,13 @@ def register(sub: Any) -> None:
     p.add_argument("--eval-every", type=int, default=TrainOptions.eval_every,
                    help="score the head of every N-th batch only (1 = every batch; default "
                    f"{TrainOptions.eval_every})")
+    p.add_argument("--ps", type=int, help="parameter servers of a cluster (default: trainer.ps)")
+    p.add_argument("--workers", type=int, help="workers of a cluster (default: trainer.workers)")
+    p.add_argument("--wire-dtype", choices=["float32", "bfloat16"],
+                   help="rows and updates on the cluster's wire (default: trainer.wire_dtype)")
+    p.add_argument("--role", choices=["chief", "ps", "worker"], default="chief",
+                   help="run one server of a fixed cluster layout instead of the chief")
+    p.add_argument("--index", type=int, default=0, help="task index of --role ps|worker")
     p.set_defaults(func=run_train)
 
 
@@ -80,6 +98,12 @@ def run_train(args: argparse.Namespace) -> int:
 
     settings = load_settings()
     tcfg = settings.trainer
+    if args.role != "chief":
+        return _serve_role(settings, args.role, args.index)
+    ps = tcfg.ps if args.ps is None else args.ps
+    workers = tcfg.workers if args.workers is None else args.workers
+    if (ps > 0) != (workers > 0):
+        raise SystemExit("a trainer cluster needs --ps and --workers both >= 1 (or both 0)")
     port = args.port if args.port is not None else tcfg.metrics_port
     metrics = TrainerMetrics()
     holder: dict[str, Any] = {}
@@ -117,7 +141,7 @@ def run_train(args: argparse.Namespace) -> int:
             dense_lr=args.dense_lr,
             grad_accum_steps=args.grad_accum,
             mixed_precision=args.mixed_precision,
-            evict_every_steps=args.evict_every,
+            evict_every_steps=_evict_every(args.evict_every, ps),
             max_user_rows=args.max_user_rows,
             max_item_rows=args.max_item_rows,
             eval_rows=args.eval_rows,
@@ -134,31 +158,84 @@ def run_train(args: argparse.Namespace) -> int:
         )
         from model.trainer.core import Trainer
 
-        service = TrainerService(
-            settings,
-            Trainer(config, options),
-            loop,
-            clock=lambda: datetime.now(UTC),
-            metrics=metrics,
-            redis_client=_redis_client(settings),
-        )
-        holder["service"] = service
+        with ExitStack() as stack:
+            if ps:
+                trainer: Any = _cluster_trainer(stack, settings, ps, workers, args, config, options)
+            else:
+                trainer = Trainer(config, options)
+            service = TrainerService(
+                settings,
+                trainer,
+                loop,
+                clock=lambda: datetime.now(UTC),
+                metrics=metrics,
+                redis_client=_redis_client(settings),
+            )
+            holder["service"] = service
 
-        def stop(signum: int, _frame: Any) -> None:
-            log.info("signal %d: finishing the current batch, then checkpoint + export", signum)
-            service.stop_event.set()
+            def stop(signum: int, _frame: Any) -> None:
+                log.info("signal %d: finishing the current batch, then checkpoint + export", signum)
+                service.stop_event.set()
 
-        signal.signal(signal.SIGTERM, stop)
-        signal.signal(signal.SIGINT, stop)
-        try:
-            state = service.run()
-        except OffsetsBeyondTopic as exc:
-            log.error("%s", exc)
-            return 2
-        log.info("trainer stopped: %d samples trained", state.samples_trained)
-        return 0
+            signal.signal(signal.SIGTERM, stop)
+            signal.signal(signal.SIGINT, stop)
+            try:
+                state = service.run()
+            except OffsetsBeyondTopic as exc:
+                log.error("%s", exc)
+                return 2
+            except Exception:
+                if not ps:
+                    raise
+                # e.g. a step re-run after a worker failure (StepsReplayed): nothing after the
+                # last cut is saved; exit at once (TF's coordinator can hang in its destructor),
+                # the servers die with this process, the restart resumes from the last cut
+                log.exception("trainer cluster failed: exiting to resume from the last checkpoint")
+                logging.shutdown()
+                os._exit(1)
+            log.info("trainer stopped: %d samples trained", state.samples_trained)
+            return 0
     finally:
         server.stop()
+
+
+def _evict_every(given: int | None, ps: int) -> int:
+    if given is not None:
+        return given
+    if ps:
+        log.warning("the trainer cluster does not evict yet: its tables grow with the ids seen")
+        return 0
+    return 1000
+
+
+def _cluster_trainer(
+    stack: ExitStack, settings: Any, ps: int, workers: int, args: argparse.Namespace,
+    config: Any, options: Any,
+) -> Any:
+    """The chief's trainer on a cluster whose servers stay up while ``stack`` is open."""
+    from model.cluster.coordinator import connect
+    from model.cluster.service import cluster_servers
+    from model.cluster.trainer import ClusterOptions, ClusterTrainer, check_supported
+
+    check_supported(config, options)  # before any process starts
+    tcfg = settings.trainer.model_copy(update={"ps": ps, "workers": workers})
+    log_dir = settings.stack.run_dir / "logs" / "trainer-cluster"
+    layout = stack.enter_context(cluster_servers(tcfg, log_dir, settings.stack.ready_timeout_s))
+    log.info("trainer cluster: %d PS, %d workers, chief at %s", ps, workers, layout.chief)
+    wire = args.wire_dtype or settings.trainer.wire_dtype
+    return ClusterTrainer(config, options, connect(layout), ClusterOptions(wire_dtype=wire))
+
+
+def _serve_role(settings: Any, role: str, index: int) -> int:
+    """One PS or worker server of the fixed layout of the settings (blocks until killed)."""
+    from model.cluster.server import serve
+    from model.cluster.service import configured_layout
+
+    layout = configured_layout(settings.trainer)
+    if layout is None:
+        raise SystemExit("--role ps|worker needs trainer.cluster_port or trainer.cluster_spec")
+    serve(layout, role, index)
+    return 0
 
 
 def _redis_client(settings: Any) -> Any:

@@ -131,6 +131,9 @@ class Trainer:
         #: Called with (batch, sampled negatives) before each optimizer update: the keys
         #: whose rows it moves (``model.trainer.deltas``); None = nobody listens.
         self.on_step: Callable[[Batch, np.ndarray], None] | None = None
+        #: The model's tables hold the trained rows at every step (False: they are copied in
+        #: only by :meth:`sync`, e.g. from parameter servers), which deltas read.
+        self.rows_local = True
         #: Rows removed by eviction so far (a delta rescans its tables when this moves).
         self.evicted_rows = 0
         self._user_vec_fn = tf.function(
@@ -632,6 +635,10 @@ class Trainer:
         if self._eval_pool is None:
             self._eval_pool = ThreadPoolExecutor(1, thread_name_prefix="trainer-eval")
         self._eval_pending = self._eval_pool.submit(fn, *args)
+
+    def sync(self) -> None:
+        """Block until every step handed out is applied to the state a checkpoint saves
+        (a no-op in one process; the cluster trainer waits for its workers)."""
 
     def wait_evaluation(self) -> None:
         """Block until every batch handed to the evaluation is scored (errors re-raised)."""

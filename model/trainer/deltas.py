@@ -295,9 +295,15 @@ class DeltaPublisher:
     ) -> DeltaPublisher | None:
         """The publisher of a trainer service (``feature_store.settings.Settings``): the
         updates topic created, its producer connected; None for a model deltas cannot carry
-        (the attention user tower: full versions only)."""
+        (the attention user tower) or a trainer whose rows live elsewhere between
+        checkpoints (``Trainer.rows_local`` False: a parameter-server cluster): full versions
+        only."""
         if trainer.model.attention is not None:
             log.warning("no deltas: they do not carry the attention user tower (full versions only)")
+            return None
+        if not trainer.rows_local:
+            log.warning("no deltas: the tables live on the parameter servers between checkpoints "
+                        "(full versions only)")
             return None
         from stream.kafka_client import ensure_updates_topic, updates_producer
 

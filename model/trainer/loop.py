@@ -246,6 +246,7 @@ class TrainerService:
         return True
 
     def checkpoint(self) -> None:
+        self.trainer.sync()  # every scheduled step is in the state saved with the offsets
         self.trainer.wait_evaluation()  # the co-visitation state is complete up to the offsets
         keys = np.fromiter(self.item_ids.keys(), np.int64, len(self.item_ids))
         ids = np.array(list(self.item_ids.values()), dtype=np.str_)

@@ -1,0 +1,241 @@
+"""Trainer cluster benchmark: 2 PS + 2 workers against one process, on the same machine.
+
+    streamrec bench cluster [--json FILE] [--rounds 2] [--step-seconds 8] [--e2e-samples 150000]
+
+Every variant runs in a child process of its own (a chief joins its cluster for life), in
+alternating order each round: ``single`` (one process, ``model.trainer.core.Trainer``),
+``cluster`` (``model.cluster.trainer.ClusterTrainer`` on 2 PS + 2 workers started on free
+ports, float32 on the wire) and ``cluster_bf16`` (rows and deltas bfloat16 on the wire).
+The live model (``ModelConfig()``), batch 512, eviction off (the cluster does not evict yet).
+
+* step: pre-built batches of the synthetic stream (10k users, 20k items, after its first
+  ``--warm-samples``), test-then-train off; steps/s and examples/s from the first timed
+  step until every scheduled step is applied (``sync``).
+* e2e: ``--e2e-samples`` samples pre-produced once to a fresh topic of the Kafka in the
+  settings (``STREAMREC_KAFKA__PORT``); each variant's trainer service (as ``streamrec
+  train`` builds it, test-then-train on, export at the end) drains the topic from the start
+  with an empty checkpoint; examples/s = samples / wall time of ``run()``.
+* wire: the bytes sent plus received on the TCP connections whose peer is a PS of the
+  cluster (``ss -tin`` counters of every process here, taken before and after the timed
+  steps), per step and per example; ``wire_all`` also counts chief <-> worker traffic.
+
+JSON keys: ``by_variant`` {variant: {step_steps_per_s, step_examples_per_s,
+e2e_examples_per_s (medians) and their ``*_runs``, wire_bytes_per_step, wire_bytes_per_example,
+wire_all_bytes_per_step}}, ``cluster_vs_single_step`` (ratio of medians), ``load_avg_*``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+VARIANTS = ("single", "cluster", "cluster_bf16")
+BATCH = 512
+
+
+def _ss_bytes(ports: set[int]) -> int:
+    """Bytes sent + received on established TCP connections whose peer port is in ``ports``."""
+    out = subprocess.run(["ss", "-tinH", "state", "established"], capture_output=True,
+                         text=True, check=True, timeout=30).stdout
+    total, peer = 0, None
+    for line in out.splitlines():
+        if not line.startswith((" ", "\t")):
+            fields = line.split()
+            peer = int(fields[-1].rsplit(":", 1)[1]) if len(fields) >= 4 else None
+            continue
+        if peer in ports:
+            for key in ("bytes_sent", "bytes_received"):
+                m = re.search(rf"{key}:(\d+)", line)
+                total += int(m.group(1)) if m else 0
+    return total
+
+
+def _settings(topic: str, root: Path) -> Any:
+    from feature_store.settings import load_settings
+
+    base = load_settings()
+    uid = uuid.uuid4().hex[:8]
+    return base.model_copy(update={
+        "kafka": base.kafka.model_copy(update={"samples_topic": topic,
+                                               "dlq_topic": f"{topic}.dlq"}),
+        "trainer": base.trainer.model_copy(update={
+            "registry_dir": root / uid / "models", "checkpoint_dir": root / uid / "ckpt",
+            "group_id": f"bench-cluster-{uid}", "export_every_samples": 10_000_000,
+            "export_every_s": 3600.0,
+        }),
+    })
+
+
+def run_variant(variant: str, topic: str, e2e_samples: int, seconds: float, warm: int) -> dict[str, Any]:
+    """One variant's figures (runs in its own process)."""
+    from bench.train import _batches
+    from model.towers.two_tower import ModelConfig
+    from model.trainer.core import Trainer, TrainOptions
+    from model.trainer.loop import LoopOptions, TrainerService
+
+    config = ModelConfig()
+
+    def trainer(options: TrainOptions, tag: str) -> Any:
+        if variant == "single":
+            return Trainer(config, options, tag=tag)
+        from model.cluster.trainer import ClusterOptions, ClusterTrainer
+
+        wire = "bfloat16" if variant == "cluster_bf16" else "float32"
+        return ClusterTrainer(config, options, conn, ClusterOptions(wire), tag=tag)
+
+    ps_ports: set[int] = set()
+    all_ports: set[int] = set()
+    stack: list[Any] = []
+    if variant != "single":
+        from model.cluster.coordinator import connect
+        from model.cluster.server import launch
+        from model.cluster.spec import ClusterLayout
+
+        layout = ClusterLayout.local(2, 2)
+        stack.append(launch(layout))
+        conn = connect(layout)
+        ps_ports = {int(a.rsplit(":", 1)[1]) for a in layout.ps}
+        all_ports = ps_ports | {int(a.rsplit(":", 1)[1]) for a in layout.workers}
+    try:
+        out: dict[str, Any] = {"variant": variant}
+        t = trainer(TrainOptions(batch_size=BATCH, eval_rows=0, evict_every_steps=0), "step")
+        n = max(12, int(seconds * 40_000 / BATCH) + 4)
+        batches = _batches(n, BATCH, hist=config.window, warm=warm)
+        for b in batches[:4]:
+            t.train_step(b, covisit=False)
+        t.sync()
+        before, before_all = _ss_bytes(ps_ports), _ss_bytes(all_ports)
+        started, steps = time.perf_counter(), 0
+        for b in batches[4:]:
+            t.train_step(b, covisit=False)
+            steps += 1
+            if time.perf_counter() - started > seconds:
+                break
+        t.sync()
+        elapsed = time.perf_counter() - started
+        out["step_steps_per_s"] = steps / elapsed
+        out["step_examples_per_s"] = steps * BATCH / elapsed
+        if ps_ports:
+            wire, wire_all = _ss_bytes(ps_ports) - before, _ss_bytes(all_ports) - before_all
+            out["wire_bytes_per_step"] = wire / steps
+            out["wire_bytes_per_example"] = wire / (steps * BATCH)
+            out["wire_all_bytes_per_step"] = wire_all / steps
+        root = Path(tempfile.mkdtemp(prefix="bench-cluster-"))
+        try:
+            settings = _settings(topic, root)
+            service = TrainerService(
+                settings, trainer(TrainOptions(batch_size=BATCH, evict_every_steps=0), "e2e"),
+                LoopOptions(export_every_s=3600.0, export_every_samples=10_000_000,
+                            max_samples=e2e_samples),
+                clock=lambda: datetime.now(UTC),
+            )
+            started = time.perf_counter()
+            state = service.run()
+            elapsed = time.perf_counter() - started
+            assert state.samples_trained == e2e_samples, state
+            out["e2e_examples_per_s"] = e2e_samples / elapsed
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+        return out
+    finally:
+        for cluster in stack:
+            cluster.stop()
+
+
+def _produce(n: int, warm: int) -> str:
+    from feature_store.settings import load_settings
+    from model.evaluation.synthetic import SyntheticConfig, SyntheticStream
+    from model.trainer.samples import encode_sample
+    from stream.kafka_client import ensure_topics, make_producer
+
+    kafka = load_settings().kafka
+    topic = f"benchcluster{uuid.uuid4().hex[:8]}.samples"
+    ensure_topics(kafka, [topic, f"{topic}.dlq"])
+    stream = SyntheticStream(SyntheticConfig(users=10_000, items=20_000, clusters=50, seed=3))
+    for _ in range(warm):
+        stream.next()
+    producer = make_producer(kafka, linger_ms=50, batch_size=512 * 1024)
+    for s in stream.take(n):
+        producer.send(topic, key=s.user_id.encode(), value=encode_sample(s))
+    producer.flush(timeout=300)
+    producer.close()
+    return topic
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="streamrec bench cluster", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--json", help="write the figures to this file")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--step-seconds", type=float, default=8.0)
+    p.add_argument("--e2e-samples", type=int, default=150_000)
+    p.add_argument("--warm-samples", type=int, default=50_000)
+    p.add_argument("--variants", default=",".join(VARIANTS))
+    p.add_argument("--run", choices=VARIANTS, help=argparse.SUPPRESS)
+    p.add_argument("--topic", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.run:  # a child: one variant
+        fig = run_variant(args.run, args.topic, args.e2e_samples, args.step_seconds,
+                          args.warm_samples)
+        Path(args.json).write_text(json.dumps(fig))
+        return 0
+    variants = args.variants.split(",")
+    result: dict[str, Any] = {"load_avg_start": os.getloadavg()[0], "batch": BATCH}
+    topic = _produce(args.e2e_samples, args.warm_samples)
+    runs: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(args.rounds):
+            for v in variants if r % 2 == 0 else variants[::-1]:
+                out = Path(tmp) / f"{v}-{r}.json"
+                subprocess.run(
+                    [sys.executable, "-m", "bench.cluster", "--run", v, "--topic", topic,
+                     "--json", str(out), "--e2e-samples", str(args.e2e_samples),
+                     "--step-seconds", str(args.step_seconds),
+                     "--warm-samples", str(args.warm_samples)],
+                    check=True, timeout=1800,
+                )
+                fig = json.loads(out.read_text())
+                runs[v].append(fig)
+                print(f"{v} round {r}: " + ", ".join(
+                    f"{k} {val:,.0f}" for k, val in fig.items() if isinstance(val, float)),
+                    flush=True)
+    by: dict[str, Any] = {}
+    for v, figs in runs.items():
+        agg: dict[str, Any] = {}
+        for key in figs[0]:
+            if key == "variant":
+                continue
+            vals = [f[key] for f in figs]
+            agg[key] = round(float(np.median(vals)), 1)
+            agg[f"{key}_runs"] = [round(x, 1) for x in vals]
+        by[v] = agg
+    result["by_variant"] = by
+    if "single" in by and "cluster" in by:
+        result["cluster_vs_single_step"] = round(
+            by["cluster"]["step_steps_per_s"] / by["single"]["step_steps_per_s"], 3)
+    if "cluster" in by and "cluster_bf16" in by:
+        result["bf16_wire_ratio"] = round(
+            by["cluster_bf16"]["wire_bytes_per_step"] / by["cluster"]["wire_bytes_per_step"], 3)
+    result["load_avg_end"] = os.getloadavg()[0]
+    text = json.dumps(result, indent=2)
+    print(text)
+    if args.json:
+        Path(args.json).write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

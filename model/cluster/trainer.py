@@ -1,0 +1,324 @@
+"""The two-tower trainer with its step on a parameter-server cluster.
+
+:class:`ClusterTrainer` is a :class:`model.trainer.core.Trainer` (same ModelConfig, the same
+loss with logQ correction, sampled negatives, history pooling, the same numpy
+co-visitation / mixer / evaluator on the chief) whose embedding tables, dense layers and
+their Adagrad state live on the parameter servers, and whose train step runs on the
+workers (``model.cluster.sparse``: stateless reads, delta writes).
+
+Split of one step:
+
+* chief (this process, local TF): the frequency estimate and logQ, the step counter,
+  admission (the stats tables) and the negatives' validity — cheap, and it keeps every
+  admission decision in one place, in training order;
+* a worker (scheduled by the ``ClusterCoordinator``, asynchronously): the lookup plan,
+  row reads, towers, loss, gradients, sparse Adagrad on the tables and Adagrad on the dense
+  layers (``assign_add`` of the accumulator and of the weights' deltas on the PS).
+
+:meth:`sync` waits for every scheduled step, then copies the sharded rows and dense
+weights into the chief's local model, so checkpoints (one consistent cut: shards, dense
+weights, chief state and the Kafka offsets of exactly the scheduled batches) and exports
+(``model.trainer.export`` unchanged) read one state.
+
+Failures: a lost server ends the chief (``model.cluster.liveness``) and its restart
+resumes from the last cut, so a step is never re-run on the live state. As a second line,
+every step first increments a counter on the PS; :meth:`sync` compares it with the steps
+scheduled and raises :class:`StepsReplayed` when a step began more than once (a function
+the coordinator re-ran after a worker failure, which could apply part of its ``accum``
+writes twice) — the chief then exits without saving, back to the last cut too.
+
+Not supported yet (refused by :func:`check_supported`): the attention user tower,
+``train_history=False``, gradient accumulation, eviction, bfloat16 compute, and
+``dedup_lookups=False`` (the cluster step is the deduplicated step).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from model.cluster.coordinator import Coordinator
+from model.cluster.sparse import ShardedTable
+from model.errors import ModelError
+from model.towers.config import ModelConfig
+from model.towers.tf_env import tf
+from model.towers.two_tower import DEFAULT_KEY
+from model.trainer.core import Trainer
+from model.trainer.options import TrainOptions
+from model.trainer.samples import Batch
+
+log = logging.getLogger(__name__)
+
+#: Keras' legacy Adagrad (the single-process optimizers): first accumulator and epsilon.
+ADAGRAD_INITIAL = 0.1
+EPSILON = 1e-7
+
+
+class ClusterError(ModelError):
+    """The cluster cannot train this config, or its state is not consistent."""
+
+
+class StepsReplayed(ClusterError):
+    """A step began more than once since the last cut (a worker failed mid-step)."""
+
+
+@dataclass(frozen=True)
+class ClusterOptions:
+    #: dtype of rows and deltas on the wire ("float32" or "bfloat16"; tables stay float32)
+    wire_dtype: str = "float32"
+
+
+def check_supported(config: ModelConfig, options: TrainOptions) -> None:
+    """Raise :class:`ClusterError` naming what the cluster step does not support yet."""
+    unsupported = []
+    if config.attention:
+        unsupported.append("the attention user tower (user_tower='attention')")
+    if not config.train_history:
+        unsupported.append("train_history=False (--no-history-grad)")
+    if options.grad_accum_steps > 1:
+        unsupported.append("gradient accumulation (--grad-accum > 1)")
+    if options.evict_every_steps:
+        unsupported.append("eviction (--evict-every > 0)")
+    if options.mixed_precision or config.compute_dtype != "float32":
+        unsupported.append("bfloat16 compute (--mixed-precision)")
+    if not options.dedup_lookups:
+        unsupported.append("dedup_lookups=False")
+    if unsupported:
+        raise ClusterError("the cluster trainer does not support " + ", ".join(unsupported))
+
+
+def _lr(value: float | None, default: float) -> float:
+    return default if value is None else value
+
+
+_PREP_SIG = [
+    tf.TensorSpec([None], tf.int64),
+    tf.TensorSpec([None], tf.int64),
+    tf.TensorSpec([None, None], tf.int64),
+    tf.TensorSpec([None], tf.int64),
+    tf.TensorSpec([], tf.float32),
+    tf.TensorSpec([], tf.bool),
+]
+
+_STEP_SIG = [
+    tf.TensorSpec([None], tf.int64),  # user keys
+    tf.TensorSpec([None], tf.int64),  # item keys
+    tf.TensorSpec([None, None], tf.int64),  # history
+    tf.TensorSpec([None], tf.float32),  # weights
+    tf.TensorSpec([None], tf.int64),  # effective user keys
+    tf.TensorSpec([None], tf.int64),  # effective item keys
+    tf.TensorSpec([None, None], tf.bool),  # known history entries
+    tf.TensorSpec([None], tf.float32),  # log q of the items
+    tf.TensorSpec([None], tf.int64),  # negative keys (DEFAULT_KEY where not valid)
+    tf.TensorSpec([None], tf.bool),  # negatives valid
+    tf.TensorSpec([None], tf.float32),  # negatives' log q
+]
+
+
+class ClusterTrainer(Trainer):
+    """A Trainer whose step runs on the cluster of ``conn``; see the module doc."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        options: TrainOptions | None,
+        conn: Coordinator,
+        cluster: ClusterOptions | None = None,
+        tag: str = "",
+    ) -> None:
+        options = options or TrainOptions()
+        check_supported(config, options)
+        super().__init__(config, options, tag)
+        self.conn = conn
+        self.rows_local = False  # the shards are copied in by sync() only: no deltas yet
+        self.cluster_options = cluster or ClusterOptions()
+        e, devices, sfx = config.embedding_dim, conn.layout.ps_devices(), f"_{tag}" if tag else ""
+        wire = self.cluster_options.wire_dtype
+        with conn.strategy.scope():
+            self.users_ps = ShardedTable(
+                f"cluster_user{sfx}", e, devices, config.init_stddev, config.seed,
+                ADAGRAD_INITIAL, wire, config.init_capacity,
+            )
+            self.items_ps = ShardedTable(
+                f"cluster_item{sfx}", e, devices, config.init_stddev, config.seed + 1,
+                ADAGRAD_INITIAL, wire, config.init_capacity,
+            )
+            local = self.model.dense_variables
+            self.dense_ps = [tf.Variable(v.numpy(), name=f"ps_{v.name.split(':')[0]}") for v in local]
+            self.dense_acc = [
+                tf.Variable(tf.fill(v.shape, ADAGRAD_INITIAL), name=f"ps_acc{i}")
+                for i, v in enumerate(local)
+            ]
+            #: steps begun on the workers (see the module doc)
+            self.begun = tf.Variable(0, dtype=tf.int64, trainable=False, name="steps_begun")
+        self.scheduled = 0
+        # a restarted chief finds the tables of its predecessor on the parameter servers
+        # (TFRA tables are shared by name within a server): start from empty ones
+        for table in (self.users_ps, self.items_ps):
+            table.params.clear()
+            if table.accumulator is not None:
+                table.accumulator.clear()
+        key = tf.constant([DEFAULT_KEY], tf.int64)
+        for table in (self.users_ps, self.items_ps):
+            table.params.upsert(key, tf.zeros([1, e]))
+        # the towers' math with the dense layers of the PS (a shallow copy of the model)
+        n = len(self.model.kernels)
+        self.ps_model = copy.copy(self.model)
+        self.ps_model.kernels = self.dense_ps[0 : 2 * n : 2]
+        self.ps_model.biases = self.dense_ps[1 : 2 * n : 2]
+        opts = self.options
+        self._lrs = (
+            _lr(opts.user_lr, opts.learning_rate),
+            _lr(opts.item_lr, opts.learning_rate),
+            _lr(opts.dense_lr, opts.learning_rate),
+        )
+        self._prepare_fn = tf.function(self._prepare, input_signature=_PREP_SIG)
+        self._remote_fn = tf.function(self._distributed_step, input_signature=_STEP_SIG)
+        self._last_loss = float("nan")
+        self._last_remote: Any = None
+
+    # -- state ------------------------------------------------------------------------------
+    def trackables(self) -> dict[str, object]:
+        """The chief's local model (admission stats; rows equal to the shards after
+        :meth:`sync`), the estimate, the step and every PS-side variable."""
+        out: dict[str, object] = {"model": self.model, "freq": self.freq, "step": self.step}
+        for table in (self.users_ps, self.items_ps):
+            out.update(table.trackables())
+        out.update({f"dense_ps_{i}": v for i, v in enumerate(self.dense_ps)})
+        out.update({f"dense_acc_{i}": v for i, v in enumerate(self.dense_acc)})
+        return out
+
+    def sync(self) -> None:
+        """Wait for every scheduled step, check none began twice, and copy the shards and
+        dense weights into the local model (checkpoints and exports read it)."""
+        self.conn.coordinator.join()
+        begun = int(self.begun.numpy())
+        if begun != self.scheduled:
+            raise StepsReplayed(
+                f"{begun} steps began on the workers for {self.scheduled} scheduled: a worker "
+                "failed mid-step; resume from the last checkpoint"
+            )
+        for sharded, local in ((self.users_ps, self.model.users), (self.items_ps, self.model.items)):
+            keys, rows = sharded.export()
+            local.params.clear()
+            local.params.upsert(keys, rows)
+        for v_local, v_ps in zip(self.model.dense_variables, self.dense_ps, strict=True):
+            v_local.assign(v_ps.read_value())
+
+    def table_sizes(self) -> dict[str, int]:
+        """Rows per table, and per table and parameter server (``item_rows_ps1``: the
+        trainer's table-rows gauge and the manifest carry both)."""
+        out = {}
+        for name, table in (("user_rows", self.users_ps), ("item_rows", self.items_ps)):
+            shards = [int(t.size()) for t in table.params.tables]
+            out[name] = sum(shards)
+            out.update({f"{name}_ps{i}": n for i, n in enumerate(shards)})
+        return out
+
+    def _item_rows(self) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """The known items' rows read from the shards (steps may still be in flight: the
+        evaluation's candidates; :meth:`sync` first for an exact state)."""
+        keys, rows = (t.numpy() for t in self.items_ps.export())
+        keep = keys != DEFAULT_KEY
+        if self.model.threshold(self.model.items) > 1 and keys.size:
+            counts = self.model.items.sightings(tf.constant(keys)).numpy()
+            keep &= counts >= self.model.threshold(self.model.items)
+        keys, rows = keys[keep], rows[keep]
+        if not self.config.prior_weight:
+            return keys, rows, None
+        return keys, rows, self.freq.log_q(tf.constant(keys, tf.int64)).numpy()
+
+    # -- the step -----------------------------------------------------------------------------
+    def _prepare(
+        self, uk: tf.Tensor, ik: tf.Tensor, hist: tf.Tensor, neg: tf.Tensor, neg_lq: tf.Tensor,
+        count: tf.Tensor,
+    ) -> tuple[tf.Tensor, ...]:
+        """The chief's part of a step (local state): see the module doc."""
+        u_eff, i_eff, _, known, log_q = self._begin(uk, ik, hist, count)
+        negs = self._negatives(neg, neg_lq)
+        return u_eff, i_eff, known, log_q, negs["neg_keys"], negs["neg_valid"], negs["neg_log_q"]
+
+    def _distributed_step(self, *args: tf.Tensor) -> Any:
+        return self.conn.strategy.run(self._worker_step, args=args)
+
+    def _worker_step(
+        self, uk: tf.Tensor, ik: tf.Tensor, hist: tf.Tensor, w: tf.Tensor, u_eff: tf.Tensor,
+        i_eff: tf.Tensor, known: tf.Tensor, log_q: tf.Tensor, neg_keys: tf.Tensor,
+        neg_valid: tf.Tensor, neg_log_q: tf.Tensor,
+    ) -> tuple[tf.Tensor, tf.Tensor]:
+        """One step on a worker: :meth:`Trainer._dedup_step` with stateless reads/writes."""
+        model = self.ps_model
+        negs = {"neg_keys": neg_keys, "neg_valid": neg_valid, "neg_log_q": neg_log_q}
+        with tf.control_dependencies([self.begun.assign_add(1)]):
+            plan = model.plan(u_eff, i_eff, hist, known)
+            n_plan = tf.size(plan.item_keys)
+            all_keys, all_idx = tf.unique(tf.concat([plan.item_keys, neg_keys], 0))
+            u_uniq = self.users_ps.read(plan.user_keys)
+            i_all = self.items_ps.read(all_keys)
+        neg_idx = all_idx[n_plan:]
+        plan = model.widen_pool(plan, tf.size(all_keys))
+        dense = self.dense_ps
+        with tf.GradientTape() as tape:
+            tape.watch([u_uniq, i_all])
+            u_rows, pooled, attended = model.planned_inputs(plan, u_uniq, i_all, known)
+            uv = model.user_mlp(u_rows, pooled, attended)
+            iv = model.item_tower(tf.gather(i_all, plan.target_idx))
+            neg_vecs = model.item_tower(tf.gather(i_all, neg_idx))
+            loss = self._loss(uv, pooled, known, (iv, ik, log_q, w), neg_vecs, negs, uk)
+        g_user, g_item, *g_dense = tape.gradient(loss, [u_uniq, i_all, *dense])
+        lr_user, lr_item, lr_dense = self._lrs
+        updates = [
+            self.users_ps.adagrad(plan.user_keys, tf.convert_to_tensor(g_user), lr_user, EPSILON),
+            self.items_ps.adagrad(all_keys, tf.convert_to_tensor(g_item), lr_item, EPSILON),
+        ]
+        for v, acc, g in zip(dense, self.dense_acc, g_dense, strict=True):
+            g = tf.convert_to_tensor(g)
+            acc_now = acc.assign_add(tf.square(g), read_value=True)
+            updates.append(v.assign_sub(lr_dense * g / (tf.sqrt(acc_now) + EPSILON)))
+        with tf.control_dependencies(updates):
+            head = tf.cast(uv[: max(self.options.eval_rows, 0)], tf.float32)
+            return tf.identity(loss), head
+
+    # -- public API (Trainer's, with the step on the cluster) --------------------------------
+    def train_step(self, batch: Batch, *, count: bool = True, covisit: bool = True) -> float:
+        """Schedule one step of ``batch`` on a worker; returns the newest loss fetched.
+
+        The step's head vectors (test-then-train) are fetched only for the batches
+        :meth:`Trainer.fit_batch` evaluates (that waits for the step); other steps run
+        without the chief waiting for them.
+        """
+        if self.negatives.count and not self.negatives.ready:
+            self.negatives.reset(self._item_rows()[0])
+        self.negatives.add(batch.item_keys)
+        neg, neg_lq = self.negatives.draw()
+        uk = tf.constant(batch.user_keys, tf.int64)
+        ik = tf.constant(batch.item_keys, tf.int64)
+        hist = tf.constant(self._history(batch.history), tf.int64)
+        w = tf.constant(batch.weights, tf.float32)
+        prep = self._prepare_fn(
+            uk, ik, hist, tf.constant(neg, tf.int64), tf.constant(neg_lq, tf.float32),
+            tf.constant(count),
+        )
+        remote = self.conn.coordinator.schedule(self._remote_fn, args=(uk, ik, hist, w, *prep))
+        self.scheduled += 1
+        self._head_vectors = None
+        if self._evaluates(batch):
+            loss, head = remote.fetch()
+            self._last_loss = float(loss)
+            self._head_vectors = np.asarray(head)
+        if count and covisit and self.covisit is not None:
+            self.covisit.learn(batch.history, batch.item_keys, batch.weights)
+        return self._last_loss
+
+    def _evaluates(self, batch: Batch) -> bool:
+        """Whether :meth:`Trainer.fit_batch` scores this batch's head (it counted the batch
+        in ``_full_batches`` before calling :meth:`train_step`)."""
+        opts = self.options
+        if opts.eval_rows <= 0:
+            return False
+        full = len(batch) >= opts.batch_size
+        return not full or (self._full_batches - 1) % opts.eval_every == 0

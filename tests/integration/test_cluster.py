@@ -1,0 +1,236 @@
+"""The parameter-server cluster on real processes (``model.cluster``): exactness probe.
+
+Each probe runs as a child process (its chief joins the cluster, which a pytest process
+must not), on free ports, with 2 parameter servers and 2 workers of its own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from feature_store.settings import Settings
+from model.artifact.files import load_artifact
+from model.artifact.registry import Registry
+from model.evaluation.synthetic import SyntheticConfig, SyntheticStream
+from model.trainer.samples import sample_digest
+from tests.integration.test_trainer import _encoded, _env, _produce
+from tests.support import REPO_ROOT, free_port, wait_until
+
+pytestmark = pytest.mark.integration
+
+
+def _probe(tmp_path: Path, *args: str) -> dict[str, object]:
+    out = tmp_path / "probe.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "model.cluster.probe", "--ps", "2", "--workers", "2",
+         "--json", str(out), *args],
+        cwd=REPO_ROOT, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        capture_output=True, timeout=240, check=False,
+    )
+    assert out.is_file(), proc.stderr.decode()[-3000:]
+    return json.loads(out.read_text())
+
+
+@pytest.mark.parametrize(("keys", "wire"), [("shared", "float32"), ("disjoint", "float32"),
+                                           ("shared", "bfloat16")])
+def test_no_update_lost_or_doubled_on_two_ps_two_workers(
+    tmp_path: Path, keys: str, wire: str
+) -> None:
+    """(bfloat16 on the wire: the probe's rows, deltas and accumulator steps are small
+    integers, exact in bfloat16, so exactness still holds.)"""
+    r = _probe(tmp_path, "--keys", keys, "--steps", "150", "--per-step", "48",
+               "--wire-dtype", wire)
+    assert r["wrong_rows"] == 0, r["examples_wrong"]
+    assert r["wrong_accumulators"] == 0
+    assert r["rows"] == r["keys"]
+    assert r["begun"] == r["steps"]  # no step ran twice without a failure
+    # both shards hold rows (key % 2), and the shared run really shares keys between steps
+    assert all(n > 0 for n in r["rows_per_shard"])  # type: ignore[attr-defined]
+    if keys == "shared":
+        assert r["keys_in_several_steps"] == r["keys"]
+    else:
+        assert r["keys_in_several_steps"] == 0
+
+
+# -- the trainer on the cluster, from Kafka --------------------------------------------------
+
+
+def _train(settings: Settings, root: Path, cluster: bool, total: int) -> dict[str, Any]:
+    """Run ``streamrec train`` (one process or 2 PS + 2 workers) over the samples topic
+    until ``total`` samples are trained; returns the manifest of its last version."""
+    s = settings.model_copy(update={"trainer": settings.trainer.model_copy(update={
+        "registry_dir": root / "models", "checkpoint_dir": root / "trainer",
+        "group_id": f"{settings.trainer.group_id}-{root.name}"})})
+    env = _env(s, free_port())
+    env["STREAMREC_STACK__RUN_DIR"] = str(root / "run")
+    argv = [sys.executable, "-m", "deploy.cli", "train", "--batch-size", "256",
+            "--eval-rows", "64", "--eval-every", "1", "--export-every-s", "3600",
+            "--max-samples", str(total)]
+    if cluster:
+        argv += ["--ps", "2", "--workers", "2"]
+    root.mkdir(parents=True, exist_ok=True)
+    with (root / "train.log").open("wb") as log:
+        proc = subprocess.run(argv, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                              timeout=300, check=False)
+    assert proc.returncode == 0, (root / "train.log").read_text()[-3000:]
+    registry = Registry(s.trainer.registry_dir, s.trainer.model_name)
+    current = registry.current()
+    assert current is not None
+    return {**registry.show(current), "path": registry.path(current)}
+
+
+def test_cluster_trainer_from_kafka_exports_what_one_process_exports(
+    settings: Settings, tmp_path: Path
+) -> None:
+    stream = SyntheticStream(SyntheticConfig(users=400, items=300, clusters=10, history_len=20,
+                                             seed=3))
+    samples = stream.take(12_000)
+    _produce(settings, _encoded(samples))
+    cluster = _train(settings, tmp_path / "cluster", True, len(samples))
+    single = _train(settings, tmp_path / "single", False, len(samples))
+    expected = str(sample_digest([s.sample_id for s in samples]))
+    for manifest in (cluster, single):
+        assert manifest["samples_trained"] == len(samples)
+        assert manifest["sample_digest"] == expected
+        assert sum(manifest["kafka_offsets"].values()) == len(samples)
+    a, b = load_artifact(cluster["path"]), load_artifact(single["path"])
+    # serving cannot tell them apart: the same format, ids and shapes
+    assert sorted(a.item_ids) == sorted(b.item_ids)
+    assert set(a.user_keys.tolist()) == set(b.user_keys.tolist())
+    assert a.item_vectors.shape == b.item_vectors.shape
+    assert [w.shape for w, _, _ in a.layers] == [w.shape for w, _, _ in b.layers]
+    qa, qb = cluster["metrics"], single["metrics"]
+    # the rows of each table split over both parameter servers (key % 2)
+    for table in ("user_rows", "item_rows"):
+        shards = [qa[f"{table}_ps{i}"] for i in range(2)]
+        assert sum(shards) == qa[table] and min(shards) > 0, qa
+    assert qa["ndcg@10"] > qa["popularity_ndcg@10"], qa
+    assert abs(qa["recall@10"] - qb["recall@10"]) < 0.1, (qa, qb)
+
+
+# -- kill -9 of each role --------------------------------------------------------------------
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _children(pid: int, marker: str) -> list[int]:
+    """Pids of the processes whose parent is ``pid`` and whose command line has ``marker``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid and marker in cmd:
+            found.append(int(entry.name))
+    return found
+
+
+class _Supervised:
+    """``streamrec train --ps 2 --workers 2`` restarted whenever it exits before the end, as
+    `streamrec up` restarts a component (the chief starts its own servers)."""
+
+    def __init__(self, settings: Settings, root: Path, total: int) -> None:
+        self.env = _env(settings, free_port())
+        self.env["STREAMREC_STACK__RUN_DIR"] = str(root / "run")
+        self.port = int(self.env["STREAMREC_TRAINER__METRICS_PORT"])
+        self.root, self.total = root, total
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.exits: list[int] = []
+
+    def start(self) -> None:
+        log = (self.root / f"chief-{len(self.exits)}.log").open("wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "deploy.cli", "train", "--ps", "2", "--workers", "2",
+             "--batch-size", "256", "--eval-rows", "32", "--export-every-s", "2",
+             "--evict-every", "0", "--max-samples", str(self.total)],
+            cwd=REPO_ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+        )
+
+    def poll(self) -> None:
+        """Restart the chief if it exited before training everything."""
+        assert self.proc is not None
+        code = self.proc.poll()
+        if code is not None:
+            self.exits.append(code)
+            if code != 0:
+                self.start()
+
+    def health(self) -> dict[str, Any]:
+        self.poll()
+        try:
+            return httpx.get(f"http://127.0.0.1:{self.port}/health", timeout=2.0).json()
+        except httpx.HTTPError:
+            return {}
+
+    def trained(self) -> int:
+        return int(self.health().get("samples_trained", 0))
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+
+
+def test_kill_9_of_a_worker_a_ps_and_the_chief_still_trains_every_sample_once(
+    settings: Settings, tmp_path: Path
+) -> None:
+    stream = SyntheticStream(SyntheticConfig(users=300, items=200, history_len=20, seed=8))
+    samples = stream.take(60_000)
+    _produce(settings, _encoded(samples))
+    registry = Registry(settings.trainer.registry_dir, settings.trainer.model_name)
+    run = _Supervised(settings, tmp_path, len(samples))
+    run.start()
+    try:
+        for role in ("--job worker", "--job ps", "chief"):
+            # live progress past the newest cut, so the kill loses uncheckpointed work
+            wait_until(lambda: registry.current() is not None
+                       and run.trained() > registry.show(registry.current())["samples_trained"]
+                       and run.trained() < len(samples), 240, f"progress before killing {role}")
+            assert run.proc is not None
+            servers = _children(run.proc.pid, "model.cluster.server")
+            if role == "chief":
+                victim = run.proc.pid
+            else:
+                (victim, *_) = _children(run.proc.pid, role)
+            chief = run.proc
+            os.kill(victim, signal.SIGKILL)
+            # a lost server ends the chief (its watchdog), which takes its servers with it
+            chief.wait(timeout=60)
+            wait_until(lambda servers=servers: not any(map(_alive, servers)), 30,
+                       "the chief's servers to exit with it")
+        wait_until(lambda: run.health().get("samples_trained") == len(samples)
+                   or (run.proc is not None and run.proc.poll() == 0), 300, "all samples trained")
+        wait_until(lambda: run.proc is not None and run.proc.poll() is not None, 120,
+                   "the chief to stop after --max-samples")
+        run.poll()
+    finally:
+        run.stop()
+    manifest = registry.show(registry.current())  # type: ignore[arg-type]
+    assert manifest["samples_trained"] == len(samples)
+    assert manifest["sample_digest"] == str(sample_digest([s.sample_id for s in samples]))
+    assert sum(manifest["kafka_offsets"].values()) == len(samples)
+    # each kill ended the chief without saving (a lost server: its watchdog kills it, or a
+    # step re-run was detected at the next cut: it exits 1) and its restart resumed from the
+    # last cut; the last run finished the topic
+    assert all(code in (1, -signal.SIGKILL) for code in run.exits[:-1]), run.exits
+    assert len(run.exits) >= 4 and run.exits[-1] == 0, run.exits
+
