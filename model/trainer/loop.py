@@ -427,7 +427,21 @@ class TrainerService:
             log.warning("quality guard RESUMES publication: %s (healthy recall %s)",
                         d.reason, _fmt(d.reference))
             self._guard_resume()
+        if d.action in ("hold", "resume"):
+            self._guard_note(d)
         return d.publishes
+
+    def _guard_note(self, d: Decision) -> None:
+        """The guard's state beside CURRENT, for serving's ``/model`` (best effort)."""
+        try:
+            self.registry.write_guard({
+                "held": d.action == "hold", "action": d.action, "reason": d.reason,
+                "current_recall": d.current, "healthy_recall": d.reference,
+                "suspect": list(d.suspect), "pinned": self._guard_pin,
+                "at": self.clock().isoformat(),
+            })
+        except OSError as exc:
+            log.warning("quality guard: could not write its note: %s", exc)
 
     def _guard_rollback(self, d: Decision) -> None:
         if not d.suspect:

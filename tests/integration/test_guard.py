@@ -104,6 +104,8 @@ def test_a_poisoned_burst_holds_publication_and_ordinary_samples_do_not(
         assert guard.holds == 1
         status = service.status()["guard"]
         assert status["held"] and status["current_recall"] is not None
+        note = service.registry.guard()  # what serving's /model shows under "guard"
+        assert note is not None and note["held"] and note["healthy_recall"] > 0.15
         # nothing trained on the burst was published: not as a delta, not as a version
         deltas = _updates(settings)
         assert deltas and max(d.samples_trained for d in deltas) == normal
@@ -119,6 +121,8 @@ def test_a_poisoned_burst_holds_publication_and_ordinary_samples_do_not(
                    "publication resumed")
         assert not guard.held and guard.holds == 1, guard.status()
         assert service.metrics.guard_held._value.get() == 0
+        note = service.registry.guard()
+        assert note is not None and not note["held"] and note["action"] == "resume"
     finally:
         service.stop_event.set()
         thread.join(60)

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
 import numpy as np
 import pytest
 
+from model.artifact.registry import Registry
 from model.trainer.guard import Guard
 
 
@@ -119,3 +125,82 @@ def test_bad_arguments_refused() -> None:
         Guard(1.0, 10)
     with pytest.raises(ValueError):
         Guard(0.2, 0)
+
+
+class _Deltas:
+    def __init__(self) -> None:
+        self.resets = 0
+
+    def reset(self) -> None:
+        self.resets += 1
+
+
+def _service(tmp_path: Path, guard: Guard) -> Any:
+    """The loop's guard glue (``TrainerService._guarded`` and the methods it calls) on a
+    real registry, without a trainer."""
+    from model.trainer.loop import TrainerService
+    from model.trainer.metrics import TrainerMetrics
+    from tests.unit.test_artifact import make
+
+    reg = Registry(tmp_path, "tt", keep=10)
+    for v in ("v1", "v2", "v3"):
+        reg.publish(v, lambda d, v=v: make(d, version=v))
+    svc = SimpleNamespace(
+        guard=guard, registry=reg, metrics=TrainerMetrics(), deltas=_Deltas(), _guard_pin=None,
+        trainer=SimpleNamespace(wait_evaluation=lambda: None),
+        clock=lambda: datetime.now(UTC),
+    )
+    for name in ("_guarded", "_guard_note", "_guard_rollback", "_guard_resume"):
+        setattr(svc, name, getattr(TrainerService, name).__get__(svc))
+    return svc
+
+
+def test_the_loop_pins_the_healthy_version_on_a_served_suspect_and_unpins_on_resume(
+    tmp_path: Path,
+) -> None:
+    rng = np.random.default_rng(6)
+    guard = Guard(0.2, 500, reference_rows=5000)
+    svc = _service(tmp_path, guard)
+    for v in ("v1", "v2"):  # healthy versions, v2 long before the decline
+        _feed(guard, rng, 3000, 0.3)
+        assert svc._guarded()
+        guard.published(v, full=True)
+    _feed(guard, rng, 640, 0.3)  # v2 more than a sliding window before the decline
+    assert svc._guarded()
+    guard.published("v3", full=True)  # served, then the decline shows
+    seq = 0
+    while svc._guarded():  # a delta every head: each window too small to be sure alone
+        if seq:
+            guard.published(f"v3#{seq}", full=False)
+        _feed(guard, rng, 32, 0.18)
+        seq += 1
+    assert svc.registry.current() == "v2" and svc.registry.pinned() == "v2"
+    note = svc.registry.guard()
+    assert note["held"] and note["pinned"] == "v2" and note["suspect"][0] == "v3"
+    assert svc.metrics.guard_held._value.get() == 1
+    _feed(guard, rng, 600, 0.3)
+    assert svc._guarded()
+    assert svc.registry.pinned() is None and svc.registry.current() == "v3"
+    assert svc.deltas.resets == 1  # a new full version (a new lineage) comes next
+    assert not svc.registry.guard()["held"]
+
+
+def test_a_pin_by_hand_is_left_alone(tmp_path: Path) -> None:
+    rng = np.random.default_rng(7)
+    guard = Guard(0.2, 500, reference_rows=5000)
+    svc = _service(tmp_path, guard)
+    _feed(guard, rng, 3000, 0.3)
+    guard.published("v1", full=True)
+    _feed(guard, rng, 3000, 0.3)
+    guard.published("v2", full=True)
+    svc.registry.pin("v3")
+    _feed(guard, rng, 640, 0.3)
+    guard.published("v3", full=True)
+    seq = 0
+    while svc._guarded():
+        if seq:
+            guard.published(f"v3#{seq}", full=False)
+        _feed(guard, rng, 32, 0.18)
+        seq += 1
+    assert guard.last is not None and guard.last.rollback_to == "v2"  # would roll back...
+    assert svc.registry.pinned() == "v3" and svc._guard_pin is None  # ...but the pin wins
