@@ -27,8 +27,8 @@ it and the samples after the checkpoint are trained once in the surviving lineag
 With ``trainer.guard_margin`` > 0 every publication (delta or version) first asks the
 quality guard (``model.trainer.guard``); while it holds, nothing is published (checkpoints
 go on), and when the state it holds against was already served, CURRENT is pinned back to
-the newest full version before the evidence. On recovery the guard's pin is dropped and a
-new full version starts a new lineage.
+the newest full version before the evidence. On recovery a new full version starts a new
+lineage, and the guard's pin is dropped once it is published.
 """
 
 from __future__ import annotations
@@ -465,18 +465,24 @@ class TrainerService:
                     d.rollback_to, _fmt(d.reference), ", ".join(d.suspect))
 
     def _guard_resume(self) -> None:
+        """After a rollback: a new full version (a new lineage) comes next, and the pin is
+        dropped once it is published (:meth:`_guard_unpin`), so CURRENT goes from the
+        healthy version straight to it, never back to a suspect one."""
         if self._guard_pin is None:
             return  # serving stayed on the last healthy state: the lineage goes on
-        try:
-            if self.registry.pinned() == self._guard_pin:
-                self.registry.unpin()
-        except (RegistryError, OSError) as exc:
-            log.error("quality guard: unpin of %s failed: %s", self._guard_pin, exc)
-        self._guard_pin = None
         if self.deltas is not None:
-            self.deltas.reset()  # a new full version (a new base) follows at once
-        else:
-            self._export_logged()
+            self.deltas.reset()  # the loop exports at once (without deltas: it is exporting)
+
+    def _guard_unpin(self) -> None:
+        pin, self._guard_pin = self._guard_pin, None
+        try:
+            if pin is not None and self.registry.pinned() == pin:
+                self.registry.unpin()
+                self.registry.write_guard({**(self.registry.guard() or {}), "pinned": None})
+                log.warning("quality guard: pin of %s dropped, serving follows %s", pin,
+                            self.registry.current())
+        except (RegistryError, OSError) as exc:
+            log.error("quality guard: unpin of %s failed: %s", pin, exc)
 
     def _start_deltas(self) -> None:
         if self.loop.delta_every_s > 0 and self.deltas is None:
@@ -589,6 +595,8 @@ class TrainerService:
             raise
         if self.guard is not None:
             self.guard.published(version, full=True)
+            if self._guard_pin is not None and not self.guard.held:
+                self._guard_unpin()  # the first version after a rollback's resume
         self.metrics.exports.inc()
         self.metrics.set_quality(summary)
         for table, rows in sizes.items():

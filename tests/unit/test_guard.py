@@ -150,7 +150,7 @@ def _service(tmp_path: Path, guard: Guard) -> Any:
         trainer=SimpleNamespace(wait_evaluation=lambda: None),
         clock=lambda: datetime.now(UTC),
     )
-    for name in ("_guarded", "_guard_note", "_guard_rollback", "_guard_resume"):
+    for name in ("_guarded", "_guard_note", "_guard_rollback", "_guard_resume", "_guard_unpin"):
         setattr(svc, name, getattr(TrainerService, name).__get__(svc))
     return svc
 
@@ -180,9 +180,12 @@ def test_the_loop_pins_the_healthy_version_on_a_served_suspect_and_unpins_on_res
     assert svc.metrics.guard_held._value.get() == 1
     _feed(guard, rng, 600, 0.3)
     assert svc._guarded()
-    assert svc.registry.pinned() is None and svc.registry.current() == "v3"
-    assert svc.deltas.resets == 1  # a new full version (a new lineage) comes next
+    assert svc.deltas.resets == 1  # a new full version (a new lineage) comes next...
+    assert svc.registry.current() == "v2"  # ...and until it is out, serving stays on v2
     assert not svc.registry.guard()["held"]
+    svc._guard_unpin()  # what export() does once that version is published
+    assert svc.registry.pinned() is None and svc.registry.current() == "v3"
+    assert svc.registry.guard()["pinned"] is None
 
 
 def test_a_pin_by_hand_is_left_alone(tmp_path: Path) -> None:
