@@ -203,6 +203,15 @@ class TrainerSettings(BaseModel):
         "float32", description="Row codec of the deltas: float32, float16, bfloat16 or int8."
     )
     delta_compress: bool = Field(False, description="Deflate each delta record (zlib level 1).")
+    guard_margin: float = Field(
+        0.2, ge=0.0, lt=1.0,
+        description="Quality guard: hold deltas and versions when the rolling test-then-train "
+        "Recall@10 falls this far (relative) below the last healthy publication's (0 = off; "
+        "model/trainer/guard.py).",
+    )
+    guard_min_scored: int = Field(
+        500, ge=1, description="Scored rows the guard's current figure covers (and needs)."
+    )
     metrics_host: str = Field("127.0.0.1", description="Host of the trainer's /metrics.")
     metrics_port: int = Field(8002, description="Port of the trainer's /health and /metrics.")
     seed: int = Field(7, description="Seed of the model's initialisers and samplers.")

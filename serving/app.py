@@ -177,6 +177,8 @@ class ServingState:
             "current_pointer": self.registry.current(),
             "pinned": self.registry.pinned(),
             "refused": self.loader.refused,
+            # the trainer's quality guard: held, its figures, the version it pinned
+            "guard": self.registry.guard(),
         }
         if self.deltas is not None:
             info["delta"] = self.deltas.status(checksum)

@@ -41,6 +41,8 @@ log = logging.getLogger(__name__)
 
 CURRENT = "CURRENT"
 PINNED = "PINNED"
+#: The trainer's quality guard state (``model.trainer.guard``), for serving's ``/model``.
+GUARD = "GUARD.json"
 STAGING = ".staging"
 _VERSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
@@ -115,6 +117,23 @@ class Registry:
 
     def pinned(self) -> str | None:
         return self._read_pointer(PINNED)
+
+    def guard(self) -> dict[str, Any] | None:
+        """The trainer's last quality guard note (:meth:`write_guard`), None if none."""
+        import json
+
+        try:
+            value = json.loads((self.model_dir / GUARD).read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+        return value if isinstance(value, dict) else None
+
+    def write_guard(self, note: dict[str, Any]) -> None:
+        """Record the quality guard's state (a hold, rollback or resume) beside CURRENT."""
+        import json
+
+        self.model_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write(self.model_dir / GUARD, json.dumps(note, sort_keys=True) + "\n")
 
     def path(self, version: str) -> Path:
         path = self.model_dir / check_version(version)

@@ -23,6 +23,12 @@ rows that moved, on ``kafka.updates_topic``). Deltas are provisional (not checkp
 a restarted trainer publishes a new full version before it trains, so serving resyncs to
 it and the samples after the checkpoint are trained once in the surviving lineage
 (``docs/decisions.md#delta-stream``).
+
+With ``trainer.guard_margin`` > 0 every publication (delta or version) first asks the
+quality guard (``model.trainer.guard``); while it holds, nothing is published (checkpoints
+go on), and when the state it holds against was already served, CURRENT is pinned back to
+the newest full version before the evidence. On recovery a new full version starts a new
+lineage, and the guard's pin is dropped once it is published.
 """
 
 from __future__ import annotations
@@ -53,6 +59,7 @@ from model.trainer.deltas import DeltaPublisher
 from model.trainer.export import publish_version
 from model.trainer.fetch import Chunk, ChunkFetcher, RecordSource, Rejected, open_source
 from model.trainer.fetch_process import ProcessFetcher
+from model.trainer.guard import Decision, Guard
 from model.trainer.metrics import TrainerMetrics
 from model.trainer.samples import digest_of_hashes
 
@@ -219,6 +226,14 @@ class TrainerService:
         self._batches_done = 0
         #: The delta stream (``LoopOptions.delta_every_s``), made when ``run()`` starts.
         self.deltas: DeltaPublisher | None = None
+        #: The quality guard of publications (None: ``trainer.guard_margin`` 0).
+        self.guard: Guard | None = None
+        #: The version the guard pinned CURRENT to (a rollback), until it resumes.
+        self._guard_pin: str | None = None
+        if tcfg.guard_margin > 0:
+            self.guard = Guard(tcfg.guard_margin, tcfg.guard_min_scored,
+                               max(trainer.options.eval_window, tcfg.guard_min_scored))
+            trainer.evaluator.listeners.append(self.guard.observe)
 
     # -- state ---------------------------------------------------------------------------------
     def restore(self) -> bool:
@@ -274,7 +289,14 @@ class TrainerService:
             "trained_through_ms": self.state.trained_through_ms,
             "metrics": self.trainer.evaluator.summary(),  # at most one batch behind
             "delta": self.delta_status(),
+            "guard": self.guard_status(),
         }
+
+    def guard_status(self) -> dict[str, Any] | None:
+        """The quality guard's figures and state (None: off)."""
+        if self.guard is None:
+            return None
+        return {**self.guard.status(), "pinned": self._guard_pin}
 
     def delta_status(self, checksum: bool = False) -> dict[str, Any] | None:
         """The delta stream's lineage and last sequence (None: deltas off); ``checksum``:
@@ -348,17 +370,25 @@ class TrainerService:
                         now - last_export >= self.loop.export_every_s
                         or since_export >= self.loop.export_every_samples
                     ):
-                        self._export_logged()
+                        if self._guarded():
+                            self._export_logged()
+                        else:  # held: the offsets stay safe, nothing is published
+                            self.checkpoint()
                         last_export, since_export = self.monotonic(), 0
                     if self.deltas is not None and self.state.samples_trained:
                         if not self.deltas.active:  # a new lineage first (also on restart)
-                            self._export_logged()
-                            last_export, since_export = self.monotonic(), 0
+                            if self._guarded():
+                                self._export_logged()
+                                last_export, since_export = self.monotonic(), 0
                         elif now - last_delta >= self.loop.delta_every_s:
-                            self._publish_delta()
+                            if self._guarded():
+                                self._publish_delta()
                             last_delta = now
                 if since_export > 0:
-                    self._export_logged()
+                    if self._guarded():
+                        self._export_logged()
+                    else:
+                        self.checkpoint()
                 return self.state
             finally:
                 self.running = False
@@ -372,6 +402,88 @@ class TrainerService:
             self.export()
         except (RegistryError, ArtifactError, OSError) as exc:
             log.error("export of version %s failed: %s", self.state.last_version, exc)
+
+    def _guarded(self) -> bool:
+        """Ask the quality guard before a publication; True = publish. Logs and acts on a
+        hold (a rollback pin when a suspect state was served) and on a resume."""
+        guard = self.guard
+        if guard is None:
+            return True
+        self.trainer.wait_evaluation()  # every trained batch's head is scored
+        d = guard.check()
+        m = self.metrics
+        if d.current is not None:
+            m.guard_recall.labels("current").set(d.current)
+        if d.reference is not None:
+            m.guard_recall.labels("healthy").set(d.reference)
+        if d.action == "hold":
+            m.guard_holds.inc()
+            m.guard_held.set(1)
+            log.warning("quality guard HOLDS publication: %s (healthy recall %s, %d rows "
+                        "scored); suspect publications: %s", d.reason, _fmt(d.reference),
+                        d.scored, ", ".join(d.suspect) or "none")
+            self._guard_rollback(d)
+        elif d.action == "resume":
+            m.guard_held.set(0)
+            log.warning("quality guard RESUMES publication: %s (healthy recall %s)",
+                        d.reason, _fmt(d.reference))
+            self._guard_resume()
+        if d.action in ("hold", "resume"):
+            self._guard_note(d)
+        return d.publishes
+
+    def _guard_note(self, d: Decision) -> None:
+        """The guard's state beside CURRENT, for serving's ``/model`` (best effort)."""
+        try:
+            self.registry.write_guard({
+                "held": d.action == "hold", "action": d.action, "reason": d.reason,
+                "current_recall": d.current, "healthy_recall": d.reference,
+                "suspect": list(d.suspect), "pinned": self._guard_pin,
+                "at": self.clock().isoformat(),
+            })
+        except OSError as exc:
+            log.warning("quality guard: could not write its note: %s", exc)
+
+    def _guard_rollback(self, d: Decision) -> None:
+        if not d.suspect:
+            return
+        if d.rollback_to is None:
+            log.error("quality guard: no full version predates the evidence; serving stays "
+                      "on %s", self.registry.current())
+            return
+        pinned = self.registry.pinned()
+        if pinned is not None and pinned != self._guard_pin:
+            log.warning("quality guard: CURRENT is pinned to %s by hand; no rollback", pinned)
+            return
+        try:
+            self.registry.pin(d.rollback_to)
+        except (RegistryError, OSError) as exc:
+            log.error("quality guard: rollback to %s failed: %s", d.rollback_to, exc)
+            return
+        self._guard_pin = d.rollback_to
+        self.metrics.guard_rollbacks.inc()
+        log.warning("quality guard ROLLED BACK serving to %s (healthy recall %s; suspect: %s)",
+                    d.rollback_to, _fmt(d.reference), ", ".join(d.suspect))
+
+    def _guard_resume(self) -> None:
+        """After a rollback: a new full version (a new lineage) comes next, and the pin is
+        dropped once it is published (:meth:`_guard_unpin`), so CURRENT goes from the
+        healthy version straight to it, never back to a suspect one."""
+        if self._guard_pin is None:
+            return  # serving stayed on the last healthy state: the lineage goes on
+        if self.deltas is not None:
+            self.deltas.reset()  # the loop exports at once (without deltas: it is exporting)
+
+    def _guard_unpin(self) -> None:
+        pin, self._guard_pin = self._guard_pin, None
+        try:
+            if pin is not None and self.registry.pinned() == pin:
+                self.registry.unpin()
+                self.registry.write_guard({**(self.registry.guard() or {}), "pinned": None})
+                log.warning("quality guard: pin of %s dropped, serving follows %s", pin,
+                            self.registry.current())
+        except (RegistryError, OSError) as exc:
+            log.error("quality guard: unpin of %s failed: %s", pin, exc)
 
     def _start_deltas(self) -> None:
         if self.loop.delta_every_s > 0 and self.deltas is None:
@@ -390,6 +502,8 @@ class TrainerService:
         started = self.monotonic()
         delta = self.deltas.publish(self._delta_meta())
         if delta is not None:
+            if self.guard is not None:
+                self.guard.published(f"{delta.base_version}#{delta.seq}", full=False)
             self.metrics.deltas.inc()
             self.metrics.delta_rows.observe(delta.rows_changed)
             self.metrics.delta_seconds.observe(self.monotonic() - started)
@@ -480,6 +594,10 @@ class TrainerService:
             if self.deltas is not None:
                 self.deltas.reset()  # no deltas of a version that does not exist
             raise
+        if self.guard is not None:
+            self.guard.published(version, full=True)
+            if self._guard_pin is not None and not self.guard.held:
+                self._guard_unpin()  # the first version after a rollback's resume
         self.metrics.exports.inc()
         self.metrics.set_quality(summary)
         for table, rows in sizes.items():
@@ -498,6 +616,10 @@ class TrainerService:
             self._producer.flush()
             self._producer.close()
             self._producer = None
+
+
+def _fmt(value: float | None) -> str:
+    return "none" if value is None else f"{value:.4f}"
 
 
 def build_service(

@@ -58,6 +58,17 @@ class TrainerMetrics:
             names.TRAINER_DELTA_SECONDS, "Wall time of building and sending a delta", registry=r,
             buckets=(0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
         )
+        self.guard_held = Gauge(
+            names.TRAINER_GUARD_HELD, "1 while the quality guard holds publication", registry=r
+        )
+        self.guard_recall = Gauge(
+            names.TRAINER_GUARD_RECALL, "The quality guard's Recall@K figures (current, healthy)",
+            ["figure"], registry=r,
+        )
+        self.guard_holds = Counter(names.TRAINER_GUARD_HOLDS, "Holds of the quality guard", registry=r)
+        self.guard_rollbacks = Counter(
+            names.TRAINER_GUARD_ROLLBACKS, "Rollbacks of serving to a healthy version", registry=r
+        )
         self.quality = Gauge(
             names.TRAINER_QUALITY, "Test-then-train figures over the rolling window",
             ["metric"], registry=r,

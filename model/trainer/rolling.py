@@ -16,6 +16,7 @@ apart (CONVENTIONS.md, metrics).
 from __future__ import annotations
 
 from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import repeat
 
@@ -80,6 +81,11 @@ class Rolling:
         return self._sum / self._n if self._n else 0.0
 
     @property
+    def n(self) -> int:
+        """Samples the rolling figure covers now."""
+        return self._n
+
+    @property
     def lifetime(self) -> float:
         return self.lifetime_sum / self.lifetime_n if self.lifetime_n else 0.0
 
@@ -139,6 +145,9 @@ class Evaluator:
         self.pop_ndcg = Rolling(window)
         self.i2i_recall = Rolling(window)
         self.i2i_ndcg = Rolling(window)
+        #: Called with the model's per-row Recall@K hits of every scored head (the quality
+        #: guard, ``model.trainer.guard``), on the thread that evaluates.
+        self.listeners: list[Callable[[np.ndarray], None]] = []
 
     def set_candidates(
         self, keys: np.ndarray, tower: np.ndarray, log_q: np.ndarray | None = None
@@ -176,6 +185,8 @@ class Evaluator:
             return
         rec, ndcg = rank_metrics(scores, target_pos, self.k)
         self.recall.add(rec)
+        for listener in self.listeners:
+            listener(rec)
         self.ndcg.add(ndcg)
         pop_top = self.positions(self._pop_top)
         prec, pndcg = recall_ndcg(np.broadcast_to(pop_top, (n, pop_top.size)), target_pos)

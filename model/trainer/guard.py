@@ -1,0 +1,200 @@
+"""The quality guard of the trainer's publications (deltas and full versions).
+
+Every scored row of the test-then-train evaluation (``model.trainer.rolling``: a batch's
+head is scored by the state as it is *before* it trains on that batch) feeds the guard its
+Recall@K hit. Before each publication the trainer asks :meth:`Guard.check`:
+
+* **reference** (the healthy figure): the Recall@K over the last ``reference_rows`` scored
+  rows at the moment of the last publication judged healthy. A long window, because the
+  figure of a few hundred rows is noisy (Recall 0.3 over 500 rows: sd 0.02, a 7% relative
+  swing); it is frozen while the guard holds.
+* **current**: the Recall@K over the last ``min_scored`` scored rows (to a batch head;
+  fewer: no judgement,
+  the publication goes on). It is compared with the reference rather than each row scored
+  twice by the served and the current state: the trainer holds one state, and keeping a
+  second one to score the same rows would double the evaluation's cost. Scoring before
+  training means the rows a state is judged on were never trained by it.
+* a **window** test for the rows scored since the last publication (what the next
+  publication trained on): when they alone are below ``(1 - margin) * reference`` with a
+  one-sided binomial z of at least :data:`WINDOW_Z`, the guard holds too. A burst that
+  makes a whole window bad is so caught before its first delta, instead of after it has
+  pulled the sliding figure down (``margin * min_scored`` bad rows later).
+
+It HOLDS when ``current < (1 - margin) * reference`` (or the window test fails): no delta,
+no full version. The evidence of a hold starts at the last publication (window test) or
+``min_scored`` rows back (sliding figure): every publication after that point is suspect,
+and :attr:`Decision.rollback_to` names the newest *full version* published before it
+(serving can only return to a full version: its snapshot is a lineage's base). It
+RESUMES when ``min_scored`` rows scored after the hold have a figure at or above
+``(1 - margin) * reference``. ``margin`` 0 = off.
+
+Not thread-safe by itself: rows arrive on the evaluation thread, checks on the training
+thread; a lock keeps the two apart.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from model.trainer.rolling import Rolling
+
+#: One-sided binomial z the rows since the last publication must reach to hold alone.
+WINDOW_Z = 3.0
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What :meth:`Guard.check` found: ``action`` is "publish", "hold" (just tripped),
+    "held" (still holding), or "resume" (just recovered; publication goes on)."""
+
+    action: str
+    current: float | None
+    reference: float | None
+    scored: int
+    reason: str = ""
+    #: On "hold": the full version serving should return to (None: what it serves is fine,
+    #: or no full version predates the evidence).
+    rollback_to: str | None = None
+    #: On "hold": publications since the evidence began (labels), newest last.
+    suspect: tuple[str, ...] = ()
+
+    @property
+    def publishes(self) -> bool:
+        return self.action in ("publish", "resume")
+
+
+class Guard:
+    """The decision logic (module doc); ``observe`` rows, ``check`` before publishing,
+    ``published`` after."""
+
+    def __init__(self, margin: float, min_scored: int, reference_rows: int = 10_000) -> None:
+        if not 0.0 <= margin < 1.0:
+            raise ValueError("guard margin must be in [0, 1)")
+        if min_scored < 1:
+            raise ValueError("guard min_scored must be >= 1")
+        self.margin = margin
+        self.min_scored = min_scored
+        self.recent = Rolling(min_scored)
+        self.long = Rolling(max(reference_rows, min_scored))
+        self.scored = 0
+        self.reference: float | None = None
+        self.held = False
+        self.held_since: int | None = None
+        self.holds = 0
+        self.rollbacks = 0
+        self.last: Decision | None = None
+        self._window_n = 0
+        self._window_hits = 0.0
+        self._last_publication_at = 0
+        self._clean_from = 0
+        #: (label, scored rows at publication, full version?) of recent publications.
+        self._published: deque[tuple[str, int, bool]] = deque(maxlen=10_000)
+        self._lock = threading.Lock()
+
+    @property
+    def enabled(self) -> bool:
+        return self.margin > 0.0
+
+    def observe(self, hits: np.ndarray) -> None:
+        """Recall@K hits (0/1) of scored rows, in training order."""
+        hits = np.asarray(hits, np.float64).reshape(-1)
+        if not hits.size:
+            return
+        with self._lock:
+            self._observe(hits)
+
+    def _observe(self, hits: np.ndarray) -> None:
+        self.recent.add(hits)
+        self.long.add(hits)
+        self.scored += int(hits.size)
+        self._window_n += int(hits.size)
+        self._window_hits += float(hits.sum())
+
+    def _current(self) -> float | None:
+        return self.recent.value if self.recent.n >= self.min_scored else None
+
+    def check(self) -> Decision:
+        """The decision before a publication (module doc)."""
+        with self._lock:
+            d = self._check()
+            self.last = d
+            return d
+
+    def _check(self) -> Decision:
+        cur, ref = self._current(), self.reference
+        if not self.enabled:
+            return Decision("publish", cur, ref, self.scored)
+        if self.held:
+            assert ref is not None and self.held_since is not None
+            fresh = self.scored - self.held_since >= self.min_scored
+            if fresh and cur is not None and cur >= (1.0 - self.margin) * ref:
+                self.held, self.held_since = False, None
+                self._clean_from = self.scored
+                return Decision("resume", cur, ref, self.scored,
+                                f"recall {cur:.4f} >= {(1 - self.margin) * ref:.4f}")
+            return Decision("held", cur, ref, self.scored)
+        if ref is None:
+            return Decision("publish", cur, ref, self.scored, "no healthy reference yet")
+        floor = (1.0 - self.margin) * ref
+        since: int | None = None
+        reason = ""
+        if self._window_n and floor > 0.0:
+            rate = self._window_hits / self._window_n
+            z = (floor - rate) / math.sqrt(floor * (1.0 - floor) / self._window_n)
+            if z >= WINDOW_Z:
+                since = self._last_publication_at
+                reason = (f"the {self._window_n} rows since the last publication: recall "
+                          f"{rate:.4f} < {floor:.4f} (z {z:.1f})")
+        if since is None and cur is not None and cur < floor:
+            since = self.scored - self.min_scored
+            reason = f"recall {cur:.4f} over {self.min_scored} rows < {floor:.4f}"
+        if since is None:
+            return Decision("publish", cur, ref, self.scored)
+        self.held, self.held_since = True, self.scored
+        self.holds += 1
+        suspect = tuple(label for label, at, _ in self._published if at > since)
+        target = None
+        if suspect:
+            older = [label for label, at, full in self._published if full and at <= since]
+            target = older[-1] if older else None
+            if target is not None:
+                self.rollbacks += 1
+        return Decision("hold", cur, ref, self.scored, reason, target, suspect)
+
+    def published(self, label: str, full: bool) -> None:
+        """A publication went out (a delta ``full`` False, a version True): its state is the
+        new healthy one, the reference moves to the long figure now."""
+        with self._lock:
+            self._published.append((label, self.scored, full))
+            self._last_publication_at = self.scored
+            self._window_n, self._window_hits = 0, 0.0
+            # the reference moves only over rows all scored after the last hold ended (a
+            # burst's rows would lower it for as long as they stay in the long window)
+            clean = self.scored - self._clean_from >= self.long.window
+            if not self.held and self.long.n >= self.min_scored and (
+                    self.reference is None or clean):
+                self.reference = self.long.value
+
+    def status(self) -> dict[str, Any]:
+        """What the trainer's ``/health`` shows under ``guard``."""
+        with self._lock:
+            last = self.last
+            return {
+                "enabled": self.enabled,
+                "held": self.held,
+                "margin": self.margin,
+                "min_scored": self.min_scored,
+                "current_recall": self._current(),
+                "healthy_recall": self.reference,
+                "scored": self.scored,
+                "holds": self.holds,
+                "rollbacks": self.rollbacks,
+                "last_action": last.action if last else None,
+                "last_reason": last.reason if last else None,
+            }
