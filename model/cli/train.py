@@ -120,8 +120,9 @@ def run_train(args: argparse.Namespace) -> int:
                           {"/delta": delta}).start()
     try:
         from model.towers.two_tower import ModelConfig
+        from model.trainer.checkpoint import OffsetsBeyondTopic
         from model.trainer.core import TrainOptions
-        from model.trainer.loop import LoopOptions, OffsetsBeyondTopic, TrainerService
+        from model.trainer.loop import LoopOptions, TrainerService
 
         config = ModelConfig(
             embedding_dim=tcfg.embedding_dim,

@@ -14,6 +14,9 @@ Layout under ``checkpoint_dir``::
 A checkpoint is written into a temp directory, fsynced, renamed to ``ckpt-N`` and only then
 ``LATEST`` moves, so a crash at any point leaves the previous checkpoint — model state and
 offsets of the same moment — as the one a restart resumes from.
+
+:class:`LoopState` is what ``state.json`` holds; :func:`check_offsets` refuses a checkpoint
+whose offsets lie beyond the samples topic's end (another broker, or the topic made again).
 """
 
 from __future__ import annotations
@@ -23,13 +26,14 @@ import logging
 import shutil
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from feature_store.atomic import atomic_write, commit_dir
+from model.errors import ModelError
 from model.towers.tf_env import tf
 
 log = logging.getLogger(__name__)
@@ -99,3 +103,53 @@ class CheckpointStore:
             arrays = {k: data[k] for k in data.files}
         log.info("restored checkpoint %s", path.name)
         return Restored(path, state, arrays)
+
+
+class OffsetsBeyondTopic(ModelError):
+    """The restored checkpoint consumed further than the samples topic reaches: the topic
+    was deleted and created again, or the checkpoint belongs to another broker."""
+
+
+def check_offsets(saved: dict[str, int], ends: dict[int, int], topic: str,
+                  checkpoint_dir: object) -> None:
+    """Refuse to resume when a saved offset of ``topic`` is beyond its end offset: the
+    consumer would silently restart from the beginning and mix another stream into a model
+    whose offsets and trained-id set describe this one. ``ends`` is partition -> end offset."""
+    prefix = f"{topic}:"
+    beyond = {
+        key: (at, ends.get(int(key[len(prefix):]), 0))
+        for key, at in saved.items()
+        if key.startswith(prefix) and at > ends.get(int(key[len(prefix):]), 0)
+    }
+    if beyond:
+        shown = ", ".join(f"{k} saved {a} > end {e}" for k, (a, e) in sorted(beyond.items()))
+        raise OffsetsBeyondTopic(
+            f"the checkpoint in {checkpoint_dir} has consumed {topic} beyond its end ({shown}): "
+            "the topic was created again or the checkpoint belongs to another broker. Point "
+            "STREAMREC_TRAINER__CHECKPOINT_DIR (and REGISTRY_DIR) at a folder of this stack, "
+            "or remove the old checkpoint to train from the beginning."
+        )
+
+
+@dataclass
+class LoopState:
+    """What a checkpoint stores besides the TF objects."""
+
+    offsets: dict[str, int] = field(default_factory=dict)
+    samples_trained: int = 0
+    digest: int = 0
+    dlq_records: int = 0
+    trained_through_ms: int | None = None
+    export_seq: int = 0
+    last_version: str | None = None
+    #: Samples skipped because their sample_id was trained already (model.trainer.dedupe).
+    duplicates_dropped: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.__dict__, "digest": str(self.digest)}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> LoopState:
+        data = dict(data)
+        data["digest"] = int(data.get("digest", 0))
+        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})

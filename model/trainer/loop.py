@@ -41,7 +41,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -50,72 +50,22 @@ import numpy as np
 from feature_store.settings import Settings
 from model.artifact.files import ArtifactError
 from model.artifact.registry import Registry, RegistryError
-from model.errors import ModelError
 from model.towers.two_tower import ModelConfig
-from model.trainer.checkpoint import CheckpointStore
+from model.trainer.checkpoint import CheckpointStore, LoopState, check_offsets
 from model.trainer.core import Trainer, TrainOptions
 from model.trainer.dedupe import TrainedIds
 from model.trainer.deltas import DeltaPublisher
 from model.trainer.export import publish_version
 from model.trainer.fetch import Chunk, ChunkFetcher, RecordSource, Rejected, open_source
 from model.trainer.fetch_process import ProcessFetcher
-from model.trainer.guard import Decision, Guard
+from model.trainer.guard import Guard
+from model.trainer.guarding import GuardedPublishing
 from model.trainer.metrics import TrainerMetrics
 from model.trainer.samples import digest_of_hashes
 
 log = logging.getLogger(__name__)
 
 Clock = Callable[[], datetime]
-
-
-class OffsetsBeyondTopic(ModelError):
-    """The restored checkpoint consumed further than the samples topic reaches: the topic
-    was deleted and created again, or the checkpoint belongs to another broker."""
-
-
-def check_offsets(saved: dict[str, int], ends: dict[int, int], topic: str,
-                  checkpoint_dir: object) -> None:
-    """Refuse to resume when a saved offset of ``topic`` is beyond its end offset: the
-    consumer would silently restart from the beginning and mix another stream into a model
-    whose offsets and trained-id set describe this one. ``ends`` is partition -> end offset."""
-    prefix = f"{topic}:"
-    beyond = {
-        key: (at, ends.get(int(key[len(prefix):]), 0))
-        for key, at in saved.items()
-        if key.startswith(prefix) and at > ends.get(int(key[len(prefix):]), 0)
-    }
-    if beyond:
-        shown = ", ".join(f"{k} saved {a} > end {e}" for k, (a, e) in sorted(beyond.items()))
-        raise OffsetsBeyondTopic(
-            f"the checkpoint in {checkpoint_dir} has consumed {topic} beyond its end ({shown}): "
-            "the topic was created again or the checkpoint belongs to another broker. Point "
-            "STREAMREC_TRAINER__CHECKPOINT_DIR (and REGISTRY_DIR) at a folder of this stack, "
-            "or remove the old checkpoint to train from the beginning."
-        )
-
-
-@dataclass
-class LoopState:
-    """What a checkpoint stores besides the TF objects."""
-
-    offsets: dict[str, int] = field(default_factory=dict)
-    samples_trained: int = 0
-    digest: int = 0
-    dlq_records: int = 0
-    trained_through_ms: int | None = None
-    export_seq: int = 0
-    last_version: str | None = None
-    #: Samples skipped because their sample_id was trained already (model.trainer.dedupe).
-    duplicates_dropped: int = 0
-
-    def to_json(self) -> dict[str, Any]:
-        return {**self.__dict__, "digest": str(self.digest)}
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> LoopState:
-        data = dict(data)
-        data["digest"] = int(data.get("digest", 0))
-        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
 
 
 @dataclass(frozen=True)
@@ -228,12 +178,13 @@ class TrainerService:
         self.deltas: DeltaPublisher | None = None
         #: The quality guard of publications (None: ``trainer.guard_margin`` 0).
         self.guard: Guard | None = None
-        #: The version the guard pinned CURRENT to (a rollback), until it resumes.
-        self._guard_pin: str | None = None
+        #: What the service does with the guard's decisions (pin, note, metrics, logs).
+        self.guarding: GuardedPublishing | None = None
         if tcfg.guard_margin > 0:
             self.guard = Guard(tcfg.guard_margin, tcfg.guard_min_scored,
                                max(trainer.options.eval_window, tcfg.guard_min_scored))
             trainer.evaluator.listeners.append(self.guard.observe)
+            self.guarding = GuardedPublishing(self.guard, self.registry, self.metrics, clock)
 
     # -- state ---------------------------------------------------------------------------------
     def restore(self) -> bool:
@@ -294,9 +245,7 @@ class TrainerService:
 
     def guard_status(self) -> dict[str, Any] | None:
         """The quality guard's figures and state (None: off)."""
-        if self.guard is None:
-            return None
-        return {**self.guard.status(), "pinned": self._guard_pin}
+        return None if self.guarding is None else self.guarding.status()
 
     def delta_status(self, checksum: bool = False) -> dict[str, Any] | None:
         """The delta stream's lineage and last sequence (None: deltas off); ``checksum``:
@@ -404,86 +353,11 @@ class TrainerService:
             log.error("export of version %s failed: %s", self.state.last_version, exc)
 
     def _guarded(self) -> bool:
-        """Ask the quality guard before a publication; True = publish. Logs and acts on a
-        hold (a rollback pin when a suspect state was served) and on a resume."""
-        guard = self.guard
-        if guard is None:
+        """Ask the quality guard before a publication; True = publish."""
+        if self.guarding is None:
             return True
         self.trainer.wait_evaluation()  # every trained batch's head is scored
-        d = guard.check()
-        m = self.metrics
-        if d.current is not None:
-            m.guard_recall.labels("current").set(d.current)
-        if d.reference is not None:
-            m.guard_recall.labels("healthy").set(d.reference)
-        if d.action == "hold":
-            m.guard_holds.inc()
-            m.guard_held.set(1)
-            log.warning("quality guard HOLDS publication: %s (healthy recall %s, %d rows "
-                        "scored); suspect publications: %s", d.reason, _fmt(d.reference),
-                        d.scored, ", ".join(d.suspect) or "none")
-            self._guard_rollback(d)
-        elif d.action == "resume":
-            m.guard_held.set(0)
-            log.warning("quality guard RESUMES publication: %s (healthy recall %s)",
-                        d.reason, _fmt(d.reference))
-            self._guard_resume()
-        if d.action in ("hold", "resume"):
-            self._guard_note(d)
-        return d.publishes
-
-    def _guard_note(self, d: Decision) -> None:
-        """The guard's state beside CURRENT, for serving's ``/model`` (best effort)."""
-        try:
-            self.registry.write_guard({
-                "held": d.action == "hold", "action": d.action, "reason": d.reason,
-                "current_recall": d.current, "healthy_recall": d.reference,
-                "suspect": list(d.suspect), "pinned": self._guard_pin,
-                "at": self.clock().isoformat(),
-            })
-        except OSError as exc:
-            log.warning("quality guard: could not write its note: %s", exc)
-
-    def _guard_rollback(self, d: Decision) -> None:
-        if not d.suspect:
-            return
-        if d.rollback_to is None:
-            log.error("quality guard: no full version predates the evidence; serving stays "
-                      "on %s", self.registry.current())
-            return
-        pinned = self.registry.pinned()
-        if pinned is not None and pinned != self._guard_pin:
-            log.warning("quality guard: CURRENT is pinned to %s by hand; no rollback", pinned)
-            return
-        try:
-            self.registry.pin(d.rollback_to)
-        except (RegistryError, OSError) as exc:
-            log.error("quality guard: rollback to %s failed: %s", d.rollback_to, exc)
-            return
-        self._guard_pin = d.rollback_to
-        self.metrics.guard_rollbacks.inc()
-        log.warning("quality guard ROLLED BACK serving to %s (healthy recall %s; suspect: %s)",
-                    d.rollback_to, _fmt(d.reference), ", ".join(d.suspect))
-
-    def _guard_resume(self) -> None:
-        """After a rollback: a new full version (a new lineage) comes next, and the pin is
-        dropped once it is published (:meth:`_guard_unpin`), so CURRENT goes from the
-        healthy version straight to it, never back to a suspect one."""
-        if self._guard_pin is None:
-            return  # serving stayed on the last healthy state: the lineage goes on
-        if self.deltas is not None:
-            self.deltas.reset()  # the loop exports at once (without deltas: it is exporting)
-
-    def _guard_unpin(self) -> None:
-        pin, self._guard_pin = self._guard_pin, None
-        try:
-            if pin is not None and self.registry.pinned() == pin:
-                self.registry.unpin()
-                self.registry.write_guard({**(self.registry.guard() or {}), "pinned": None})
-                log.warning("quality guard: pin of %s dropped, serving follows %s", pin,
-                            self.registry.current())
-        except (RegistryError, OSError) as exc:
-            log.error("quality guard: unpin of %s failed: %s", pin, exc)
+        return self.guarding.allows(self.deltas)
 
     def _start_deltas(self) -> None:
         if self.loop.delta_every_s > 0 and self.deltas is None:
@@ -502,8 +376,8 @@ class TrainerService:
         started = self.monotonic()
         delta = self.deltas.publish(self._delta_meta())
         if delta is not None:
-            if self.guard is not None:
-                self.guard.published(f"{delta.base_version}#{delta.seq}", full=False)
+            if self.guarding is not None:
+                self.guarding.published(f"{delta.base_version}#{delta.seq}", full=False)
             self.metrics.deltas.inc()
             self.metrics.delta_rows.observe(delta.rows_changed)
             self.metrics.delta_seconds.observe(self.monotonic() - started)
@@ -594,10 +468,8 @@ class TrainerService:
             if self.deltas is not None:
                 self.deltas.reset()  # no deltas of a version that does not exist
             raise
-        if self.guard is not None:
-            self.guard.published(version, full=True)
-            if self._guard_pin is not None and not self.guard.held:
-                self._guard_unpin()  # the first version after a rollback's resume
+        if self.guarding is not None:
+            self.guarding.published(version, full=True)
         self.metrics.exports.inc()
         self.metrics.set_quality(summary)
         for table, rows in sizes.items():
@@ -616,10 +488,6 @@ class TrainerService:
             self._producer.flush()
             self._producer.close()
             self._producer = None
-
-
-def _fmt(value: float | None) -> str:
-    return "none" if value is None else f"{value:.4f}"
 
 
 def build_service(

@@ -12,6 +12,7 @@ import pytest
 
 from model.artifact.registry import Registry
 from model.trainer.guard import Guard
+from tests.unit.test_artifact import make
 
 
 def _rows(rng: np.random.Generator, n: int, recall: float) -> np.ndarray:
@@ -136,23 +137,19 @@ class _Deltas:
 
 
 def _service(tmp_path: Path, guard: Guard) -> Any:
-    """The loop's guard glue (``TrainerService._guarded`` and the methods it calls) on a
-    real registry, without a trainer."""
-    from model.trainer.loop import TrainerService
+    """The service's guard glue (``GuardedPublishing``, as ``TrainerService._guarded``
+    calls it) on a real registry, without a trainer."""
+    from model.trainer.guarding import GuardedPublishing
     from model.trainer.metrics import TrainerMetrics
-    from tests.unit.test_artifact import make
+
 
     reg = Registry(tmp_path, "tt", keep=10)
     for v in ("v1", "v2", "v3"):
         reg.publish(v, lambda d, v=v: make(d, version=v))
-    svc = SimpleNamespace(
-        guard=guard, registry=reg, metrics=TrainerMetrics(), deltas=_Deltas(), _guard_pin=None,
-        trainer=SimpleNamespace(wait_evaluation=lambda: None),
-        clock=lambda: datetime.now(UTC),
-    )
-    for name in ("_guarded", "_guard_note", "_guard_rollback", "_guard_resume", "_guard_unpin"):
-        setattr(svc, name, getattr(TrainerService, name).__get__(svc))
-    return svc
+    glue = GuardedPublishing(guard, reg, TrainerMetrics(), lambda: datetime.now(UTC))
+    deltas = _Deltas()
+    return SimpleNamespace(glue=glue, registry=reg, metrics=glue.metrics, deltas=deltas,
+                           _guarded=lambda: glue.allows(deltas))
 
 
 def test_the_loop_pins_the_healthy_version_on_a_served_suspect_and_unpins_on_resume(
@@ -183,8 +180,10 @@ def test_the_loop_pins_the_healthy_version_on_a_served_suspect_and_unpins_on_res
     assert svc.deltas.resets == 1  # a new full version (a new lineage) comes next...
     assert svc.registry.current() == "v2"  # ...and until it is out, serving stays on v2
     assert not svc.registry.guard()["held"]
-    svc._guard_unpin()  # what export() does once that version is published
-    assert svc.registry.pinned() is None and svc.registry.current() == "v3"
+    svc.registry.publish("v4", lambda d: make(d, version="v4"))  # the version after resume
+    assert svc.registry.current() == "v2"  # still pinned while it is being published
+    svc.glue.published("v4", full=True)  # what export() does once that version is out
+    assert svc.registry.pinned() is None and svc.registry.current() == "v4"
     assert svc.registry.guard()["pinned"] is None
 
 
@@ -206,4 +205,4 @@ def test_a_pin_by_hand_is_left_alone(tmp_path: Path) -> None:
         _feed(guard, rng, 32, 0.18)
         seq += 1
     assert guard.last is not None and guard.last.rollback_to == "v2"  # would roll back...
-    assert svc.registry.pinned() == "v3" and svc._guard_pin is None  # ...but the pin wins
+    assert svc.registry.pinned() == "v3" and svc.glue.pin is None  # ...but the pin wins

@@ -34,7 +34,7 @@ def test_none_leaves_process_settings_alone() -> None:
 
 
 def test_offsets_beyond_a_topic_end_are_refused() -> None:
-    from model.trainer.loop import OffsetsBeyondTopic, check_offsets
+    from model.trainer.checkpoint import OffsetsBeyondTopic, check_offsets
 
     saved = {"s:0": 10, "s:1": 4, "other:0": 99}
     check_offsets(saved, {0: 10, 1: 7}, "s", "ckpt")  # at or behind the end: resumable

@@ -1,0 +1,127 @@
+"""The trainer service's side of the quality guard (``model.trainer.guard``): what it does
+with a decision — metrics, log lines with the figures, the registry's pin of the healthy
+version on a rollback (dropped once the first version after the resume is out) and the
+``GUARD.json`` note serving's ``/model`` shows. No TensorFlow."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any, Protocol
+
+from model.artifact.registry import Registry, RegistryError
+from model.trainer.guard import Decision, Guard
+from model.trainer.metrics import TrainerMetrics
+
+log = logging.getLogger(__name__)
+
+
+class _Lineage(Protocol):
+    def reset(self) -> None: ...
+
+
+def _fmt(value: float | None) -> str:
+    return "none" if value is None else f"{value:.4f}"
+
+
+class GuardedPublishing:
+    """Acts on the guard's decisions for one trainer service's registry."""
+
+    def __init__(self, guard: Guard, registry: Registry, metrics: TrainerMetrics,
+                 clock: Callable[[], datetime]) -> None:
+        self.guard = guard
+        self.registry = registry
+        self.metrics = metrics
+        self.clock = clock
+        #: The version the guard pinned CURRENT to (a rollback), until it resumes.
+        self.pin: str | None = None
+
+    def status(self) -> dict[str, Any]:
+        return {**self.guard.status(), "pinned": self.pin}
+
+    def allows(self, deltas: _Lineage | None) -> bool:
+        """Ask the guard before a publication (every trained batch's head scored); True =
+        publish. Logs and acts on a hold (a rollback pin when a suspect state was served)
+        and on a resume (``deltas``: the lineage a resume after a rollback starts again)."""
+        d = self.guard.check()
+        m = self.metrics
+        if d.current is not None:
+            m.guard_recall.labels("current").set(d.current)
+        if d.reference is not None:
+            m.guard_recall.labels("healthy").set(d.reference)
+        if d.action == "hold":
+            m.guard_holds.inc()
+            m.guard_held.set(1)
+            log.warning("quality guard HOLDS publication: %s (healthy recall %s, %d rows "
+                        "scored); suspect publications: %s", d.reason, _fmt(d.reference),
+                        d.scored, ", ".join(d.suspect) or "none")
+            self.rollback(d)
+        elif d.action == "resume":
+            m.guard_held.set(0)
+            log.warning("quality guard RESUMES publication: %s (healthy recall %s)",
+                        d.reason, _fmt(d.reference))
+            self.resume(deltas)
+        if d.action in ("hold", "resume"):
+            self.note(d)
+        return d.publishes
+
+    def published(self, name: str, *, full: bool) -> None:
+        """A delta (``base#seq``) or a full version went out; the first full version after
+        a rollback's resume drops the guard's pin."""
+        self.guard.published(name, full=full)
+        if full and self.pin is not None and not self.guard.held:
+            self.unpin()
+
+    def note(self, d: Decision) -> None:
+        """The guard's state beside CURRENT, for serving's ``/model`` (best effort)."""
+        try:
+            self.registry.write_guard({
+                "held": d.action == "hold", "action": d.action, "reason": d.reason,
+                "current_recall": d.current, "healthy_recall": d.reference,
+                "suspect": list(d.suspect), "pinned": self.pin,
+                "at": self.clock().isoformat(),
+            })
+        except OSError as exc:
+            log.warning("quality guard: could not write its note: %s", exc)
+
+    def rollback(self, d: Decision) -> None:
+        if not d.suspect:
+            return
+        if d.rollback_to is None:
+            log.error("quality guard: no full version predates the evidence; serving stays "
+                      "on %s", self.registry.current())
+            return
+        pinned = self.registry.pinned()
+        if pinned is not None and pinned != self.pin:
+            log.warning("quality guard: CURRENT is pinned to %s by hand; no rollback", pinned)
+            return
+        try:
+            self.registry.pin(d.rollback_to)
+        except (RegistryError, OSError) as exc:
+            log.error("quality guard: rollback to %s failed: %s", d.rollback_to, exc)
+            return
+        self.pin = d.rollback_to
+        self.metrics.guard_rollbacks.inc()
+        log.warning("quality guard ROLLED BACK serving to %s (healthy recall %s; suspect: %s)",
+                    d.rollback_to, _fmt(d.reference), ", ".join(d.suspect))
+
+    def resume(self, deltas: _Lineage | None) -> None:
+        """After a rollback: a new full version (a new lineage) comes next, and the pin is
+        dropped once it is published (:meth:`unpin`), so CURRENT goes from the healthy
+        version straight to it, never back to a suspect one."""
+        if self.pin is None:
+            return  # serving stayed on the last healthy state: the lineage goes on
+        if deltas is not None:
+            deltas.reset()  # the loop exports at once (without deltas: it is exporting)
+
+    def unpin(self) -> None:
+        pin, self.pin = self.pin, None
+        try:
+            if pin is not None and self.registry.pinned() == pin:
+                self.registry.unpin()
+                self.registry.write_guard({**(self.registry.guard() or {}), "pinned": None})
+                log.warning("quality guard: pin of %s dropped, serving follows %s", pin,
+                            self.registry.current())
+        except (RegistryError, OSError) as exc:
+            log.error("quality guard: unpin of %s failed: %s", pin, exc)
