@@ -5,7 +5,8 @@ SGD with learning rate 1, so after training every key must equal minus the numbe
 that touched it: a lost update leaves it above, a doubled one below. A second table runs
 the sparse Adagrad of the same steps; its accumulator must end at ``initial + steps`` (each
 step adds ``g^2 = 1``). ``keys="shared"`` draws every step's keys from a small pool (the
-workers update the same rows at once); ``"disjoint"`` gives each step keys of its own.
+workers update the same rows at once); ``"disjoint"`` gives each step keys of its own;
+``"mixed"`` does both in one run (half of each step's keys from the pool, half its own).
 
 The chief runs in this process (it joins the cluster for the rest of its life), so callers
 that must stay out of the cluster run it as a child and read its ``--json`` output.
@@ -28,6 +29,8 @@ from model.cluster.spec import ClusterLayout
 log = logging.getLogger(__name__)
 
 ADAGRAD_INITIAL = 0.1
+#: First key of the "mixed" mode's keys of their own (above every shared-pool key).
+MIXED_OWN_BASE = 1_000_000
 
 
 def step_keys(mode: str, steps: int, per_step: int, seed: int) -> list[np.ndarray]:
@@ -38,6 +41,12 @@ def step_keys(mode: str, steps: int, per_step: int, seed: int) -> list[np.ndarra
         return [np.unique(rng.integers(1, pool + 1, per_step)) for _ in range(steps)]
     if mode == "disjoint":
         return [np.arange(i * per_step + 1, (i + 1) * per_step + 1) for i in range(steps)]
+    if mode == "mixed":  # half of each step from the shared pool, half keys of its own
+        half = max(per_step // 2, 1)
+        pool, own = max(half * 2, 8), MIXED_OWN_BASE
+        return [np.concatenate([np.unique(rng.integers(1, pool + 1, half)),
+                                np.arange(own + i * half, own + (i + 1) * half)])
+                for i in range(steps)]
     raise ValueError(f"unknown key mode {mode!r}")
 
 
@@ -95,6 +104,7 @@ def run_probe(
     shared = sum(1 for n in touched.values() if n > 1)
     return {
         "mode": mode, "steps": steps, "keys": len(touched), "keys_in_several_steps": shared,
+        "keys_once": sum(1 for n in touched.values() if n == 1),
         "updates": int(sum(touched.values())), "rows": len(rows),
         "wrong_rows": len(wrong), "wrong_accumulators": len(wrong_acc),
         "examples_wrong": [(k, rows.get(k, [None])[0], -touched[k]) for k in wrong[:5]],
@@ -121,7 +131,7 @@ def main(args: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="Exactness probe on a local cluster.")
     p.add_argument("--ps", type=int, default=2)
     p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--keys", choices=["shared", "disjoint"], default="shared")
+    p.add_argument("--keys", choices=["shared", "disjoint", "mixed"], default="shared")
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--per-step", type=int, default=64)
     p.add_argument("--wire-dtype", default="float32", choices=["float32", "bfloat16"])
