@@ -37,6 +37,7 @@ import json
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,47 @@ def _pct(values: list[float]) -> dict[str, float]:
     arr = np.asarray(values, np.float64)
     return {"p50": float(np.percentile(arr, 50)), "p95": float(np.percentile(arr, 95)),
             "mean": float(arr.mean())}
+
+
+def synthetic_trainer(users: int, items: int, batch_size: int) -> tuple[Any, dict[int, str],
+                                                                      Callable[[int], None], Any]:
+    """A live-model Trainer on a synthetic stream: (trainer, key -> item id, ``train(n)``
+    training the next ``n`` samples test-then-train, the stream)."""
+    from model.evaluation.synthetic import SyntheticConfig, SyntheticStream
+    from model.towers.two_tower import ModelConfig
+    from model.trainer.core import Trainer, TrainOptions
+    from model.trainer.samples import KeyCache, to_batch
+
+    hist = ModelConfig().history_len
+    stream = SyntheticStream(SyntheticConfig(users=users, items=items, clusters=50,
+                                             history_len=hist, seed=4))
+    trainer = Trainer(ModelConfig(), TrainOptions(batch_size=batch_size))
+    keys = KeyCache()
+    item_ids: dict[int, str] = {}
+
+    def train(n: int) -> None:
+        for start in range(0, n, batch_size):
+            samples = stream.take(min(batch_size, n - start))
+            batch = to_batch(samples, hist, keys)
+            trainer.fit_batch(batch)
+            item_ids.update(zip(batch.item_keys.tolist(), [s.item_id for s in samples],
+                                strict=True))
+
+    return trainer, item_ids, train, stream
+
+
+def fill_tables(trainer: Any, item_ids: dict[int, str], n: int) -> None:
+    """Add ``n`` random rows to each table (a large model's catalog; items named fill-j)."""
+    from model.towers.tf_env import tf
+
+    rng = np.random.default_rng(1)
+    d = trainer.config.embedding_dim
+    for table, kind in ((trainer.model.users, "u"), (trainer.model.items, "i")):
+        fill_keys = rng.integers(1 << 40, 1 << 62, n, dtype=np.int64)
+        table.params.upsert(tf.constant(fill_keys), tf.constant(
+            rng.normal(scale=0.1, size=(n, d)), tf.float32))
+        if kind == "i":
+            item_ids.update({int(k): f"fill-{j}" for j, k in enumerate(fill_keys.tolist())})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -64,43 +106,17 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     from model.delta import CODECS, apply, compose, decode, encode, from_snapshot
-    from model.evaluation.synthetic import SyntheticConfig, SyntheticStream
-    from model.towers.two_tower import ModelConfig
     from model.trainer.checkpoint import CheckpointStore
-    from model.trainer.core import Trainer, TrainOptions
     from model.trainer.deltas import DeltaBuilder
-    from model.trainer.samples import KeyCache, to_batch
 
-    hist = ModelConfig().history_len
-    stream = SyntheticStream(SyntheticConfig(users=args.users, items=args.items, clusters=50,
-                                             history_len=hist, seed=4))
-    trainer = Trainer(ModelConfig(), TrainOptions(batch_size=args.batch))
-    keys = KeyCache()
-    item_ids: dict[int, str] = {}
-
-    def train(n: int) -> None:
-        for start in range(0, n, args.batch):
-            samples = stream.take(min(args.batch, n - start))
-            batch = to_batch(samples, hist, keys)
-            trainer.fit_batch(batch)
-            item_ids.update(zip(batch.item_keys.tolist(), [s.item_id for s in samples],
-                                strict=True))
+    trainer, item_ids, train, stream = synthetic_trainer(args.users, args.items, args.batch)
 
     builder = DeltaBuilder(trainer, lambda: item_ids)
     t0 = time.perf_counter()
     train(args.warm_samples)
     warm_s = time.perf_counter() - t0
     if args.fill:
-        from model.towers.tf_env import tf
-
-        rng = np.random.default_rng(1)
-        d = trainer.config.embedding_dim
-        for table, kind in ((trainer.model.users, "u"), (trainer.model.items, "i")):
-            fill_keys = rng.integers(1 << 40, 1 << 62, args.fill, dtype=np.int64)
-            table.params.upsert(tf.constant(fill_keys), tf.constant(
-                rng.normal(scale=0.1, size=(args.fill, d)), tf.float32))
-            if kind == "i":
-                item_ids.update({int(k): f"fill-{j}" for j, k in enumerate(fill_keys.tolist())})
+        fill_tables(trainer, item_ids, args.fill)
     sizes = trainer.table_sizes()
     print(f"warmed on {args.warm_samples} samples in {warm_s:.0f}s: {sizes}")
 

@@ -51,40 +51,15 @@ def _pct(values: list[float]) -> dict[str, float]:
 def _lineage(args: argparse.Namespace, registry: Any) -> tuple[list[bytes], list[int], list[float]]:
     """Publish a version with its snapshot; return the records of the deltas after it, their
     rows and their in-process apply + compose cost."""
+    from bench.deltas import fill_tables, synthetic_trainer
     from model.delta import SNAPSHOT_FILE, apply, compose, decode, encode, from_snapshot
-    from model.evaluation.synthetic import SyntheticConfig, SyntheticStream
-    from model.towers.tf_env import tf
-    from model.towers.two_tower import ModelConfig
-    from model.trainer.core import Trainer, TrainOptions
     from model.trainer.deltas import DeltaBuilder
     from model.trainer.export import publish_version
-    from model.trainer.samples import KeyCache, to_batch
 
-    hist = ModelConfig().history_len
-    stream = SyntheticStream(SyntheticConfig(users=args.users, items=args.items, clusters=50,
-                                             history_len=hist, seed=4))
-    trainer = Trainer(ModelConfig(), TrainOptions(batch_size=512))
-    keys = KeyCache()
-    item_ids: dict[int, str] = {}
-
-    def train(n: int) -> None:
-        for start in range(0, n, 512):
-            samples = stream.take(min(512, n - start))
-            batch = to_batch(samples, hist, keys)
-            trainer.fit_batch(batch)
-            item_ids.update(zip(batch.item_keys.tolist(), [s.item_id for s in samples],
-                                strict=True))
-
+    trainer, item_ids, train, _ = synthetic_trainer(args.users, args.items, 512)
     builder = DeltaBuilder(trainer, lambda: item_ids)
     train(args.warm_samples)
-    rng = np.random.default_rng(1)
-    d = trainer.config.embedding_dim
-    for table, kind in ((trainer.model.users, "u"), (trainer.model.items, "i")):
-        fill = rng.integers(1 << 40, 1 << 62, args.fill, dtype=np.int64)
-        table.params.upsert(tf.constant(fill), tf.constant(
-            rng.normal(scale=0.1, size=(args.fill, d)), tf.float32))
-        if kind == "i":
-            item_ids.update({int(k): f"fill-{j}" for j, k in enumerate(fill.tolist())})
+    fill_tables(trainer, item_ids, args.fill)
     now = datetime.now(UTC)
     version = now.strftime("%Y%m%dT%H%M%SZ") + "-000001"
     meta = {"created_at": now.isoformat(), "trained_through_ms": int(now.timestamp() * 1000)}

@@ -7,7 +7,7 @@ import contextlib
 import os
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -83,6 +83,27 @@ def consume(bootstrap: str, topic: str, n: int, timeout_s: float = 30.0) -> list
     finally:
         consumer.close()
     return records
+
+
+def produce(settings: Any, topic: str, records: Iterable[tuple[str, bytes]]) -> None:
+    """Send (key, value) records to ``topic`` and wait until Kafka acknowledged them all."""
+    from stream.kafka_client import make_producer
+
+    producer = make_producer(settings.kafka, linger_ms=20, batch_size=256 * 1024)
+    try:
+        for key, value in records:
+            producer.send(topic, key=key.encode(), value=value)
+        producer.flush(timeout=60)
+    finally:
+        producer.close()
+
+
+def produce_samples(settings: Any, samples: Iterable[Any]) -> None:
+    """Training samples (``model.trainer.samples.Sample``) onto the samples topic, keyed by user."""
+    from model.trainer.samples import encode_sample
+
+    produce(settings, settings.kafka.samples_topic,
+            ((s.user_id, encode_sample(s)) for s in samples))
 
 
 def isolated_settings(stack: Any, root: Path, prefix: str = "t") -> Any:

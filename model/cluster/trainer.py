@@ -264,11 +264,8 @@ class ClusterTrainer(Trainer):
         dense = self.dense_ps
         with tf.GradientTape() as tape:
             tape.watch([u_uniq, i_all])
-            u_rows, pooled, attended = model.planned_inputs(plan, u_uniq, i_all, known)
-            uv = model.user_mlp(u_rows, pooled, attended)
-            iv = model.item_tower(tf.gather(i_all, plan.target_idx))
-            neg_vecs = model.item_tower(tf.gather(i_all, neg_idx))
-            loss = self._loss(uv, pooled, known, (iv, ik, log_q, w), neg_vecs, negs, uk)
+            loss, uv = self._planned_loss(model, plan, (u_uniq, i_all, neg_idx), known,
+                                          (ik, log_q, w), negs, uk)
         g_user, g_item, *g_dense = tape.gradient(loss, [u_uniq, i_all, *dense])
         lr_user, lr_item, lr_dense = self._lrs
         updates = [

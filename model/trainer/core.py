@@ -266,16 +266,36 @@ class Trainer:
         with tf.GradientTape() as tape:
             u_uniq = model.shadow_rows(model.users, plan.user_keys)
             i_all = model.shadow_rows(model.items, all_keys)
-            u_rows, pooled, attended = model.planned_inputs(plan, u_uniq, i_all, known)
-            uv = model.user_mlp(u_rows, pooled, attended)
-            iv = model.item_tower(tf.gather(i_all, plan.target_idx))
-            neg_vecs = model.item_tower(tf.gather(i_all, neg_idx))
-            loss = self._loss(uv, pooled, known, (iv, ik, log_q, w), neg_vecs, negs, uk)
+            loss, uv = self._planned_loss(model, plan, (u_uniq, i_all, neg_idx), known,
+                                          (ik, log_q, w), negs, uk)
         g_user, g_item, *g_dense = tape.gradient(loss, [u_uniq, i_all, *dense])
         # Gradients w.r.t. the distinct rows, summed per key: dense [U, d] / [I, d] updates
         # of the shadow buffers, which hold exactly those keys in that order.
         self._apply(tf.convert_to_tensor(g_user), tf.convert_to_tensor(g_item), g_dense)
         return loss, tf.cast(uv[: max(self.options.eval_rows, 0)], tf.float32)
+
+    def _planned_loss(
+        self,
+        model: TwoTower,
+        plan: Any,
+        rows: tuple[tf.Tensor, tf.Tensor, tf.Tensor],
+        known: tf.Tensor,
+        targets: tuple[tf.Tensor, tf.Tensor, tf.Tensor],
+        negs: dict[str, tf.Tensor],
+        uk: tf.Tensor,
+    ) -> tuple[tf.Tensor, tf.Tensor]:
+        """The loss of a planned step (one read per distinct key) and its user vectors:
+        ``rows`` = (distinct user rows, distinct item rows, the negatives' indices in them),
+        ``targets`` = (item keys, log q, weights). The one forward pass of the single
+        process's step and of the cluster's (``model.cluster.trainer``), whatever holds
+        the rows and the dense layers ``model`` computes with."""
+        u_uniq, i_all, neg_idx = rows
+        ik, log_q, w = targets
+        u_rows, pooled, attended = model.planned_inputs(plan, u_uniq, i_all, known)
+        uv = model.user_mlp(u_rows, pooled, attended)
+        iv = model.item_tower(tf.gather(i_all, plan.target_idx))
+        neg_vecs = model.item_tower(tf.gather(i_all, neg_idx))
+        return self._loss(uv, pooled, known, (iv, ik, log_q, w), neg_vecs, negs, uk), uv
 
     def _materialize(self, params: object, keys: tf.Tensor) -> None:
         """Give every key a row now, so all micro-batches read the same initial values."""

@@ -22,8 +22,8 @@ from model.artifact.files import load_artifact
 from model.artifact.registry import Registry
 from model.evaluation.synthetic import SyntheticConfig, SyntheticStream
 from model.trainer.samples import sample_digest
-from tests.integration.test_trainer import _encoded, _env, _produce
-from tests.support import REPO_ROOT, free_port, wait_until
+from tests.integration.test_trainer import _env
+from tests.support import REPO_ROOT, free_port, produce_samples, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -94,7 +94,7 @@ def test_cluster_trainer_from_kafka_exports_what_one_process_exports(
     stream = SyntheticStream(SyntheticConfig(users=400, items=300, clusters=10, history_len=20,
                                              seed=3))
     samples = stream.take(12_000)
-    _produce(settings, _encoded(samples))
+    produce_samples(settings, samples)
     cluster = _train(settings, tmp_path / "cluster", True, len(samples))
     single = _train(settings, tmp_path / "single", False, len(samples))
     expected = str(sample_digest([s.sample_id for s in samples]))
@@ -195,7 +195,7 @@ def test_kill_9_of_a_worker_a_ps_and_the_chief_still_trains_every_sample_once(
 ) -> None:
     stream = SyntheticStream(SyntheticConfig(users=300, items=200, history_len=20, seed=8))
     samples = stream.take(60_000)
-    _produce(settings, _encoded(samples))
+    produce_samples(settings, samples)
     registry = Registry(settings.trainer.registry_dir, settings.trainer.model_name)
     run = _Supervised(settings, tmp_path, len(samples))
     run.start()

@@ -19,8 +19,7 @@ import pytest
 from feature_store.settings import Settings
 from model.artifact.registry import Registry
 from model.evaluation.synthetic import SyntheticConfig, SyntheticStream
-from model.trainer.samples import encode_sample
-from tests.support import free_port, repo_root, stop_process, wait_until
+from tests.support import free_port, produce_samples, repo_root, stop_process, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -46,17 +45,6 @@ def _env(settings: Settings, trainer_port: int) -> dict[str, str]:
     return env
 
 
-def _produce(settings: Settings, samples: list[Any]) -> None:
-    from stream.kafka_client import make_producer
-
-    producer = make_producer(settings.kafka, linger_ms=20)
-    try:
-        for s in samples:
-            producer.send(settings.kafka.samples_topic, key=s.user_id.encode(),
-                          value=encode_sample(s))
-        producer.flush(timeout=60)
-    finally:
-        producer.close()
 
 
 @pytest.fixture
@@ -93,7 +81,7 @@ def test_serving_converges_to_the_trainer_through_deltas_and_a_kill_9(
     total = len(first) + len(second)
     trainer_url = f"http://127.0.0.1:{procs['trainer_port']}/health"
     delta_url = f"http://127.0.0.1:{procs['trainer_port']}/delta"
-    _produce(settings, first)
+    produce_samples(settings, first)
     trainer = procs["launch"]("trainer", [
         "train", "--batch-size", "128", "--export-every-s", "3600", "--eval-rows", "32"])
     serve_port = free_port()
@@ -112,7 +100,7 @@ def test_serving_converges_to_the_trainer_through_deltas_and_a_kill_9(
     wait_until(lambda: (served().get("seq") or 0) >= 2, 180, "serving applies deltas",
                process=trainer)
     base = served()["base_version"]
-    _produce(settings, second)
+    produce_samples(settings, second)
     # kill -9 serving while the trainer is still training and publishing
     wait_until(lambda: _get(trainer_url)["samples_trained"] > len(first), 60,
                "training on part 2", process=trainer)
@@ -161,7 +149,7 @@ def test_a_trainer_killed_mid_stream_leaves_every_worker_on_an_exactly_once_stat
     trainer_url = f"http://127.0.0.1:{procs['trainer_port']}/health"
     delta_url = f"http://127.0.0.1:{procs['trainer_port']}/delta"
     args = ["train", "--batch-size", "128", "--export-every-s", "3600", "--eval-rows", "32"]
-    _produce(settings, first)
+    produce_samples(settings, first)
     trainer = procs["launch"]("trainer", args)
     serve_port = free_port()
     model_url = f"http://127.0.0.1:{serve_port}/model?checksum=true"
@@ -169,7 +157,7 @@ def test_a_trainer_killed_mid_stream_leaves_every_worker_on_an_exactly_once_stat
     wait_until(lambda: (_get(model_url)["delta"].get("seq") or 0) >= 2, 180,
                "serving applies deltas", process=trainer)
     first_base = _get(trainer_url)["delta"]["base_version"]
-    _produce(settings, second)
+    produce_samples(settings, second)
     wait_until(lambda: _get(trainer_url)["samples_trained"] > len(first), 60,
                "training on part 2", process=trainer)
     # the deltas past the lineage's snapshot are provisional: nothing checkpointed them

@@ -16,25 +16,14 @@ import pytest
 from feature_store.settings import Settings
 from model.delta import decode
 from model.evaluation.synthetic import SyntheticConfig, SyntheticStream
-from model.trainer.samples import Sample, encode_sample
-from tests.support import wait_until
+from model.trainer.samples import Sample
+from tests.support import produce_samples, wait_until
 
 pytestmark = pytest.mark.integration
 
 USERS, ITEMS = 400, 200
 
 
-def _produce(settings: Settings, samples: list[Sample]) -> None:
-    from stream.kafka_client import make_producer
-
-    producer = make_producer(settings.kafka, linger_ms=20, batch_size=256 * 1024)
-    try:
-        for s in samples:
-            producer.send(settings.kafka.samples_topic, key=s.user_id.encode(),
-                          value=encode_sample(s))
-        producer.flush(timeout=60)
-    finally:
-        producer.close()
 
 
 def _poisoned(stream: SyntheticStream, n: int, seed: int) -> list[Sample]:
@@ -84,7 +73,7 @@ def test_a_poisoned_burst_holds_publication_and_ordinary_samples_do_not(
     try:
         # ordinary samples: versions and deltas flow, the guard never holds
         normal = 12_000
-        _produce(settings, stream.take(normal))
+        produce_samples(settings, stream.take(normal))
 
         def published_through(n: int) -> bool:
             d = service.deltas
@@ -97,7 +86,7 @@ def test_a_poisoned_burst_holds_publication_and_ordinary_samples_do_not(
 
         # the burst: every row it scores misses far more than the healthy figure allows
         burst = 3_000
-        _produce(settings, _poisoned(stream, burst, seed=9))
+        produce_samples(settings, _poisoned(stream, burst, seed=9))
         wait_until(lambda: service.state.samples_trained >= normal + burst, 120,
                    "the burst trained")
         wait_until(lambda: guard.held, 10, "the guard holding")
@@ -116,7 +105,7 @@ def test_a_poisoned_burst_holds_publication_and_ordinary_samples_do_not(
 
         # ordinary samples again: the figure recovers and publication resumes
         after = 6_000
-        _produce(settings, stream.take(after))
+        produce_samples(settings, stream.take(after))
         wait_until(lambda: published_through(normal + burst + after), 120,
                    "publication resumed")
         assert not guard.held and guard.holds == 1, guard.status()

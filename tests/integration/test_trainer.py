@@ -21,23 +21,20 @@ from model.artifact.files import load_artifact
 from model.artifact.registry import Registry
 from model.evaluation.synthetic import SyntheticConfig, SyntheticStream
 from model.trainer.samples import Sample, encode_sample, sample_digest
-from tests.support import consume, free_port, isolated_settings, repo_root, wait_until
+from tests.support import (
+    consume,
+    free_port,
+    isolated_settings,
+    produce,
+    repo_root,
+    wait_until,
+)
 
 pytestmark = pytest.mark.integration
 
 POISON = [b"{not json", json.dumps({"sample_id": "x", "user_id": "u", "item_id": "i"}).encode()]
 
 
-def _produce(settings: Settings, values: list[tuple[str, bytes]]) -> None:
-    from stream.kafka_client import make_producer
-
-    producer = make_producer(settings.kafka, linger_ms=20, batch_size=256 * 1024)
-    try:
-        for key, value in values:
-            producer.send(settings.kafka.samples_topic, key=key.encode(), value=value)
-        producer.flush(timeout=60)
-    finally:
-        producer.close()
 
 
 def _encoded(samples: list[Sample]) -> list[tuple[str, bytes]]:
@@ -64,7 +61,7 @@ def in_process_run(stack: Settings, tmp_path_factory: pytest.TempPathFactory) ->
     samples = SyntheticStream(cfg).take(40_000)
     values = _encoded(samples)
     values[5_000:5_000] = [("poison", p) for p in POISON]  # mid-stream
-    _produce(settings, values)
+    produce(settings, settings.kafka.samples_topic, values)
     service = build_service(
         settings,
         ModelConfig(history_len=20),
@@ -166,12 +163,12 @@ def test_kill_9_mid_stream_trains_every_sample_exactly_once(
     first, second = stream.take(8_000), stream.take(12_000)
     port = trainer_proc["port"]
     registry = Registry(settings.trainer.registry_dir, settings.trainer.model_name)
-    _produce(settings, _encoded(first))
+    produce(settings, settings.kafka.samples_topic, _encoded(first))
 
     proc = trainer_proc["start"]()
     wait_until(lambda: _health(port).get("samples_trained", 0) >= 2_000
                and registry.current() is not None, 180, "a first checkpointed version")
-    _produce(settings, _encoded(second))
+    produce(settings, settings.kafka.samples_topic, _encoded(second))
     wait_until(lambda: _health(port)["samples_trained"] > len(first), 120, "training on part 2")
     # Kill while the live state is ahead of the newest checkpoint: those samples must be
     # trained again from the restored state, and only once in the surviving model.
