@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from model.artifact.files import ServingArtifact
-from model.scoring.prior import item_scoring_vectors
+from model.scoring.prior import served_item_vectors
 
 _LOW = np.int64(0xFFFFFFFF)
 Layer = tuple[np.ndarray, np.ndarray, str]
@@ -106,17 +106,10 @@ class ModelState:
         c = self.constants
         rows = self.hist_rows[np.searchsorted(self.hist_keys, self.item_keys)] if self.item_keys.size \
             else np.zeros((0, self.hist_rows.shape[1]), np.float32)
-        if c.normalize and rows.size:
-            rows = rows / np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-12)
-        tower_w, prior_w = self.weights[0], self.weights[1]
-        if tower_w != 1.0:
-            rows = rows * tower_w
-        if not c.score_bias:
-            return np.ascontiguousarray(rows, np.float32)
-        log_q = self.log_q(self.item_keys)
-        if not prior_w:
-            log_q, prior_w = np.zeros_like(log_q), 1.0
-        return item_scoring_vectors(rows, log_q, c.temperature, prior_w)
+        log_q = self.log_q(self.item_keys) if c.score_bias else None
+        return served_item_vectors(rows, log_q, normalize=c.normalize,
+                                   tower_weight=self.weights[0], prior_weight=self.weights[1],
+                                   temperature=c.temperature)
 
     def covisit_csr(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The pairs among the catalog as CSR arrays over its rows (``CoVisitation.csr``)."""

@@ -54,6 +54,26 @@ def item_scoring_vectors(
     return np.concatenate([vectors / np.float32(temperature), bias], axis=1).astype(np.float32)
 
 
+def served_item_vectors(
+    rows: np.ndarray, log_q: np.ndarray | None, *, normalize: bool, tower_weight: float,
+    prior_weight: float, temperature: float,
+) -> np.ndarray:
+    """The served scoring vectors of items from their table ``rows``: L2-normalised (with
+    ``normalize``), times the towers' weight of the mix, then the prior's dimension when
+    the model has one (``log_q`` not None; a mix that switched the prior off keeps the
+    dimension, at 0). One rule for a full version (``Trainer.item_vectors``) and the state
+    deltas build (``model.delta``)."""
+    if normalize and rows.size:
+        rows = rows / np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-12)
+    if tower_weight != 1.0:
+        rows = rows * tower_weight
+    if log_q is None:
+        return np.ascontiguousarray(rows, np.float32)
+    if not prior_weight:
+        log_q, prior_weight = np.zeros_like(log_q), 1.0
+    return item_scoring_vectors(rows, log_q, temperature, prior_weight)
+
+
 def export_fields(
     layers: Sequence[Layer],
     prior_weight: float,

@@ -19,7 +19,7 @@ import numpy as np
 from model.scoring.covisit import CoVisitation
 from model.scoring.covisit import term as covisit_term
 from model.scoring.mixer import ScoreMixer
-from model.scoring.prior import item_scoring_vectors, user_scoring_vectors
+from model.scoring.prior import served_item_vectors, user_scoring_vectors
 from model.towers.frequency import CountFrequencyEstimator
 from model.towers.loss import (
     FrequencyEstimator,
@@ -457,16 +457,11 @@ class Trainer:
         self, keys: np.ndarray, rows: np.ndarray, log_q: np.ndarray | None
     ) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`item_vectors` from :meth:`_item_rows` (numpy only: any thread)."""
-        if self.config.normalize and rows.size:
-            rows = rows / np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-12)
         tower_w, prior_w, _ = self.score_weights()
-        if tower_w != 1.0:
-            rows = rows * tower_w
-        if log_q is None:
-            return keys, rows.astype(np.float32)
-        if not prior_w:  # the learned mix switched the prior off: its dimension stays, at 0
-            log_q, prior_w = np.zeros_like(log_q), 1.0
-        return keys, item_scoring_vectors(rows, log_q, self.config.temperature, prior_w)
+        return keys, served_item_vectors(
+            rows, log_q, normalize=self.config.normalize, tower_weight=tower_w,
+            prior_weight=prior_w, temperature=self.config.temperature,
+        )
 
     def _refresh_candidates(
         self, keys: np.ndarray, rows: np.ndarray, log_q: np.ndarray | None
