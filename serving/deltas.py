@@ -14,7 +14,9 @@ every worker converges to the same state). Its thread reads the updates topic's 
   fails its checksum, makes it *resync*: reload the snapshot and replay the lineage from
   the topic, sought by time to just before the version was created;
 * otherwise the delta is applied (``model.delta.apply``: new arrays, the served ones are
-  never written), composed into an artifact, checked, and swapped in as one reference.
+  never written), composed into an artifact (``model.delta.served.Composer``: the last
+  artifact patched where the delta changed it, equal to a full compose), checked, and
+  swapped in as one reference.
 
 On start it seeks to the lineage of the current version the same way. ``status()`` is what
 ``/model`` shows under ``delta``.
@@ -36,12 +38,12 @@ from model.delta import (
     DeltaError,
     ModelState,
     apply,
-    compose,
     decode,
     from_snapshot,
     peek,
     state_checksum,
 )
+from model.delta.served import Composer
 from serving.errors import VersionRefused
 from serving.loader import LoadedModel, ModelLoader, smoke_check
 
@@ -70,6 +72,8 @@ class DeltaFollower:
         self.errors = 0
         self.last_apply_ms: float | None = None
         self.last_created_at: str | None = None
+        #: Builds each state's artifact, patching the last one (``model.delta.served``).
+        self.composer = Composer()
         self._stuck: tuple[str, int] | None = None
         #: The last version found without a snapshot (not looked for again).
         self._missing: str | None = None
@@ -144,10 +148,9 @@ class DeltaFollower:
             return True
         started = time.perf_counter()
         try:
-            new = apply(state, decode(value))
-            served = self.loader.current
-            artifact = compose(new, served.artifact if served is not None
-                               and served.artifact.version == base else None)
+            delta = decode(value)
+            new = apply(state, delta)
+            artifact = self.composer.compose(new, delta)
             smoke_check(artifact)
         except (DeltaError, VersionRefused, ValueError) as exc:
             log.error("delta %d of %s at offset %d refused: %s", seq, base, offset, exc)
@@ -183,7 +186,7 @@ class DeltaFollower:
                 log.warning("no delta snapshot of version %s: %s", base, exc)
             self._missing = base
             return None
-        artifact = compose(state)
+        artifact = self.composer.compose(state)
         self._serve(state, artifact)
         return state
 
