@@ -21,7 +21,8 @@ directory) is measured too, in the same run: each round serves REV's code, then 
 tree's (a restarted server replays the lineage from the topic before it is measured).
 
 Reported per phase: p50/p99/rps/errors, deltas sent, and the workers' applied count and
-their last apply (decode + apply + compose) from ``/model``; per code and phase the
+their last apply (decode + apply + compose; wall and the follower thread's CPU ms) from
+``/model``; per code and phase the
 medians over rounds; ``apply_ms_in_process``: the same deltas decoded, applied and
 composed in one process by each code, as its follower does; ``rows_per_delta``; the load
 average (the machine is shared: figures compare at equal load only).
@@ -98,22 +99,24 @@ snapshot, records = pickle.load(open(sys.argv[1], "rb"))
 state = from_snapshot(decode(snapshot))
 composer = Composer() if Composer else None
 served = composer.compose(state) if composer else compose(state)
-out = []
+wall, cpu = [], []
 for record in records:
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.thread_time()
     delta = decode(record)
     state = apply(state, delta)
     served = composer.compose(state, delta) if composer else compose(state, served)
-    out.append((time.perf_counter() - t0) * 1000.0)
-print(json.dumps(out))
+    wall.append((time.perf_counter() - t0) * 1000.0)
+    cpu.append((time.thread_time() - c0) * 1000.0)
+print(json.dumps({"wall": wall, "cpu": cpu}))
 """
 
 
-def _apply_cost(tree: Path, lineage_file: Path) -> list[float]:
+def _apply_cost(tree: Path, lineage_file: Path) -> dict[str, dict[str, float]]:
+    """Wall and CPU ms per delta (CPU time moves far less with the machine's load)."""
     out = subprocess.run([sys.executable, "-c", _APPLY_COST, str(lineage_file)], cwd=tree,
-                         env=dict(os.environ, PYTHONPATH=str(tree)), check=True,
-                         capture_output=True, text=True)
-    return [float(x) for x in json.loads(out.stdout)]
+                         env=dict(os.environ, PYTHONPATH=str(tree), OPENBLAS_NUM_THREADS="1"),
+                         check=True, capture_output=True, text=True)
+    return {name: _pct(values) for name, values in json.loads(out.stdout).items()}
 
 
 def _baseline_tree(rev: str, work: Path) -> Path:
@@ -196,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
             lineage_file = work / "lineage.pkl"
             lineage_file.write_bytes(pickle.dumps((snapshot, records)))
             results["apply_ms_in_process"] = {
-                name: _pct(_apply_cost(tree, lineage_file)) for name, tree in servers}
+                name: _apply_cost(tree, lineage_file) for name, tree in servers}
             k, r, t = settings.kafka, settings.redis, settings.trainer
             sport = free_port()
             url = f"http://127.0.0.1:{sport}"
@@ -250,6 +253,8 @@ def main(argv: list[str] | None = None) -> int:
                 "errors": sum(x["errors"] for x in mine),
                 "worker_apply_ms": _percentiles([v for x in mine if phase for v in
                                                  x["worker_last_apply_ms"].values() if v]),
+                "worker_apply_cpu_ms": _percentiles([v for x in mine if phase for v in
+                                                     x["worker_last_apply_cpu_ms"].values() if v]),
                 "loadavg_1m": [x["loadavg_1m"] for x in mine],
             }
     results["summary"] = summary
@@ -259,6 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, row in summary.items():
         print(f"{name:<28} p50 {row['p50_ms_median']:7.1f}  p99 {row['p99_ms_median']:7.1f} ms "
               f"(median of rounds)  errors {row['errors']}  worker apply {row['worker_apply_ms']}"
+              f" cpu {row['worker_apply_cpu_ms']}"
               f"  load {row['loadavg_1m']}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
@@ -296,6 +302,8 @@ def _phase(args: argparse.Namespace, name: str, deltas: bool, url: str, producer
     row.update(code=name, deltas=deltas, deltas_sent=sent[0], workers=args.workers,
                worker_applied={pid: s.get("applied") for pid, s in status.items()},
                worker_last_apply_ms={pid: s.get("last_apply_ms") for pid, s in status.items()},
+               worker_last_apply_cpu_ms={pid: s.get("last_apply_cpu_ms")
+                                         for pid, s in status.items()},
                worker_resyncs={pid: s.get("resyncs") for pid, s in status.items()},
                loadavg_1m=round(os.getloadavg()[0], 2))
     print(f"{name:<20} deltas={deltas!s:5} c={args.concurrency} p50={row['p50_ms']}ms "
