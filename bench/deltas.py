@@ -16,7 +16,7 @@ one second of the stream at ``--rate`` samples/s and builds the delta of that se
   zlib (``--rate`` samples/s means one delta per second, so bytes per delta = bytes/s);
 * ``build_ms``: the trainer's cost of reading the touched rows and encoding (float32);
 * ``apply_ms``: serving's cost of decoding, applying and composing the servable artifact
-  (``model.delta.apply`` + ``compose``), ``apply_rows``;
+  (``model.delta.apply`` + ``Composer.compose``, as serving's follower), ``apply_rows``;
 * ``snapshot_bytes``: the lineage's snapshot; ``checkpoint_ms``: one trainer checkpoint
   (``model.trainer.checkpoint.CheckpointStore.save``, as ``TrainerService.checkpoint``) at
   this table size, three saves.
@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
 
-    from model.delta import CODECS, apply, compose, decode, encode, from_snapshot
+    from model.delta import CODECS, Composer, apply, decode, encode, from_snapshot
     from model.trainer.checkpoint import CheckpointStore
     from model.trainer.deltas import DeltaBuilder
 
@@ -123,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     snap = builder.snapshot("bench", {})
     snapshot_record = encode(snap, compress=True)
     state = from_snapshot(decode(snapshot_record))
-    served = compose(state)
+    composer = Composer()
+    served = composer.compose(state)
 
     with tempfile.TemporaryDirectory() as tmp:
         store = CheckpointStore(Path(tmp), trainer.trackables())
@@ -152,8 +153,9 @@ def main(argv: list[str] | None = None) -> int:
             sizes_by[codec].append(len(record) if codec == "float32" else len(encode(delta, codec)))
             sizes_by[f"{codec}+zlib"].append(len(encode(delta, codec, compress=True)))
         a0 = time.perf_counter()
-        state = apply(state, decode(record))
-        served = compose(state, served)
+        received = decode(record)
+        state = apply(state, received)
+        served = composer.compose(state, received)
         apply_ms.append((time.perf_counter() - a0) * 1000.0)
 
     result: dict[str, Any] = {

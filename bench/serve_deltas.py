@@ -3,7 +3,8 @@ delta stream, alternating, over a ~120k-item catalog and 2 workers (issue 20's t
 p99 <= 20 ms, zero errors, while a delta applies every second).
 
     python -m bench.serve_deltas [--concurrency 16] [--workers 2] [--duration 10]
-                                 [--rounds 2] [--every 1] [--fill 100000] [--json FILE]
+                                 [--rounds 2] [--every 1] [--fill 100000]
+                                 [--baseline REV] [--json FILE]
 
 A trainer (the live defaults, as ``bench.deltas``) is warmed on the synthetic stream, its
 tables filled with ``--fill`` random named rows (so the catalog is ~``fill`` + the stream's
@@ -15,10 +16,16 @@ point here: it runs in another process in production). A throwaway Kafka and Red
 (``bench/serve.py loadgen``, its own process, closed loop) runs ``--rounds`` pairs of
 phases: without deltas, then with one delta sent every ``--every`` seconds.
 
+``--baseline REV``: the serving code of git revision REV (``git archive``, in the temporary
+directory) is measured too, in the same run: each round serves REV's code, then this
+tree's (a restarted server replays the lineage from the topic before it is measured).
+
 Reported per phase: p50/p99/rps/errors, deltas sent, and the workers' applied count and
-their last apply (decode + apply + compose) from ``/model``; overall, ``apply_ms`` and
-``apply_rows`` of the same deltas applied in this process (as ``bench.deltas``), and the
-load average (the machine is shared: figures compare at equal load only).
+their last apply (decode + apply + compose; wall and the follower thread's CPU ms) from
+``/model``; per code and phase the
+medians over rounds; ``apply_ms_in_process``: the same deltas decoded, applied and
+composed in one process by each code, as its follower does; ``rows_per_delta``; the load
+average (the machine is shared: figures compare at equal load only).
 """
 
 from __future__ import annotations
@@ -26,11 +33,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pickle
 import subprocess
 import sys
 import tempfile
 import threading
-import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -48,11 +55,11 @@ def _pct(values: list[float]) -> dict[str, float]:
             "p95": round(float(np.percentile(arr, 95)), 2), "n": int(arr.size)}
 
 
-def _lineage(args: argparse.Namespace, registry: Any) -> tuple[list[bytes], list[int], list[float]]:
-    """Publish a version with its snapshot; return the records of the deltas after it, their
-    rows and their in-process apply + compose cost."""
+def _lineage(args: argparse.Namespace, registry: Any) -> tuple[bytes, list[bytes], list[int]]:
+    """Publish a version with its snapshot; return the snapshot record, the records of the
+    deltas after it and their rows."""
     from bench.deltas import fill_tables, synthetic_trainer
-    from model.delta import SNAPSHOT_FILE, apply, compose, decode, encode, from_snapshot
+    from model.delta import SNAPSHOT_FILE, encode
     from model.trainer.deltas import DeltaBuilder
     from model.trainer.export import publish_version
 
@@ -64,25 +71,62 @@ def _lineage(args: argparse.Namespace, registry: Any) -> tuple[list[bytes], list
     version = now.strftime("%Y%m%dT%H%M%SZ") + "-000001"
     meta = {"created_at": now.isoformat(), "trained_through_ms": int(now.timestamp() * 1000)}
     snap = builder.snapshot(version, meta)
+    snapshot = encode(snap, "float32", compress=True)
     publish_version(registry, trainer, item_ids, version,
                     {"trained_through_ms": meta["trained_through_ms"]}, created_at=now,
-                    extra_files={SNAPSHOT_FILE: encode(snap, "float32", compress=True)})
-    state = from_snapshot(snap)
-    served = compose(state)
-    records, rows, apply_ms = [], [], []
+                    extra_files={SNAPSHOT_FILE: snapshot})
+    records, rows = [], []
     for _ in range(args.deltas):
         train(args.rate)
         delta = builder.delta({**meta, "created_at": datetime.now(UTC).isoformat()})
-        record = encode(delta)
-        records.append(record)
+        records.append(encode(delta))
         rows.append(delta.rows_changed)
-        a0 = time.perf_counter()
-        state = apply(state, decode(record))
-        served = compose(state, served)
-        apply_ms.append((time.perf_counter() - a0) * 1000.0)
-    print(f"version {version}: catalog {served.item_ids.shape[0]} items, "
+    print(f"version {version}: catalog {snap.new_item_keys.size} items, "
           f"{len(records)} deltas built", flush=True)
-    return records, rows, apply_ms
+    return snapshot, records, rows
+
+
+#: Run in a tree (this one or ``--baseline``'s) on the lineage's records: what one serving
+#: worker's follower spends per delta (decode + apply + compose), as that tree does it.
+_APPLY_COST = """
+import json, pickle, sys, time
+from model.delta import apply, compose, decode, from_snapshot
+try:
+    from model.delta import Composer
+except ImportError:
+    Composer = None
+snapshot, records = pickle.load(open(sys.argv[1], "rb"))
+state = from_snapshot(decode(snapshot))
+composer = Composer() if Composer else None
+served = composer.compose(state) if composer else compose(state)
+wall, cpu = [], []
+for record in records:
+    t0, c0 = time.perf_counter(), time.thread_time()
+    delta = decode(record)
+    state = apply(state, delta)
+    served = composer.compose(state, delta) if composer else compose(state, served)
+    wall.append((time.perf_counter() - t0) * 1000.0)
+    cpu.append((time.thread_time() - c0) * 1000.0)
+print(json.dumps({"wall": wall, "cpu": cpu}))
+"""
+
+
+def _apply_cost(tree: Path, lineage_file: Path) -> dict[str, dict[str, float]]:
+    """Wall and CPU ms per delta (CPU time moves far less with the machine's load)."""
+    out = subprocess.run([sys.executable, "-c", _APPLY_COST, str(lineage_file)], cwd=tree,
+                         env=dict(os.environ, PYTHONPATH=str(tree), OPENBLAS_NUM_THREADS="1"),
+                         check=True, capture_output=True, text=True)
+    return {name: _pct(values) for name, values in json.loads(out.stdout).items()}
+
+
+def _baseline_tree(rev: str, work: Path) -> Path:
+    """The serving code of git revision ``rev`` (exported, not checked out)."""
+    tree = work / "baseline"
+    tree.mkdir()
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", rev], check=True,
+                             capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+    return tree
 
 
 def _model_status(httpx: Any, url: str, tries: int = 12) -> dict[int, dict[str, Any]]:
@@ -92,6 +136,10 @@ def _model_status(httpx: Any, url: str, tries: int = 12) -> dict[int, dict[str, 
         info = httpx.get(url + "/model", timeout=5.0).json()
         out[int(info["worker_pid"])] = info.get("delta") or {}
     return out
+
+
+def _percentiles(values: list[float]) -> dict[str, float]:
+    return _pct(values) if values else {}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -107,9 +155,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warm-samples", type=int, default=40_000)
     p.add_argument("--fill", type=int, default=100_000)
     p.add_argument("--rate", type=int, default=2000, help="samples per delta")
+    p.add_argument("--baseline", metavar="REV",
+                   help="also serve with git revision REV's code, alternating with this tree's "
+                   "each round (before/after in one run)")
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
-    args.deltas = int(args.rounds * (args.duration + 3) / args.every) + 2
+    trees = 2 if args.baseline else 1
+    args.deltas = int(trees * args.rounds * (args.duration + 3) / args.every) + 2
 
     import httpx
 
@@ -120,9 +172,12 @@ def main(argv: list[str] | None = None) -> int:
     from stream.kafka_client import ensure_updates_topic, updates_producer
     from tests.support import free_port, http_ok, stop_process, wait_until
 
-    results: dict[str, Any] = {"phases": []}
+    results: dict[str, Any] = {"phases": [], "baseline": args.baseline}
     with tempfile.TemporaryDirectory(prefix="bench-serve-deltas-") as tmp:
         work = Path(tmp)
+        servers = [("this", REPO)]
+        if args.baseline:
+            servers.insert(0, (f"baseline {args.baseline}", _baseline_tree(args.baseline, work)))
         base = load_settings()
         settings = base.model_copy(update={
             "stack": base.stack.model_copy(update={"run_dir": work / "run"}),
@@ -135,80 +190,126 @@ def main(argv: list[str] | None = None) -> int:
         })
         stack = Stack(settings)
         stack.up(["kafka", "redis"])
-        procs: list[subprocess.Popen[bytes]] = []
+        proc: subprocess.Popen[bytes] | None = None
         try:
             ensure_updates_topic(settings.kafka)
             _seed_store(settings, args.items)
             registry = Registry(work / "models", "bench", keep=3)
-            records, rows, apply_ms = _lineage(args, registry)
+            snapshot, records, rows = _lineage(args, registry)
+            lineage_file = work / "lineage.pkl"
+            lineage_file.write_bytes(pickle.dumps((snapshot, records)))
+            results["apply_ms_in_process"] = {
+                name: _apply_cost(tree, lineage_file) for name, tree in servers}
             k, r, t = settings.kafka, settings.redis, settings.trainer
             sport = free_port()
-            env = dict(os.environ, STREAMREC_REDIS__PORT=str(r.port),
-                       STREAMREC_REDIS__KEY_PREFIX=r.key_prefix,
-                       STREAMREC_KAFKA__PORT=str(k.port),
-                       STREAMREC_KAFKA__UPDATES_TOPIC=k.updates_topic,
-                       STREAMREC_TRAINER__REGISTRY_DIR=str(t.registry_dir),
-                       STREAMREC_TRAINER__MODEL_NAME="bench",
-                       STREAMREC_TRAINER__DELTA_EVERY_S=str(args.every),
-                       OPENBLAS_NUM_THREADS=os.environ.get("OPENBLAS_NUM_THREADS", "1"))
-            log = (work / "serve.log").open("wb")
-            procs.append(subprocess.Popen(
-                [sys.executable, "-m", "deploy.cli", "serve", "--port", str(sport),
-                 "--workers", str(args.workers)], cwd=REPO, env=env, stdout=log,
-                stderr=subprocess.STDOUT))
             url = f"http://127.0.0.1:{sport}"
-            wait_until(lambda: http_ok(url + "/health"), 120, "serve /health")
-            wait_until(lambda: all(s.get("base_version") for s in _model_status(httpx, url).values()),
-                       120, "every worker on the snapshot")
             producer = updates_producer(k)
             pending = list(records)
-            for phase in [x for _ in range(args.rounds) for x in (False, True)]:
-                stop = threading.Event()
-                sent = [0]
+            sent_total = [0]
+            for _ in range(args.rounds):
+                for name, tree in servers:
+                    env = dict(os.environ, PYTHONPATH=str(tree),
+                               STREAMREC_REDIS__PORT=str(r.port),
+                               STREAMREC_REDIS__KEY_PREFIX=r.key_prefix,
+                               STREAMREC_KAFKA__PORT=str(k.port),
+                               STREAMREC_KAFKA__UPDATES_TOPIC=k.updates_topic,
+                               STREAMREC_TRAINER__REGISTRY_DIR=str(t.registry_dir),
+                               STREAMREC_TRAINER__MODEL_NAME="bench",
+                               STREAMREC_TRAINER__DELTA_EVERY_S=str(args.every),
+                               OPENBLAS_NUM_THREADS=os.environ.get("OPENBLAS_NUM_THREADS", "1"))
+                    log = (work / "serve.log").open("ab")
+                    proc = subprocess.Popen(
+                        [sys.executable, "-m", "deploy.cli", "serve", "--port", str(sport),
+                         "--workers", str(args.workers)], cwd=tree, env=env, stdout=log,
+                        stderr=subprocess.STDOUT)
+                    wait_until(lambda: http_ok(url + "/health"), 120, "serve /health")
 
-                def send(stop: threading.Event = stop, sent: list[int] = sent) -> None:
-                    while pending and not stop.is_set():
-                        producer.send(k.updates_topic, key=b"bench", value=pending.pop(0))
-                        producer.flush()
-                        sent[0] += 1
-                        stop.wait(args.every)
+                    def caught_up() -> bool:
+                        status = _model_status(httpx, url)
+                        return len(status) == args.workers and all(
+                            s.get("seq") == sent_total[0] for s in status.values())
 
-                sender = threading.Thread(target=send, daemon=True)
-                if phase:
-                    sender.start()
-                out = subprocess.run(
-                    [sys.executable, str(SERVE), "loadgen", "--url", url, "--concurrency",
-                     str(args.concurrency), "--duration", str(args.duration)],
-                    check=True, capture_output=True, text=True)
-                stop.set()
-                if phase:
-                    sender.join()
-                row = json.loads(out.stdout)
-                status = _model_status(httpx, url)
-                row.update(deltas=phase, deltas_sent=sent[0], workers=args.workers,
-                           worker_applied={pid: s.get("applied") for pid, s in status.items()},
-                           worker_last_apply_ms={pid: s.get("last_apply_ms")
-                                                 for pid, s in status.items()},
-                           worker_resyncs={pid: s.get("resyncs") for pid, s in status.items()},
-                           loadavg_1m=round(os.getloadavg()[0], 2))
-                print(f"deltas={phase!s:5} c={args.concurrency} p50={row['p50_ms']}ms "
-                      f"p99={row['p99_ms']}ms rps={row['rps']} errors={row['errors']} "
-                      f"sent={sent[0]} applied={row['worker_applied']} "
-                      f"load={row['loadavg_1m']}", flush=True)
-                results["phases"].append(row)
+                    # every worker on the snapshot and the deltas sent so far (replayed)
+                    wait_until(caught_up, 180, "every worker caught up with the stream")
+                    for phase in (False, True):
+                        results["phases"].append(_phase(
+                            args, name, phase, url, producer, k.updates_topic, pending,
+                            sent_total, httpx))
+                    stop_process(proc, 10)
+                    proc = None
             producer.close()
         finally:
-            for proc in procs:
+            if proc is not None:
                 stop_process(proc, 10)
             stack.down(["kafka", "redis"])
-    results.update(apply_ms_in_process=_pct(apply_ms), rows_per_delta=_pct([float(x) for x in rows]),
-                   load_avg=list(os.getloadavg()))
-    print(f"apply + compose in process: {results['apply_ms_in_process']} ms; rows per delta "
-          f"{results['rows_per_delta']}")
+    results.update(rows_per_delta=_pct([float(x) for x in rows]), load_avg=list(os.getloadavg()))
+    summary: dict[str, Any] = {}
+    for name, _ in servers:
+        for phase in (False, True):
+            mine = [x for x in results["phases"] if x["code"] == name and x["deltas"] is phase]
+            summary[f"{name} deltas={phase}"] = {
+                "p99_ms_median": float(np.median([x["p99_ms"] for x in mine])),
+                "p50_ms_median": float(np.median([x["p50_ms"] for x in mine])),
+                "errors": sum(x["errors"] for x in mine),
+                "worker_apply_ms": _percentiles([v for x in mine if phase for v in
+                                                 x["worker_last_apply_ms"].values() if v]),
+                "worker_apply_cpu_ms": _percentiles([v for x in mine if phase for v in
+                                                     x["worker_last_apply_cpu_ms"].values() if v]),
+                "loadavg_1m": [x["loadavg_1m"] for x in mine],
+            }
+    results["summary"] = summary
+    print(f"rows per delta {results['rows_per_delta']}")
+    for name, cost in results["apply_ms_in_process"].items():
+        print(f"apply (decode + apply + compose) in process, {name}: {cost} ms")
+    for name, row in summary.items():
+        print(f"{name:<28} p50 {row['p50_ms_median']:7.1f}  p99 {row['p99_ms_median']:7.1f} ms "
+              f"(median of rounds)  errors {row['errors']}  worker apply {row['worker_apply_ms']}"
+              f" cpu {row['worker_apply_cpu_ms']}"
+              f"  load {row['loadavg_1m']}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(results, indent=2))
     return 0
+
+
+def _phase(args: argparse.Namespace, name: str, deltas: bool, url: str, producer: Any,
+           topic: str, pending: list[bytes], sent_total: list[int], httpx: Any) -> dict[str, Any]:
+    """One measured phase: the load generator for ``--duration`` s, a delta sent every
+    ``--every`` s meanwhile when ``deltas``."""
+    stop = threading.Event()
+    sent = [0]
+
+    def send() -> None:
+        while pending and not stop.is_set():
+            producer.send(topic, key=b"bench", value=pending.pop(0))
+            producer.flush()
+            sent[0] += 1
+            sent_total[0] += 1
+            stop.wait(args.every)
+
+    sender = threading.Thread(target=send, daemon=True)
+    if deltas:
+        sender.start()
+    out = subprocess.run(
+        [sys.executable, str(SERVE), "loadgen", "--url", url, "--concurrency",
+         str(args.concurrency), "--duration", str(args.duration)],
+        check=True, capture_output=True, text=True)
+    stop.set()
+    if deltas:
+        sender.join()
+    row = json.loads(out.stdout)
+    status = _model_status(httpx, url)
+    row.update(code=name, deltas=deltas, deltas_sent=sent[0], workers=args.workers,
+               worker_applied={pid: s.get("applied") for pid, s in status.items()},
+               worker_last_apply_ms={pid: s.get("last_apply_ms") for pid, s in status.items()},
+               worker_last_apply_cpu_ms={pid: s.get("last_apply_cpu_ms")
+                                         for pid, s in status.items()},
+               worker_resyncs={pid: s.get("resyncs") for pid, s in status.items()},
+               loadavg_1m=round(os.getloadavg()[0], 2))
+    print(f"{name:<20} deltas={deltas!s:5} c={args.concurrency} p50={row['p50_ms']}ms "
+          f"p99={row['p99_ms']}ms rps={row['rps']} errors={row['errors']} sent={sent[0]} "
+          f"applied={row['worker_applied']} load={row['loadavg_1m']}", flush=True)
+    return row
 
 
 if __name__ == "__main__":

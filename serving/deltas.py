@@ -14,7 +14,9 @@ every worker converges to the same state). Its thread reads the updates topic's 
   fails its checksum, makes it *resync*: reload the snapshot and replay the lineage from
   the topic, sought by time to just before the version was created;
 * otherwise the delta is applied (``model.delta.apply``: new arrays, the served ones are
-  never written), composed into an artifact, checked, and swapped in as one reference.
+  never written), composed into an artifact (``model.delta.served.Composer``: the last
+  artifact patched where the delta changed it, equal to a full compose), checked, and
+  swapped in as one reference.
 
 On start it seeks to the lineage of the current version the same way. ``status()`` is what
 ``/model`` shows under ``delta``.
@@ -36,12 +38,12 @@ from model.delta import (
     DeltaError,
     ModelState,
     apply,
-    compose,
     decode,
     from_snapshot,
     peek,
     state_checksum,
 )
+from model.delta.served import Composer
 from serving.errors import VersionRefused
 from serving.loader import LoadedModel, ModelLoader, smoke_check
 
@@ -69,7 +71,11 @@ class DeltaFollower:
         self.resyncs = 0
         self.errors = 0
         self.last_apply_ms: float | None = None
+        #: CPU time of the follower thread for it (the wall time grows with the load).
+        self.last_apply_cpu_ms: float | None = None
         self.last_created_at: str | None = None
+        #: Builds each state's artifact, patching the last one (``model.delta.served``).
+        self.composer = Composer()
         self._stuck: tuple[str, int] | None = None
         #: The last version found without a snapshot (not looked for again).
         self._missing: str | None = None
@@ -142,12 +148,11 @@ class DeltaFollower:
             self._stuck = (base, seq)
             self._resync(consumer, base)
             return True
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.thread_time()
         try:
-            new = apply(state, decode(value))
-            served = self.loader.current
-            artifact = compose(new, served.artifact if served is not None
-                               and served.artifact.version == base else None)
+            delta = decode(value)
+            new = apply(state, delta)
+            artifact = self.composer.compose(new, delta)
             smoke_check(artifact)
         except (DeltaError, VersionRefused, ValueError) as exc:
             log.error("delta %d of %s at offset %d refused: %s", seq, base, offset, exc)
@@ -156,6 +161,7 @@ class DeltaFollower:
         self._serve(new, artifact)
         self.applied += 1
         self.last_apply_ms = (time.perf_counter() - started) * 1000.0
+        self.last_apply_cpu_ms = (time.thread_time() - cpu) * 1000.0
         return False
 
     def follow_pointer(self) -> None:
@@ -183,7 +189,7 @@ class DeltaFollower:
                 log.warning("no delta snapshot of version %s: %s", base, exc)
             self._missing = base
             return None
-        artifact = compose(state)
+        artifact = self.composer.compose(state)
         self._serve(state, artifact)
         return state
 
@@ -214,5 +220,6 @@ class DeltaFollower:
             "resyncs": self.resyncs,
             "errors": self.errors,
             "last_apply_ms": self.last_apply_ms,
+            "last_apply_cpu_ms": self.last_apply_cpu_ms,
             "state_checksum": state_checksum(state) if checksum and state else None,
         }

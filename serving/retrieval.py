@@ -69,11 +69,7 @@ def rank_with_model(
     """Top ``ks[i]`` of each user by the model, in one matrix product (plus the version's
     co-visitation term, ``model.scoring.covisit``); seen items (``histories[i]``) dropped where
     ``exclude_seen[i]``."""
-    queries = artifact.user_vectors(user_ids, histories)
-    all_scores = artifact.item_vectors @ queries.T
-    if artifact.covisit is not None:
-        for col, (rows, added) in enumerate(artifact.covisit_scores(histories)):
-            all_scores[rows, col] += added
+    all_scores = artifact.scores(user_ids, histories)
     index, ids = artifact.item_index, artifact.item_ids
     excludes = [[index[i] for i in hist if i in index] if excl else []
                 for hist, excl in zip(histories, exclude_seen, strict=True)]

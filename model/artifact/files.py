@@ -284,6 +284,16 @@ class ServingArtifact:
             out.append((cols, added))
         return out
 
+    def scores(self, user_ids: Sequence[str], histories: Sequence[Sequence[str]]) -> np.ndarray:
+        """The served score of every item for each user, ``[N, B]`` (items-major, as
+        ``serving.retrieval`` ranks it): the towers and the prior in one matrix product,
+        plus the co-visitation term."""
+        out = self.item_vectors @ self.user_vectors(user_ids, histories).T
+        if self.covisit is not None:
+            for col, (rows, added) in enumerate(self.covisit_scores(histories)):
+                out[rows, col] += added
+        return out
+
     @property
     def version(self) -> str:
         return str(self.manifest["version"])

@@ -155,6 +155,13 @@ def register(sub: Any) -> None:
     )
     g.add_argument("--logq", choices=("gap", "count"), default=None, help="frequency estimate")
     g.add_argument("--logq-half-life", type=float, default=None, help="count estimate, samples")
+    p.add_argument(
+        "--row-codec", default=None, metavar="CODEC[,CODEC...]",
+        help="also score the model as serving holds it after the delta stream, its rows "
+        "passed through each row codec (float32, float16, bfloat16, int8; "
+        "model.evaluation.served); reported as served-CODEC with the change against "
+        "served-float32 (added when missing)",
+    )
     p.add_argument("--json", type=Path, default=None, help="write the figures as JSON")
     p.add_argument("--plot", type=Path, default=None, help="draw the figures over time (PNG)")
     p.add_argument("--progress", action="store_true", help="show a progress bar")
@@ -189,12 +196,14 @@ def _handle(args: argparse.Namespace) -> int:
         print("evaluate: no positive events in the log")
         return 1
     result = _run(args, settings, stream)
-    doc = result.report("model", args.chunks)
+    doc = result.report("model", args.chunks, [f"served-{c}" for c in args.codecs])
     doc["seconds"] = round(time.monotonic() - started, 1)
     doc["rejected_rows"] = replay_report["rejected"]
     doc["exclude"] = args.exclude
     doc["config"] = _config(args, settings)
     doc["score_weights"] = args.score_weights
+    if args.codecs:
+        doc["row_codecs"] = _codec_figures(doc, args)
     print(_table(doc))
     print("score weights (" + doc["config"]["mix"] + "): "
           + ", ".join(f"{k} {v:.3f}" for k, v in args.score_weights.items()))
@@ -204,6 +213,36 @@ def _handle(args: argparse.Namespace) -> int:
     if args.plot:
         plot_over_time(doc, args.plot)
     return 0
+
+
+def _codecs(spec: str | None) -> list[str]:
+    """The codecs of ``--row-codec``, float32 (the reference) first."""
+    if not spec:
+        return []
+    from model.delta import CODECS
+
+    asked = [c.strip() for c in spec.split(",") if c.strip()]
+    unknown = sorted(set(asked) - set(CODECS))
+    if unknown:
+        raise SystemExit(f"evaluate: unknown row codec(s) {unknown}: one of {', '.join(CODECS)}")
+    return ["float32", *(c for c in dict.fromkeys(asked) if c != "float32")]
+
+
+def _codec_figures(doc: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    """Per codec: its figures, their relative change against float32 and the delta
+    stream's bytes per scored batch."""
+    served = doc["side"]
+    ref = served["served-float32"]
+    out: dict[str, Any] = {}
+    for codec in args.codecs:
+        figs = served[f"served-{codec}"]
+        out[codec] = {
+            **figs,
+            "change_vs_float32": {k: (v - ref[k]) / ref[k] if ref[k] else None
+                                  for k, v in figs.items()},
+            "delta_bytes_per_batch": args.codec_bytes[codec] / max(args.codec_deltas, 1),
+        }
+    return out
 
 
 def _config(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
@@ -316,10 +355,18 @@ def _run(args: argparse.Namespace, settings: Any, stream: Any) -> Any:
         ),
         tag="eval",
     )
+    args.codecs = _codecs(args.row_codec)
+    served: list[Learner] = []
+    if args.codecs:
+        from model.evaluation.served import ServedLearner, ServedRows
+
+        rows = ServedRows(trainer, stream.item_ids, args.codecs)
+        served = [ServedLearner(rows, c, stream.item_index) for c in args.codecs]
     learners: list[Learner] = [
         TwoTowerLearner(trainer, trainer.config.window, cfg["epochs"]).bind(
             stream.item_ids, lambda pos: stream.excluded(pos, args.exclude)
         ),
+        *served,
         BaselineLearner(PopularityBaseline()),
         BaselineLearner(RecentPopularityBaseline(args.recent_window)),
         HistoryLearner(CooccurrenceBaseline(args.cooc_window), stream.item_index),
@@ -345,6 +392,8 @@ def _run(args: argparse.Namespace, settings: Any, stream: Any) -> Any:
     try:
         result = evaluate(stream, learners, options, progress)
         args.score_weights = trainer.mixer.as_dict()
+        if args.codecs:
+            args.codec_bytes, args.codec_deltas = rows.bytes, rows.deltas
         return result
     finally:
         if bar is not None:
@@ -353,7 +402,7 @@ def _run(args: argparse.Namespace, settings: Any, stream: Any) -> Any:
 
 def _table(doc: dict[str, Any]) -> str:
     keys = [k for k in doc if k.startswith(("recall@", "ndcg@"))]
-    rows = [("model", doc)] + list(doc["baselines"].items())
+    rows = [("model", doc)] + list(doc.get("side", {}).items()) + list(doc["baselines"].items())
     lines = [
         f"events {doc['events']}, scored {doc['scored']}, warm-up {doc['warmup']}, "
         f"exclude {doc['exclude']}, {doc['seconds']} s"
@@ -368,6 +417,11 @@ def _table(doc: dict[str, Any]) -> str:
         lines.append(
             f"model / best baseline ({doc['best_baseline']}) {key}: {doc['ratio_to_best']:.2f}x"
         )
+    for codec, figs in doc.get("row_codecs", {}).items():
+        change = figs["change_vs_float32"].get(key)
+        lines.append(f"served-{codec} {key} vs served-float32: "
+                     + ("n/a" if change is None else f"{100 * change:+.2f}%")
+                     + f", {figs['delta_bytes_per_batch'] / 1e3:.1f} kB per delta")
     return "\n".join(lines)
 
 
@@ -385,7 +439,8 @@ def plot_over_time(doc: dict[str, Any], path: Path) -> None:
     for ax, key in zip(axes, keys, strict=True):
         for name, chunks in doc["over_time"].items():
             x = [datetime.fromtimestamp(c["last_ts"] / 1000, UTC) for c in chunks]
-            overall = doc[key] if name == "model" else doc["baselines"][name][key]
+            others = {**doc["baselines"], **doc.get("side", {})}
+            overall = doc[key] if name == "model" else others[name][key]
             ax.plot(x, [c[key] for c in chunks], marker="o", label=f"{name} ({overall:.3f})")
         ax.set_ylabel(key)
         ax.grid(alpha=0.3)

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from model.delta.codec import DeltaError, decode_rows, encode_rows, pack, unpack
-from model.delta.state import Constants, Layer, ModelState
+from model.delta.state import Constants, Layer, ModelState, seed_catalog_index
 
 _I64 = np.zeros(0, np.int64)
 
@@ -178,13 +178,15 @@ def _upsert(
     hit = np.zeros(new_keys.size, bool)
     inside = pos < k.size
     hit[inside] = k[pos[inside]] == new_keys[inside]
-    if hit.any():
-        v = v.copy() if v is values else v
-        v[pos[hit]] = new_values[hit]
     miss = ~hit
-    if miss.any():
+    if miss.any():  # one copy: insert the new keys, then overwrite the hits where they moved
         k = np.insert(k, pos[miss], new_keys[miss])
         v = np.insert(v, pos[miss], new_values[miss], axis=0)
+        if hit.any():
+            v[np.searchsorted(k, new_keys[hit])] = new_values[hit]
+    elif hit.any():
+        v = v.copy() if v is values else v
+        v[pos[hit]] = new_values[hit]
     return k, v
 
 
@@ -224,17 +226,23 @@ def apply(state: ModelState, delta: Delta) -> ModelState:
     hist = _upsert(state.hist_keys, state.hist_rows, delta.hist_keys, delta.hist_rows,
                    delta.removed_hist)
     item_keys, item_ids = state.item_keys, state.item_ids
-    if delta.removed_items.size:
+    removed = bool(delta.removed_items.size)
+    if removed:
         keep = ~np.isin(item_keys, delta.removed_items)
         item_keys, item_ids = item_keys[keep], item_ids[keep]
+    added = _I64
     if delta.new_item_keys.size:
-        fresh = ~np.isin(delta.new_item_keys, item_keys)
-        item_keys = np.concatenate([item_keys, delta.new_item_keys[fresh]])
+        # fresh: not in the catalog (found by the state's sorted index, not a scan)
+        fresh = (np.isin(delta.new_item_keys, item_keys, invert=True) if removed
+                 else state.catalog_rows(delta.new_item_keys) < 0)
+        added = delta.new_item_keys[fresh]
+        item_keys = np.concatenate([item_keys, added])
         item_ids = np.concatenate([item_ids, delta.new_item_ids[fresh]])
-    if item_keys.size:
-        pos = np.minimum(np.searchsorted(hist[0], item_keys), max(hist[0].size - 1, 0))
-        if not hist[0].size or not np.all(hist[0][pos] == item_keys):
-            raise DeltaError(f"delta {delta.seq}: a catalog item has no history row")
+    # every catalog item keeps a history row: the state's did, so only the items added and
+    # the rows removed can break it
+    if added.size and not _all_in(hist[0], added) or (
+            delta.removed_hist.size and np.isin(delta.removed_hist, item_keys).any()):
+        raise DeltaError(f"delta {delta.seq}: a catalog item has no history row")
     prior = _upsert(state.prior_buckets, state.prior_base, delta.prior_buckets,
                     delta.prior_base, _I64)
     covisit_keys = state.covisit_keys
@@ -247,7 +255,7 @@ def apply(state: ModelState, delta: Delta) -> ModelState:
         covisit_keys = np.concatenate([covisit_keys, delta.covisit_new_keys])
     codes = _upsert(state.covisit_codes, state.covisit_values, delta.covisit_codes,
                     delta.covisit_values, delta.covisit_removed)
-    return replace(
+    new = replace(
         state,
         constants=delta.constants or state.constants,
         seq=delta.seq,
@@ -262,3 +270,14 @@ def apply(state: ModelState, delta: Delta) -> ModelState:
         samples_trained=delta.samples_trained,
         created_at=delta.created_at or state.created_at,
     )
+    if not removed:
+        seed_catalog_index(new, state, added)
+    return new
+
+
+def _all_in(sorted_keys: np.ndarray, keys: np.ndarray) -> bool:
+    """Whether every one of ``keys`` is in the sorted array ``sorted_keys``."""
+    if not sorted_keys.size:
+        return not keys.size
+    pos = np.minimum(np.searchsorted(sorted_keys, keys), sorted_keys.size - 1)
+    return bool(np.all(sorted_keys[pos] == keys))

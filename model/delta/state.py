@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -89,8 +90,8 @@ class ModelState:
     samples_trained: int = 0
     created_at: str | None = None
 
-    def log_q(self, keys: np.ndarray) -> np.ndarray:
-        """The prior's ``log q`` of item ``keys`` (float32)."""
+    def prior_base_of(self, keys: np.ndarray) -> np.ndarray:
+        """The prior's ``base`` (float64) of item ``keys``: their bucket's, or the default."""
         c = self.constants
         buckets = np.mod(np.asarray(keys, np.int64), np.int64(c.prior_buckets))
         base = np.full(buckets.shape, c.prior_default, np.float64)
@@ -98,29 +99,56 @@ class ModelState:
             pos = np.minimum(np.searchsorted(self.prior_buckets, buckets), self.prior_buckets.size - 1)
             hit = self.prior_buckets[pos] == buckets
             base[hit] = self.prior_base[pos[hit]]
+        return base
+
+    def log_q_of_base(self, base: np.ndarray) -> np.ndarray:
+        """``log q`` (float32) from ``base`` values (:meth:`prior_base_of`): elementwise, so a
+        part of the catalog computes exactly what the whole does."""
         shift, floor, log_norm = self.prior_scalars
         return (np.maximum(base - shift, floor) - log_norm).astype(np.float32)
+
+    def log_q(self, keys: np.ndarray) -> np.ndarray:
+        """The prior's ``log q`` of item ``keys`` (float32)."""
+        return self.log_q_of_base(self.prior_base_of(keys))
+
+    @cached_property
+    def catalog_index(self) -> tuple[np.ndarray, np.ndarray]:
+        """(catalog keys sorted, their catalog rows): key -> row by binary search. Derived
+        (not a field, so ``replace`` never carries a stale one); ``apply`` seeds the next
+        state's from this one's (:func:`seed_catalog_index`), else built on first use."""
+        order = np.argsort(self.item_keys, kind="stable")
+        return self.item_keys[order], order.astype(np.int64)
+
+    def catalog_rows(self, keys: np.ndarray) -> np.ndarray:
+        """Catalog rows of ``keys`` (-1: not in the catalog)."""
+        sorted_keys, rows = self.catalog_index
+        out = np.full(keys.shape, -1, np.int64)
+        if sorted_keys.size and keys.size:
+            pos = np.minimum(np.searchsorted(sorted_keys, keys), sorted_keys.size - 1)
+            hit = sorted_keys[pos] == keys
+            out[hit] = rows[pos[hit]]
+        return out
+
+    def catalog_hist_rows(self, rows: np.ndarray | None = None) -> np.ndarray:
+        """History (item table) rows of the catalog's ``rows`` (all: None), in that order."""
+        keys = self.item_keys if rows is None else self.item_keys[rows]
+        if not keys.size:
+            return np.zeros((0, self.hist_rows.shape[1]), np.float32)
+        return self.hist_rows[np.searchsorted(self.hist_keys, keys)]
 
     def item_vectors(self) -> np.ndarray:
         """Scoring vectors of the catalog, in its row order (``Trainer._scoring_items``)."""
         c = self.constants
-        rows = self.hist_rows[np.searchsorted(self.hist_keys, self.item_keys)] if self.item_keys.size \
-            else np.zeros((0, self.hist_rows.shape[1]), np.float32)
         log_q = self.log_q(self.item_keys) if c.score_bias else None
-        return served_item_vectors(rows, log_q, normalize=c.normalize,
+        return served_item_vectors(self.catalog_hist_rows(), log_q, normalize=c.normalize,
                                    tower_weight=self.weights[0], prior_weight=self.weights[1],
                                    temperature=c.temperature)
 
     def covisit_csr(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The pairs among the catalog as CSR arrays over its rows (``CoVisitation.csr``)."""
+        """The pairs among the catalog as CSR arrays over its rows (``CoVisitation.csr``):
+        O(pairs log pairs + catalog), the catalog's keys found by :attr:`catalog_index`."""
         n = self.item_keys.size
-        order_keys = np.argsort(self.item_keys, kind="stable")
-        sorted_keys = self.item_keys[order_keys]
-        row_of = np.full(self.covisit_keys.size, -1, np.int64)
-        if n and self.covisit_keys.size:
-            pos = np.minimum(np.searchsorted(sorted_keys, self.covisit_keys), n - 1)
-            hit = sorted_keys[pos] == self.covisit_keys
-            row_of[hit] = order_keys[pos[hit]]
+        row_of = self.catalog_rows(self.covisit_keys)
         a, b = row_of[self.covisit_codes >> 32], row_of[self.covisit_codes & _LOW]
         keep = (a >= 0) & (b >= 0)
         a, b = a[keep], b[keep]
@@ -149,11 +177,20 @@ class ModelState:
 
 def compose(state: ModelState, previous: ServingArtifact | None = None) -> ServingArtifact:
     """The state as a servable artifact (its ``manifest`` names the base version and the
-    delta sequence). ``previous``: the artifact of an earlier state of the lineage, whose
-    id -> row map is reused when the catalog is the same or only grew."""
+    delta sequence), built from scratch. ``previous``: the artifact of an earlier state of
+    the lineage, whose id -> row map is reused when the catalog is the same or only grew.
+    ``model.delta.served.Composer`` builds the same artifact per delta from the last one."""
+    covisit = state.covisit_csr() if state.constants.covisit_window is not None else None
+    return servable(state, state.item_vectors(), covisit, _item_index(state.item_ids, previous))
+
+
+def servable(
+    state: ModelState, vectors: np.ndarray,
+    covisit: tuple[np.ndarray, np.ndarray, np.ndarray] | None, index: Mapping[str, int],
+) -> ServingArtifact:
+    """The artifact of ``state`` with its item ``vectors``, CSR pairs and id -> row map
+    (computed by the caller: from scratch or patched); the arrays are made read-only."""
     c = state.constants
-    arrays = state.artifact_arrays()
-    vectors = arrays["item_vectors"]
     for arr in vectors, state.user_rows, state.hist_rows:
         arr.setflags(write=False)
     manifest: dict[str, Any] = {
@@ -175,13 +212,11 @@ def compose(state: ModelState, previous: ServingArtifact | None = None) -> Servi
         manifest["history_len"] = c.history_len
     if c.history_decay != 1.0:
         manifest["history_decay"] = c.history_decay
-    covisit = arrays.get("covisit")
     if covisit is not None:
         manifest["covisit"] = {
             "weight": state.weights[2], "last_weight": state.weights[3],
             "window": c.covisit_window, "decay": c.covisit_decay,
         }
-    index = _item_index(state.item_ids, previous)
     return ServingArtifact(
         path=Path(f"delta:{state.base_version}+{state.seq}"),
         manifest=manifest,
@@ -197,6 +232,20 @@ def compose(state: ModelState, previous: ServingArtifact | None = None) -> Servi
         item_index=index,
         covisit=covisit,
     )
+
+
+def seed_catalog_index(state: ModelState, previous: ModelState, added: np.ndarray) -> None:
+    """Give ``state`` (whose catalog is ``previous``'s with ``added`` keys appended, none
+    removed) its :attr:`ModelState.catalog_index` from ``previous``'s: one merge, no sort."""
+    if "catalog_index" not in previous.__dict__:
+        return  # never used: built on first use instead
+    keys, rows = previous.catalog_index
+    if added.size:
+        order = np.argsort(added, kind="stable")
+        at = np.searchsorted(keys, added[order])
+        keys = np.insert(keys, at, added[order])
+        rows = np.insert(rows, at, previous.item_keys.size + order.astype(np.int64))
+    state.__dict__["catalog_index"] = (keys, rows)
 
 
 def _item_index(ids: np.ndarray, previous: ServingArtifact | None) -> Mapping[str, int]:

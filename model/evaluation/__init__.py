@@ -3,6 +3,8 @@
 * ``baselines`` — the baselines ranked next to the model.
 * ``replay`` — the test-then-train replay of a historical log (the protocol).
 * ``learners`` — the methods behind the protocol's ``Learner``: baselines and the model.
+* ``served`` — the model as serving holds it after the delta stream, in each row codec
+  (``streamrec evaluate --row-codec``).
 * ``neighbours`` — the per-user baselines (co-occurrence, session-kNN), numpy only.
 * ``synthetic`` — a synthetic ``samples`` stream with planted preferences.
 """

@@ -305,17 +305,20 @@ class EvalResult:
             out.append(row)
         return out
 
-    def report(self, model: str, chunks: int) -> dict[str, Any]:
+    def report(self, model: str, chunks: int, side: Sequence[str] = ()) -> dict[str, Any]:
         """The ``--json`` document: model figures at the top, baselines under ``baselines``,
         the best baseline by Recall@``ks[0]`` and the model's ratios to it and to popularity
-        (``None`` where the baseline scored 0)."""
+        (``None`` where the baseline scored 0); methods named in ``side`` (variants of the
+        model, not baselines) under ``side``."""
         doc: dict[str, Any] = dict(self.overall(model))
         doc.update({"events": self.events, "scored": self.scored, "warmup": self.warmup})
         doc["baselines"] = {
             name: {**self.overall(name), "events": self.events, "scored": self.scored}
             for name in self.values
-            if name != model
+            if name != model and name not in side
         }
+        if side:
+            doc["side"] = {name: self.overall(name) for name in side}
         key = f"recall@{self.ks[0]}"
         if doc["baselines"]:
             best = max(doc["baselines"], key=lambda name: doc["baselines"][name][key])

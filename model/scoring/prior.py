@@ -50,8 +50,16 @@ def item_scoring_vectors(
     vectors = np.asarray(vectors, np.float32)
     if not prior_weight:
         return vectors
-    bias = (prior_weight * np.asarray(log_q, np.float32)).reshape(-1, 1)
-    return np.concatenate([vectors / np.float32(temperature), bias], axis=1).astype(np.float32)
+    n, d = vectors.shape
+    out = np.empty((n, d + 1), np.float32)  # written once (serving recomputes it per delta)
+    np.divide(vectors, np.float32(temperature), out=out[:, :d])
+    out[:, d] = prior_weight * np.asarray(log_q, np.float32)
+    return out
+
+
+def normalized_rows(rows: np.ndarray) -> np.ndarray:
+    """``rows`` L2-normalised, row by row (a row's result does not depend on the others)."""
+    return rows / np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-12)
 
 
 def served_item_vectors(
@@ -64,7 +72,7 @@ def served_item_vectors(
     dimension, at 0). One rule for a full version (``Trainer.item_vectors``) and the state
     deltas build (``model.delta``)."""
     if normalize and rows.size:
-        rows = rows / np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-12)
+        rows = normalized_rows(rows)
     if tower_weight != 1.0:
         rows = rows * tower_weight
     if log_q is None:

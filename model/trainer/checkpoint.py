@@ -144,6 +144,8 @@ class LoopState:
     last_version: str | None = None
     #: Samples skipped because their sample_id was trained already (model.trainer.dedupe).
     duplicates_dropped: int = 0
+    #: The quality guard's state and pin (``GuardedPublishing.to_json``; None: off).
+    guard: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {**self.__dict__, "digest": str(self.digest)}

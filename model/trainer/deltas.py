@@ -12,7 +12,10 @@ decay of all pairs is one scalar), the mix weights and the dense layers are sent
 
 The builder keeps the state it published (``mirror``, a :class:`model.delta.ModelState`)
 by applying each delta itself, so the trainer can give the checksum of the state it
-published (``model.delta.state_checksum``) and serving prove it converged to it.
+published (``model.delta.state_checksum``) and serving prove it converged to it. With a
+lossy row codec (``trainer.delta_codec``) the publisher applies the delta as decoded
+instead: the mirror holds the rows serving receives, not the trainer's float32 ones (those
+equal a full export only with ``float32``).
 
 Exactly-once (``docs/decisions.md#delta-stream``): deltas are provisional. Each full
 version starts a lineage (``base_version`` = the version, a snapshot beside it); a delta
@@ -37,6 +40,7 @@ from model.delta import (
     Delta,
     ModelState,
     apply,
+    decode,
     encode,
     from_snapshot,
     state_checksum,
@@ -345,8 +349,13 @@ class DeltaPublisher:
 
         if not self.active or not self.builder.pending:
             return None
+        before = self.builder.mirror
         delta = self.builder.delta(meta)
         record = encode(delta, self.codec, compress=self.compress)
+        if self.codec != "float32" and before is not None:
+            # the mirror is what serving holds: the rows as the codec delivers them, so its
+            # checksum (``status``) is the one every replica converges to
+            self.builder.mirror = apply(before, decode(record))
         try:
             self.producer.send(self.topic, key=self.key, value=record)
         except KafkaError as exc:

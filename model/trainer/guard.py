@@ -181,6 +181,50 @@ class Guard:
                     self.reference is None or clean):
                 self.reference = self.long.value
 
+    #: Publications a checkpoint keeps (the newest; and the newest full versions).
+    SAVED_PUBLICATIONS = 1000
+    SAVED_VERSIONS = 20
+
+    def to_json(self) -> dict[str, Any]:
+        """Everything a decision depends on, for the trainer checkpoint's JSON state: a
+        trainer restarted during a hold goes on holding against the same healthy figure."""
+        with self._lock:
+            published = list(self._published)
+            start = max(len(published) - self.SAVED_PUBLICATIONS, 0)
+            full = [i for i, p in enumerate(published[:start]) if p[2]][-self.SAVED_VERSIONS:]
+            kept = [published[i] for i in full] + published[start:]
+            return {
+                "margin": self.margin, "scored": self.scored, "reference": self.reference,
+                "held": self.held, "held_since": self.held_since, "holds": self.holds,
+                "rollbacks": self.rollbacks, "window_n": self._window_n,
+                "window_hits": self._window_hits,
+                "last_publication_at": self._last_publication_at,
+                "clean_from": self._clean_from, "recent": self.recent.to_json(),
+                "long": self.long.to_json(), "published": [list(p) for p in kept],
+            }
+
+    def restore(self, data: dict[str, Any]) -> None:
+        """Back to a state of :meth:`to_json` (this guard's settings are kept)."""
+        with self._lock:
+            self.scored = int(data.get("scored", 0))
+            ref = data.get("reference")
+            self.reference = None if ref is None else float(ref)
+            self.held = bool(data.get("held", False)) and self.reference is not None
+            since = data.get("held_since")
+            self.held_since = int(since) if self.held and since is not None else (
+                self.scored if self.held else None)
+            self.holds = int(data.get("holds", 0))
+            self.rollbacks = int(data.get("rollbacks", 0))
+            self._window_n = int(data.get("window_n", 0))
+            self._window_hits = float(data.get("window_hits", 0.0))
+            self._last_publication_at = int(data.get("last_publication_at", 0))
+            self._clean_from = int(data.get("clean_from", 0))
+            self.recent.load(data.get("recent", {}))
+            self.long.load(data.get("long", {}))
+            self._published.clear()
+            self._published.extend((str(label), int(at), bool(full))
+                                   for label, at, full in data.get("published", []))
+
     def status(self) -> dict[str, Any]:
         """What the trainer's ``/health`` shows under ``guard``."""
         with self._lock:

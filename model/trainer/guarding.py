@@ -40,6 +40,23 @@ class GuardedPublishing:
     def status(self) -> dict[str, Any]:
         return {**self.guard.status(), "pinned": self.pin}
 
+    def to_json(self) -> dict[str, Any]:
+        """The guard's state and its pin, for the trainer checkpoint (``LoopState.guard``)."""
+        return {**self.guard.to_json(), "pin": self.pin}
+
+    def restore(self, data: dict[str, Any]) -> None:
+        """After a restart: the guard's state and pin as checkpointed (a hold goes on, and
+        its rollback pin is still dropped when the guard resumes)."""
+        self.guard.restore(data)
+        pin = data.get("pin")
+        self.pin = str(pin) if pin else None
+        self.metrics.guard_held.set(1 if self.guard.held else 0)
+        if self.guard.reference is not None:
+            self.metrics.guard_recall.labels("healthy").set(self.guard.reference)
+        if self.guard.held:
+            log.warning("quality guard: restored HOLDING (healthy recall %s, pin %s)",
+                        _fmt(self.guard.reference), self.pin or "none")
+
     def allows(self, deltas: _Lineage | None) -> bool:
         """Ask the guard before a publication (every trained batch's head scored); True =
         publish. Logs and acts on a hold (a rollback pin when a suspect state was served)

@@ -193,6 +193,8 @@ class TrainerService:
             log.info("no checkpoint in %s: starting fresh", self.checkpoints.directory)
             return False
         self.state = LoopState.from_json(restored.state)
+        if self.guarding is not None and self.state.guard:
+            self.guarding.restore(self.state.guard)
         keys = restored.arrays.get("item_keys", np.zeros(0, np.int64))
         ids = restored.arrays.get("item_ids", np.zeros(0, str))
         self.item_ids = dict(zip(keys.tolist(), ids.tolist(), strict=True))
@@ -217,6 +219,7 @@ class TrainerService:
         keys = np.fromiter(self.item_ids.keys(), np.int64, len(self.item_ids))
         ids = np.array(list(self.item_ids.values()), dtype=np.str_)
         covisit = self.trainer.covisit.to_arrays() if self.trainer.covisit is not None else {}
+        self.state.guard = self.guarding.to_json() if self.guarding is not None else None
         self.checkpoints.save(
             self.state.to_json(),
             {

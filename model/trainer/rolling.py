@@ -19,6 +19,7 @@ from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import repeat
+from typing import Any
 
 import numpy as np
 
@@ -75,6 +76,19 @@ class Rolling:
             old_n, old_s = self._chunks.popleft()
             self._n -= old_n
             self._sum -= old_s
+
+    def to_json(self) -> dict[str, Any]:
+        """The window's chunks and the lifetime totals (a checkpoint's JSON state)."""
+        return {"chunks": [[n, s] for n, s in self._chunks], "lifetime_n": self.lifetime_n,
+                "lifetime_sum": self.lifetime_sum}
+
+    def load(self, data: dict[str, Any]) -> None:
+        """Back to what :meth:`to_json` gave."""
+        self._chunks = deque((int(n), float(s)) for n, s in data.get("chunks", []))
+        self._n = sum(n for n, _ in self._chunks)
+        self._sum = sum(s for _, s in self._chunks)
+        self.lifetime_n = int(data.get("lifetime_n", self._n))
+        self.lifetime_sum = float(data.get("lifetime_sum", self._sum))
 
     @property
     def value(self) -> float:

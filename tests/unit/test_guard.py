@@ -206,3 +206,43 @@ def test_a_pin_by_hand_is_left_alone(tmp_path: Path) -> None:
         seq += 1
     assert guard.last is not None and guard.last.rollback_to == "v2"  # would roll back...
     assert svc.registry.pinned() == "v3" and svc.glue.pin is None  # ...but the pin wins
+
+
+def test_a_restarted_trainer_keeps_holding_against_the_same_healthy_figure(tmp_path: Path) -> None:
+    import json
+
+    from model.trainer.checkpoint import LoopState
+
+    rng = np.random.default_rng(8)
+    guard = Guard(0.2, 500, reference_rows=5000)
+    svc = _service(tmp_path, guard)
+    for v in ("v1", "v2"):
+        _feed(guard, rng, 3000, 0.3)
+        assert svc._guarded()
+        guard.published(v, full=True)
+    _feed(guard, rng, 640, 0.3)
+    assert svc._guarded()
+    guard.published("v3", full=True)
+    while svc._guarded():  # the decline: held, serving rolled back to v2
+        guard.published("v3#1", full=False)
+        _feed(guard, rng, 32, 0.15)
+    reference, holds = guard.reference, guard.holds
+    assert guard.held and svc.glue.pin == "v2"
+    # what TrainerService.checkpoint saves and restore reads back (the store's JSON)
+    saved = json.loads(json.dumps(LoopState(guard=svc.glue.to_json()).to_json()))
+    fresh = Guard(0.2, 500, reference_rows=5000)
+    again = _service(tmp_path / "again", fresh)
+    again.glue.registry = svc.registry
+    again.glue.restore(LoopState.from_json(saved).guard or {})
+    assert fresh.held and fresh.reference == reference and fresh.holds == holds
+    assert again.glue.pin == "v2" and again.metrics.guard_held._value.get() == 1
+    _feed(fresh, rng, 480, 0.3)
+    assert fresh.check().action == "held"  # still min_scored rows after the hold to go
+    _feed(fresh, rng, 64, 0.3)
+    assert again.glue.allows(again.deltas) and again.deltas.resets == 1
+    again.glue.published("v4", full=True)  # the new lineage after the resume drops the pin
+    assert svc.registry.pinned() is None
+    # a guard that never held restores as not holding, with no reference yet
+    idle = Guard(0.2, 500)
+    idle.restore(Guard(0.2, 500).to_json())
+    assert not idle.held and idle.reference is None and idle.check().action == "publish"

@@ -1,0 +1,117 @@
+"""The per-delta composer (``model.delta.served.Composer``): after every delta of a lineage
+its artifact is bit for bit the artifact composed from scratch, patched when it can be, and
+the artifacts it served before are never written."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from model.delta import Composer, Delta, ModelState, apply, compose, decode, from_snapshot
+from tests.unit.test_delta import shared_lineage
+
+
+def _assert_same(mine: object, full: object) -> None:
+    a, b = mine, full
+    assert a.manifest == b.manifest  # type: ignore[attr-defined]
+    for name in ("item_ids", "item_vectors", "item_hist_keys", "item_hist_rows", "user_keys",
+                 "user_rows", "default_user_row"):
+        x, y = getattr(a, name), getattr(b, name)
+        assert x.dtype == y.dtype and x.shape == y.shape, name
+        assert np.array_equal(x, y), name  # bit for bit (no NaN in these)
+    assert (a.covisit is None) == (b.covisit is None)  # type: ignore[attr-defined]
+    if a.covisit is not None:  # type: ignore[attr-defined]
+        for x, y in zip(a.covisit, b.covisit, strict=True):  # type: ignore[attr-defined]
+            assert x.dtype == y.dtype and np.array_equal(x, y)
+    assert dict(a.item_index) == dict(b.item_index)  # type: ignore[attr-defined]
+    assert not a.item_vectors.flags.writeable  # type: ignore[attr-defined]
+
+
+def _random_delta(state: ModelState, template: Delta, seq: int, rng: np.random.Generator) -> Delta:
+    """The next delta of ``state``: changed history rows (catalog items and others), new
+    items, changed users, prior buckets of catalog items, scalars and mix weights that move,
+    new and changed co-visitation pairs; nothing removed (the patched path)."""
+    d = state.hist_rows.shape[1]
+    new_keys = np.sort(rng.integers(1 << 50, 1 << 60, 4, dtype=np.int64))
+    moved = rng.choice(state.hist_keys, min(25, state.hist_keys.size), replace=False)
+    hist_keys = np.concatenate([moved, new_keys])
+    order = np.argsort(hist_keys)
+    hist_rows = rng.normal(size=(hist_keys.size, d)).astype(np.float32)
+    users = rng.choice(state.user_keys, min(10, state.user_keys.size), replace=False)
+    buckets = np.unique(np.mod(rng.choice(state.item_keys, 12), state.constants.prior_buckets))
+    shift, floor, log_norm = state.prior_scalars
+    first = state.covisit_keys.size
+    n_cv = first + new_keys.size
+    codes = np.unique(rng.integers(0, n_cv, 30) << 32 | rng.integers(0, n_cv, 30))
+    tw, pw, cw, lw = state.weights
+    return replace(
+        template, seq=seq, created_at=f"2026-12-01T12:00:{seq:02d}+00:00", state_checksum="",
+        user_keys=np.sort(users), user_rows=rng.normal(size=(users.size, state.user_rows.shape[1]))
+        .astype(np.float32), removed_users=np.zeros(0, np.int64),
+        hist_keys=hist_keys[order], hist_rows=hist_rows[order], removed_hist=np.zeros(0, np.int64),
+        new_item_keys=new_keys, new_item_ids=np.array([f"new-{seq}-{j}" for j in range(4)]),
+        removed_items=np.zeros(0, np.int64),
+        prior_buckets=buckets, prior_base=rng.normal(size=buckets.size) - 3.0,
+        prior_scalars=(shift + 0.01 * seq, floor, log_norm + 0.02),
+        covisit_first_id=first, covisit_new_keys=new_keys, covisit_codes=codes,
+        covisit_values=rng.random(codes.size) + 0.5, covisit_removed=np.zeros(0, np.int64),
+        covisit_scale=state.covisit_scale * 0.99, weights=(tw * 1.01, pw * 0.98, cw, lw),
+        layers=state.layers, default_user_row=state.default_user_row,
+    )
+
+
+def test_patched_artifacts_equal_compose_from_scratch_after_every_delta() -> None:
+    _, records = shared_lineage()
+    template = decode(records[1])
+    state = from_snapshot(decode(records[0]))
+    assert state.constants.score_bias and state.constants.covisit_window is not None
+    composer = Composer()
+    composer.compose(state)
+    assert composer.last == "full"
+    rng = np.random.default_rng(7)
+    served = []
+    for seq in range(1, 13):
+        delta = _random_delta(state, template, seq, rng)
+        state = apply(state, delta)
+        art = composer.compose(state, delta)
+        assert composer.last == "patched", seq
+        _assert_same(art, compose(state))
+        served.append((art, art.item_vectors.copy(), art.covisit[2].copy()))
+    assert served[-1][0].item_ids.size == served[0][0].item_ids.size + 4 * 11
+    for art, vectors, weights in served:  # in-flight requests keep what they started with
+        assert np.array_equal(art.item_vectors, vectors)
+        assert np.array_equal(art.covisit[2], weights)
+
+
+def test_a_real_lineage_composes_equal_and_eviction_starts_afresh() -> None:
+    _, records = shared_lineage()
+    deltas = [decode(r) for r in records]
+    state = from_snapshot(deltas[0])
+    composer = Composer()
+    composer.compose(state)
+    for delta in deltas[1:]:
+        state = apply(state, delta)
+        art = composer.compose(state, delta)
+        assert composer.last == ("full" if delta.removed_items.size else "patched")
+        _assert_same(art, compose(state))
+    assert any(d.removed_items.size for d in deltas[1:]), "no eviction: the fallback is untested"
+
+
+def test_a_state_that_does_not_follow_the_last_is_composed_afresh() -> None:
+    _, records = shared_lineage()
+    template = decode(records[1])
+    s0 = from_snapshot(decode(records[0]))
+    rng = np.random.default_rng(3)
+    d1 = _random_delta(s0, template, 1, rng)
+    s1 = apply(s0, d1)
+    d2 = _random_delta(s1, template, 2, rng)
+    s2 = apply(s1, d2)
+    composer = Composer()
+    composer.compose(s0)
+    _assert_same(composer.compose(s2, d2), compose(s2))  # skipped s1: not patched onto s0
+    assert composer.last == "full"
+    composer.compose(s1, d1)  # back to an earlier state of the lineage
+    assert composer.last == "full"
+    _assert_same(composer.compose(s2, d2), compose(s2))
+    assert composer.last == "patched"
