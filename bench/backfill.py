@@ -8,7 +8,9 @@ rate. The stages overlap (the feature job and the trainer work while the replay 
 stage's time is from the end of the previous one until it caught up, so the rate of the
 pipeline as a whole is ``events / total``. The CPU seconds of each stage's processes during
 the first replay are reported too, and their sum over the cores: a floor under the wall time
-that no overlap of the stages can beat (``cpu_bound_s``).
+that no overlap of the stages can beat (``cpu_bound_s``); the TaskManager's also by thread
+(``taskmanager_threads_cpu_s``: its JIT compilers, the feature job's operator threads, the
+Kafka clients).
 
 Then the same log is replayed a second time, and the bench checks that nothing changed: no
 event sent, the trainer's digest of trained sample ids and its count, the served version's
@@ -65,6 +67,41 @@ def group_cpu_s(pgid: int) -> float:
         if int(fields[2]) == pgid:
             total += int(fields[11]) + int(fields[12])
     return total / tick
+
+
+def group_threads_cpu_s(pgid: int) -> dict[str, float]:
+    """CPU seconds of the threads of process group ``pgid``'s live processes by thread name,
+    digits folded (``C2 CompilerThread0`` and ``1`` add up as ``CN CompilerThreadN``; the
+    kernel keeps 15 characters of a name: Flink's task threads read ``user-features -``)."""
+    import re
+
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[str, float] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[2]) != pgid:
+                continue
+            tasks = list((stat.parent / "task").glob("[0-9]*/stat"))
+        except OSError:
+            continue
+        for task in tasks:
+            try:
+                text = task.read_text()
+            except OSError:
+                continue
+            name = re.sub(r"\d+", "N", text[text.index("(") + 1 : text.rindex(")")])
+            fields = text.rsplit(")", 1)[1].split()
+            out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+def taskmanager_threads_cpu_s(stack: Any) -> dict[str, float]:
+    """:func:`group_threads_cpu_s` of the TaskManager (its JIT compiler, operator and client
+    threads; the Python stages run on their operators' task threads)."""
+    from deploy.process import read_pid
+
+    record = read_pid(stack.pid_path("flink-taskmanager"))
+    return group_threads_cpu_s(record.pid) if record is not None else {}
 
 
 def components_cpu_s(stack: Any, names: Sequence[str]) -> dict[str, float]:
@@ -141,8 +178,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         with private_stack(s, COMPONENTS) as chaos:
             out["stack_start_s"] = round(time.monotonic() - started, 1)
             cpu_before, replay_before = components_cpu_s(chaos.stack, COMPONENTS), children_cpu_s()
+            tm_before = taskmanager_threads_cpu_s(chaos.stack)
             first = replay(s, log, root / "first.json")
             cpu_after = components_cpu_s(chaos.stack, COMPONENTS)
+            tm_after = taskmanager_threads_cpu_s(chaos.stack)
+            tm_threads = {name: round(cpu - tm_before.get(name, 0.0), 1)
+                          for name, cpu in tm_after.items()}
+            out["taskmanager_threads_cpu_s"] = dict(sorted(
+                ((k, v) for k, v in tm_threads.items() if v >= 0.1), key=lambda kv: -kv[1]))
             cpu = {name: round(cpu_after[name] - cpu_before.get(name, 0.0), 1)
                    for name in cpu_after}
             cpu["replay (process)"] = round(children_cpu_s() - replay_before, 1)

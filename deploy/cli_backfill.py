@@ -40,14 +40,26 @@ class StageClock:
         self.stages[name] = round(time.monotonic() - self.started - sum(self.stages.values()), 2)
 
 
-def _group_offsets(settings: Settings, group: str, topic: str) -> dict[int, int]:
+def _group_offsets(settings: Settings, group: str, topic: str,
+                   retry_s: float = 60.0) -> dict[int, int]:
+    """The group's committed offsets on ``topic``. A retriable Kafka error (e.g.
+    ``NotCoordinator`` while the group's coordinator moves, seen on a loaded broker during a
+    1M-event backfill) is asked again for up to ``retry_s``, not the end of the follow."""
     from kafka import KafkaAdminClient
+    from kafka.errors import KafkaError
 
-    admin = KafkaAdminClient(bootstrap_servers=settings.kafka.bootstrap)
-    try:
-        found = admin.list_group_offsets({group: None}).get(group, {})
-    finally:
-        admin.close()
+    give_up = time.monotonic() + retry_s
+    while True:
+        admin = KafkaAdminClient(bootstrap_servers=settings.kafka.bootstrap)
+        try:
+            found = admin.list_group_offsets({group: None}).get(group, {})
+            break
+        except KafkaError as exc:
+            if not getattr(exc, "retriable", False) or time.monotonic() > give_up:
+                raise
+        finally:
+            admin.close()
+        time.sleep(0.5)  # back-off before asking again
     return {tp.partition: int(getattr(meta, "offset", meta)) for tp, meta in found.items()
             if tp.topic == topic}
 

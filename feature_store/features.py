@@ -384,12 +384,30 @@ def update_item(state: ItemState, event: Event, params: FeatureParams) -> bool:
     return True
 
 
-_ITEM_WINDOW_MS = tuple(ITEM_WINDOWS.values())
+_ITEM_KEEP_MS = max(ITEM_WINDOWS.values())
+
+
+def _range_count(buckets: Mapping[int, int], first: int, last: int) -> int:
+    """Sum of the buckets ``first..last`` (inclusive): :func:`window_count` of one window,
+    by looking up the window's buckets when they are fewer than the stored ones."""
+    if last - first + 1 < len(buckets):
+        return sum(filter(None, map(buckets.get, range(first, last + 1))))
+    return sum(n for b, n in buckets.items() if first <= b <= last)
 
 
 def item_features(state: ItemState, item_id: str, params: FeatureParams) -> ItemFeatures:
-    sums = window_counts(state.buckets, state.as_of_ms, _ITEM_WINDOW_MS, params.bucket_ms)
-    counts = dict(zip(ITEM_WINDOWS, sums, strict=True))
+    """The item's record. Counts as :func:`window_count` of each window ending at
+    ``as_of_ms``, computed from what :func:`update_item` keeps true of the buckets: none
+    newer than ``as_of_ms`` (the newest event time), none older than the largest window
+    (pruned), so the largest window holds them all (a 24 h window has up to 1,440 one-minute
+    buckets; summing their values is ~10x cheaper than testing each)."""
+    buckets, bucket_ms = state.buckets, params.bucket_ms
+    last = _bucket(state.as_of_ms, bucket_ms)
+    counts = {
+        name: sum(buckets.values()) if w == _ITEM_KEEP_MS
+        else _range_count(buckets, last - max(1, w // bucket_ms) + 1, last)
+        for name, w in ITEM_WINDOWS.items()
+    }
     return ItemFeatures(item_id=item_id, score=state.score, counts=counts, as_of_ms=state.as_of_ms)
 
 

@@ -2,7 +2,8 @@
 
 Each keyed Python stage is called once per *batch*: the JVM collects the records of a key
 bucket over a short processing-time window (``ARRAY_AGG`` in SQL, ``--window-ms``, default
-100 ms) and hands the stage one array (the graph is in ``stream/flink/job.py``):
+100 ms; the item stage ``--item-window-ms``, default 1 s) and hands the stage one array (the
+graph is in ``stream/flink/job.py``):
 
 * :class:`UserBatchStage` (keyed by a user bucket, :data:`USER_BUCKET_SQL`): per record, parse +
   validate (``stream.flink.parse``), dedupe, user features and the point-in-time sample, in

@@ -34,6 +34,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import orjson
+
 from stream.errors import StreamError
 from stream.schema import loads_strict
 
@@ -63,15 +65,50 @@ class RawRow(NamedTuple):
 ERROR_KINDS = ("encoding", "binary", "json", "fields")
 
 
+#: Control bytes that mark a line as binary (tab, newline, vertical tab, form feed and
+#: carriage return excepted).
+_CONTROL = bytes([*range(0, 9), *range(14, 32)])
+
+
 def _undecodable(raw: bytes) -> RawRow | None:
-    """The error row of a line that is binary or not UTF-8, else None."""
-    if b"\x00" in raw or sum(1 for b in raw[:256] if b < 9 or 13 < b < 32) > 2:
+    """The error row of a line that is binary (a NUL, or more than two control bytes in its
+    first 256) or not UTF-8, else None."""
+    head = raw[:256]
+    if b"\x00" in raw or len(head) - len(head.translate(None, _CONTROL)) > 2:
         return RawRow(0, None, "binary data", "binary")
     try:
         raw.decode()
     except UnicodeDecodeError as exc:
         return RawRow(0, None, f"not UTF-8 ({exc.reason} at byte {exc.start})", "encoding")
     return None
+
+
+def _loads_flat(raw: bytes) -> dict[str, Any] | None:
+    """What :func:`stream.schema.loads_strict` returns for a line holding one flat JSON
+    object (values strings, numbers, booleans or null) without a backslash, decoded by
+    orjson (~5x cheaper); None for any other line (the caller then uses ``loads_strict``,
+    which also words the errors). orjson rejects NaN and Infinity as ``loads_strict`` does,
+    but keeps the last of duplicate keys: without backslashes every ``"`` delimits a key or
+    a string value, so a line whose quotes outnumber those of its decoded keys and string
+    values had a member dropped, and goes to ``loads_strict``."""
+    if b"\\" in raw:
+        return None
+    try:
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    if type(obj) is not dict:
+        return None
+    strings = 0
+    for value in obj.values():
+        kind = type(value)
+        if kind is str:
+            strings += 1
+        elif kind is dict or kind is list:
+            return None
+    if raw.count(b'"') != 2 * (len(obj) + strings):
+        return None
+    return obj
 
 
 def row_event_id(basename: str, line_no: int, raw: bytes) -> str:
@@ -201,7 +238,9 @@ def read_rows(
                 yield bad._replace(line_no=line_no)
                 continue
             try:
-                obj = loads_strict(raw)
+                obj = _loads_flat(raw)
+                if obj is None:
+                    obj = loads_strict(raw)
             except ValueError as exc:
                 yield RawRow(line_no, None, f"bad JSON: {exc}", "json")
                 continue

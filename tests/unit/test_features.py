@@ -433,3 +433,26 @@ def test_user_counts_match_window_count_on_random_streams(bucket_ms: int) -> Non
         assert all(b >= oldest for per_type in state.buckets.values() for b in per_type)
         assert all(state.buckets.values())
         assert user_features(state, "u1", p).counts == counts
+
+
+@pytest.mark.parametrize("bucket_ms", [1, MIN, HOUR_MS])
+def test_item_counts_match_window_count_on_random_streams(bucket_ms: int) -> None:
+    """``item_features`` counts from the buckets ``update_item`` keeps (none newer than
+    as_of, none older than the largest window): after every update of an out-of-order, late
+    stream they are ``window_count`` of each window over the stored buckets."""
+    import random
+
+    from feature_store.features import ITEM_WINDOWS, window_count
+
+    rng = random.Random(bucket_ms)
+    p = params(bucket_ms=bucket_ms)
+    state, ts, differ = ItemState(), T0, 0
+    for n in range(600):
+        ts += rng.choice([0, 1, 30_000, MIN, 20 * MIN, HOUR_MS, DAY_MS])
+        at = ts - rng.choice([0, 0, 1, MIN, HOUR_MS - 1, HOUR_MS + 1, DAY_MS - MIN, 2 * DAY_MS])
+        update_item(state, ev(f"e{n}", "i", rng.choice(["click", "like", "purchase"]), at), p)
+        got = item_features(state, "i", p).counts
+        assert got == {name: window_count(state.buckets, state.as_of_ms, w, bucket_ms)
+                       for name, w in ITEM_WINDOWS.items()}
+        differ += 0 < got["1h"] < got["24h"]
+    assert differ > 50  # the windows were not all equal

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from typing import Any
 
+import pytest
 from kafka.partitioner.abc import Partitioner
 from kafka.partitioner.default import murmur2
 
@@ -74,3 +76,30 @@ def test_importing_the_module_does_not_import_kafka() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, timeout=60)
     assert out.stdout.strip() == "[]"
+
+
+def test_replay_producer_deliveries_call_back_as_kafka_python_futures() -> None:
+    """The librdkafka replay producer hands the replay (partition, offset) metadata on
+    acknowledgement and an exception on failure, as kafka-python's futures do."""
+    pytest.importorskip("confluent_kafka")
+    from confluent_kafka import KafkaError, KafkaException
+
+    from stream.kafka_client import REPLAY_PRODUCER_CONFIG, _Delivery
+
+    class Msg:
+        def partition(self) -> int:
+            return 3
+
+        def offset(self) -> int:
+            return 41
+
+    acked: list[Any] = []
+    failed: list[BaseException] = []
+    d = _Delivery().add_callback(acked.append).add_errback(failed.append)
+    d(None, Msg())
+    assert [(m.partition, m.offset) for m in acked] == [(3, 41)] and failed == []
+    d(KafkaError(KafkaError._MSG_TIMED_OUT), Msg())
+    assert len(acked) == 1 and isinstance(failed[0], KafkaException)
+    assert REPLAY_PRODUCER_CONFIG["enable.idempotence"] is True
+    assert REPLAY_PRODUCER_CONFIG["acks"] == "all"
+    assert REPLAY_PRODUCER_CONFIG["partitioner"] == "murmur2_random"  # Java's keyed partitions

@@ -196,3 +196,44 @@ def test_non_utf8_csv_header_is_a_format_error(tmp_path: Path) -> None:
     path = _write(tmp_path, "clicks.csv", b"\xffuid,sku,time", [b"u,i,1700000000"])
     with pytest.raises(ReplayFormatError):
         list(read_rows(path, "csv", {"user_id": "uid", "item_id": "sku", "ts": "time"}))
+
+
+_FLAT_VALUES = st.one_of(
+    st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(allow_nan=True),
+    st.text(alphabet=st.characters(codec="utf-8"), max_size=6),
+    st.dictionaries(st.text(max_size=2), st.integers(), max_size=2),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    members=st.lists(st.tuples(st.sampled_from(["a", "b", "ts", 'q"', "\\", "é"]), _FLAT_VALUES),
+                     max_size=5),
+    spaces=st.sampled_from(["", " ", "\t"]),
+)
+def test_the_flat_ndjson_fast_path_decodes_as_loads_strict(members: list[Any], spaces: str) -> None:
+    """Objects written with duplicate keys, nesting, escapes, NaN and big numbers: the fast
+    path returns exactly what ``loads_strict`` returns, or leaves the line to it (None); it
+    never accepts a line ``loads_strict`` rejects."""
+    from stream.replay.formats import _loads_flat
+    from stream.schema import loads_strict
+
+    body = f",{spaces}".join(f"{json.dumps(k)}{spaces}:{spaces}{json.dumps(v)}" for k, v in members)
+    raw = ("{" + spaces + body + "}").encode()
+    try:
+        want: Any = loads_strict(raw)
+    except ValueError:
+        want = ValueError
+    got = _loads_flat(raw)
+    if got is not None:
+        assert want is not ValueError and got == want
+        assert [type(v) for v in got.values()] == [type(v) for v in want.values()]
+
+
+def test_the_flat_fast_path_takes_the_common_lines() -> None:
+    from stream.replay.formats import _loads_flat
+
+    line = b'{"user_id":"u1","item_id":"i9","event_type":"click","ts":1704067200001,"value":4.5}'
+    assert _loads_flat(line) == json.loads(line)
+    assert _loads_flat(b'{"user_id":"u1","user_id":"u2"}') is None  # duplicate key
+    assert _loads_flat(b'{"user_id":"u1","ts":NaN}') is None
