@@ -381,3 +381,25 @@ def test_speed_keeps_event_time_gaps_scaled(tmp_path: Path) -> None:
     assert report.sent == 3
     assert clock.now - 100.0 == pytest.approx(3.0)  # 30 s of event time at 10x
     assert "sent 3" in report.summary() and report.as_dict()["sent"] == 3
+
+
+def test_a_plan_holds_each_row_in_about_its_own_size(tmp_path: Path) -> None:
+    """A backfill's plan keeps every row in memory: a row's bytes must not carry the
+    encoder's working buffer (4 KiB each with orjson; 8.3 GB of RSS for 1M rows)."""
+    import tracemalloc
+
+    log = tmp_path / "log.ndjson"
+    n = 2_000
+    log.write_text("".join(
+        json.dumps({"user_id": f"u{i % 97}", "item_id": f"i{i}", "event_type": "click",
+                    "ts": 1_704_067_200_000 + i}) + "\n" for i in range(n)))
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        rows = build_plan([ReplaySource(log, "ndjson")], ReplayOptions(),
+                          list(DEFAULT_EVENT_WEIGHTS), 1_800_000_000_000, ReplayReport())
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert len(rows) == n
+    assert held / n < 1_024, f"{held / n:.0f} bytes per planned row"
