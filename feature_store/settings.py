@@ -199,6 +199,11 @@ class TrainerSettings(BaseModel):
         1.0, ge=0.0,
         description="Seconds between deltas on kafka.updates_topic (0 = no deltas; model/delta).",
     )
+    delta_catchup_every_s: float = Field(
+        10.0, ge=0.0,
+        description="Seconds between deltas while the trainer catches up (a backlog, a "
+        "backfill: no wait for samples since the last delta); 0 = delta_every_s throughout.",
+    )
     delta_codec: str = Field(
         "int8", description="Row codec of the deltas: float32, float16, bfloat16 or int8 (the "
         "default: the smallest whose Recall@10 stays within 0.5% of float32's by `streamrec "

@@ -19,7 +19,8 @@ event time it is trained through, the rolling test-then-train metrics and the di
 
 With ``delta_every_s`` > 0, every version also starts a lineage of deltas
 (``model.trainer.deltas``: a snapshot beside the version, then every ``delta_every_s`` the
-rows that moved, on ``kafka.updates_topic``). Deltas are provisional (not checkpointed):
+rows that moved, on ``kafka.updates_topic``; every ``delta_catchup_every_s`` while the trainer
+catches up on a backlog: :func:`delta_interval`). Deltas are provisional (not checkpointed):
 a restarted trainer publishes a new full version before it trains, so serving resyncs to
 it and the samples after the checkpoint are trained once in the surviving lineage
 (``docs/decisions.md#delta-stream``).
@@ -98,6 +99,8 @@ class LoopOptions:
     max_poll_records: int | None = None
     #: Seconds between deltas on the updates topic (0 = none; ``model.trainer.deltas``).
     delta_every_s: float = 0.0
+    #: ... while catching up (every chunk since the last delta was full and came at once).
+    delta_catchup_every_s: float = 0.0
 
 
 def feature_schema_hash(history_len: int, config: ModelConfig) -> str:
@@ -134,6 +137,18 @@ def _tuned(loop: LoopOptions) -> Iterator[None]:
             blas.restore_original_limits()
 
 
+def delta_interval(loop: LoopOptions, waited: bool) -> float:
+    """Seconds between deltas: ``delta_every_s`` while the trainer keeps up with the stream
+    (it ``waited`` for samples since the last delta: a chunk came short or not at all),
+    ``delta_catchup_every_s`` while it catches up on a backlog (a backfill, a restart behind
+    the stream). A catching-up trainer's model lags the stream by the backlog anyway, and
+    each delta costs it, and every serving worker, work that grows with the rows touched —
+    in a backlog most of them."""
+    if waited or loop.delta_catchup_every_s <= 0:
+        return loop.delta_every_s
+    return max(loop.delta_catchup_every_s, loop.delta_every_s)
+
+
 class TrainerService:
     """Consumes samples, trains, checkpoints and publishes; see the module doc."""
 
@@ -154,6 +169,7 @@ class TrainerService:
             export_every_s=settings.trainer.export_every_s,
             export_every_samples=settings.trainer.export_every_samples,
             delta_every_s=settings.trainer.delta_every_s,
+            delta_catchup_every_s=settings.trainer.delta_catchup_every_s,
         )
         self.clock = clock
         self.monotonic = monotonic
@@ -309,12 +325,15 @@ class TrainerService:
         self._start_deltas()
         last_export = last_delta = self.monotonic()
         since_export = 0
+        waited = False  # waited for samples since the last delta (the trainer keeps up)
         with _tuned(self.loop):
             fetcher.start()
             self.running = True
             try:
                 while not self.stop_event.is_set() and not self._limit_reached():
                     chunk = fetcher.get(timeout_s=0.1)
+                    if chunk is None or len(chunk) < self.trainer.options.batch_size:
+                        waited = True
                     if chunk is not None:
                         since_export += self._train(chunk)
                     now = self.monotonic()
@@ -332,10 +351,10 @@ class TrainerService:
                             if self._guarded():
                                 self._export_logged()
                                 last_export, since_export = self.monotonic(), 0
-                        elif now - last_delta >= self.loop.delta_every_s:
+                        elif now - last_delta >= delta_interval(self.loop, waited):
                             if self._guarded():
                                 self._publish_delta()
-                            last_delta = now
+                            last_delta, waited = now, False
                 if since_export > 0:
                     if self._guarded():
                         self._export_logged()

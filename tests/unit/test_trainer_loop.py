@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from model.trainer.loop import LoopOptions, _tuned
+from model.trainer.loop import LoopOptions, _tuned, delta_interval
 
 
 def _blas_threads() -> list[int]:
@@ -42,3 +42,11 @@ def test_offsets_beyond_a_topic_end_are_refused() -> None:
         check_offsets(saved, {0: 12, 1: 0}, "s", "ckpt")
     with pytest.raises(OffsetsBeyondTopic, match=r"s:1 saved 4 > end 0"):
         check_offsets(saved, {0: 12}, "s", "ckpt")  # a partition the topic no longer has
+
+
+def test_deltas_slow_down_while_the_trainer_catches_up() -> None:
+    loop = LoopOptions(delta_every_s=1.0, delta_catchup_every_s=10.0)
+    assert delta_interval(loop, waited=True) == 1.0  # keeping up: every second
+    assert delta_interval(loop, waited=False) == 10.0  # a backlog: every 10 s
+    assert delta_interval(LoopOptions(delta_every_s=1.0, delta_catchup_every_s=0.0), False) == 1.0
+    assert delta_interval(LoopOptions(delta_every_s=20.0, delta_catchup_every_s=10.0), False) == 20.0
