@@ -83,6 +83,9 @@ def _undecodable(raw: bytes) -> RawRow | None:
     return None
 
 
+_INT64 = float(2**63)
+
+
 def _loads_flat(raw: bytes) -> dict[str, Any] | None:
     """What :func:`stream.schema.loads_strict` returns for a line holding one flat JSON
     object (values strings, numbers, booleans or null) without a backslash, decoded by
@@ -90,7 +93,9 @@ def _loads_flat(raw: bytes) -> dict[str, Any] | None:
     which also words the errors). orjson rejects NaN and Infinity as ``loads_strict`` does,
     but keeps the last of duplicate keys: without backslashes every ``"`` delimits a key or
     a string value, so a line whose quotes outnumber those of its decoded keys and string
-    values had a member dropped, and goes to ``loads_strict``."""
+    values had a member dropped, and goes to ``loads_strict``. orjson also reads an integer
+    beyond 64 bits as a float, where ``loads_strict`` keeps it an int: a float that large goes
+    to ``loads_strict`` too."""
     if b"\\" in raw:
         return None
     try:
@@ -105,6 +110,8 @@ def _loads_flat(raw: bytes) -> dict[str, Any] | None:
         if kind is str:
             strings += 1
         elif kind is dict or kind is list:
+            return None
+        elif kind is float and not -_INT64 < value < _INT64:
             return None
     if raw.count(b'"') != 2 * (len(obj) + strings):
         return None

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from feature_store.settings import DEFAULT_EVENT_WEIGHTS
@@ -211,6 +211,9 @@ _FLAT_VALUES = st.one_of(
                      max_size=5),
     spaces=st.sampled_from(["", " ", "\t"]),
 )
+@example(members=[("a", -(2**63) - 1)], spaces="")  # beyond 64 bits orjson reads a float
+@example(members=[("a", 2**64)], spaces="")
+@example(members=[("a", 2**64 - 1)], spaces="")
 def test_the_flat_ndjson_fast_path_decodes_as_loads_strict(members: list[Any], spaces: str) -> None:
     """Objects written with duplicate keys, nesting, escapes, NaN and big numbers: the fast
     path returns exactly what ``loads_strict`` returns, or leaves the line to it (None); it
