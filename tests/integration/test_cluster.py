@@ -27,6 +27,10 @@ from tests.support import REPO_ROOT, free_port, produce_samples, shared_data, wa
 
 pytestmark = pytest.mark.integration
 
+#: Deadline for the chief's four servers to listen: each imports TensorFlow, which took
+#: over 90 s (the default) on the shared 2-core machine at a load average of ~50.
+SERVERS_READY_S = "240"
+
 
 def _probe(tmp_path: Path, *args: str) -> dict[str, object]:
     out = tmp_path / "probe.json"
@@ -118,6 +122,7 @@ def _train(settings: Settings, root: Path, cluster: bool, total: int) -> dict[st
         "group_id": f"{settings.trainer.group_id}-{root.name}"})})
     env = _env(s, free_port())
     env["STREAMREC_STACK__RUN_DIR"] = str(root / "run")
+    env["STREAMREC_STACK__READY_TIMEOUT_S"] = SERVERS_READY_S
     argv = [sys.executable, "-m", "deploy.cli", "train", "--batch-size", "256",
             "--eval-rows", "64", "--eval-every", "1", "--export-every-s", "3600",
             "--max-samples", str(total)]
@@ -197,6 +202,7 @@ class _Supervised:
     def __init__(self, settings: Settings, root: Path, total: int) -> None:
         self.env = _env(settings, free_port())
         self.env["STREAMREC_STACK__RUN_DIR"] = str(root / "run")
+        self.env["STREAMREC_STACK__READY_TIMEOUT_S"] = SERVERS_READY_S
         self.port = int(self.env["STREAMREC_TRAINER__METRICS_PORT"])
         self.root, self.total = root, total
         self.proc: subprocess.Popen[bytes] | None = None
