@@ -18,10 +18,13 @@ The live model (``ModelConfig()``), batch 512, eviction off (the cluster does no
 * wire: the bytes sent plus received on the TCP connections whose peer is a PS of the
   cluster (``ss -tin`` counters of every process here, taken before and after the timed
   steps), per step and per example; ``wire_all`` also counts chief <-> worker traffic.
+* CPU: milliseconds of CPU per step of the chief and each server (``/proc/PID/stat``) over
+  the timed steps, and the PS' CPU per row a step reads and writes (distinct users +
+  distinct targets and history items of the batch).
 
 JSON keys: ``by_variant`` {variant: {step_steps_per_s, step_examples_per_s,
 e2e_examples_per_s (medians) and their ``*_runs``, wire_bytes_per_step, wire_bytes_per_example,
-wire_all_bytes_per_step}}, ``cluster_vs_single_step`` (ratio of medians), ``load_avg_*``.
+wire_all_bytes_per_step, cpu_ms_per_step {role: ms}, rows_per_step, ps_cpu_us_per_row}}, ``cluster_vs_single_step`` (ratio of medians), ``load_avg_*``.
 """
 
 from __future__ import annotations
@@ -61,6 +64,23 @@ def _ss_bytes(ports: set[int]) -> int:
                 m = re.search(rf"{key}:(\d+)", line)
                 total += int(m.group(1)) if m else 0
     return total
+
+
+def _cpu(clusters: list[Any]) -> dict[str, float]:
+    """CPU seconds used so far by this process (the chief) and each server of ``clusters``."""
+    from bench.cluster_memory import cpu_s
+
+    out = {"chief": cpu_s(os.getpid())}
+    for cluster in clusters:
+        out.update({f"{job}{i}": cpu_s(p.pid) for (job, i), p in cluster.procs.items()})
+    return out
+
+
+def _distinct_rows(batch: Any, window: int) -> int:
+    """Rows a step reads and writes: its distinct users, plus its distinct targets and
+    history items (negatives aside)."""
+    items = np.concatenate([batch.item_keys, batch.history[:, :window].ravel()])
+    return int(np.unique(batch.user_keys).size + np.unique(items[items != 0]).size)
 
 
 def _settings(topic: str, root: Path) -> Any:
@@ -105,7 +125,7 @@ def run_variant(variant: str, topic: str, e2e_samples: int, seconds: float, warm
         from model.cluster.spec import ClusterLayout
 
         layout = ClusterLayout.local(2, 2)
-        stack.append(launch(layout))
+        stack.append(launch(layout, timeout_s=180.0))
         conn = connect(layout)
         ps_ports = {int(a.rsplit(":", 1)[1]) for a in layout.ps}
         all_ports = ps_ports | {int(a.rsplit(":", 1)[1]) for a in layout.workers}
@@ -118,10 +138,13 @@ def run_variant(variant: str, topic: str, e2e_samples: int, seconds: float, warm
             t.train_step(b, covisit=False)
         t.sync()
         before, before_all = _ss_bytes(ps_ports), _ss_bytes(all_ports)
+        cpu_before = _cpu(stack)
+        rows_read = 0
         started, steps = time.perf_counter(), 0
         for b in batches[4:]:
             t.train_step(b, covisit=False)
             steps += 1
+            rows_read += _distinct_rows(b, config.window)
             if time.perf_counter() - started > seconds:
                 break
         t.sync()
@@ -133,6 +156,11 @@ def run_variant(variant: str, topic: str, e2e_samples: int, seconds: float, warm
             out["wire_bytes_per_step"] = wire / steps
             out["wire_bytes_per_example"] = wire / (steps * BATCH)
             out["wire_all_bytes_per_step"] = wire_all / steps
+            used = {role: c - cpu_before[role] for role, c in _cpu(stack).items()}
+            out["cpu_ms_per_step"] = {role: round(1e3 * c / steps, 2) for role, c in used.items()}
+            ps_cpu = sum(c for role, c in used.items() if role.startswith("ps"))
+            out["rows_per_step"] = rows_read / steps
+            out["ps_cpu_us_per_row"] = 1e6 * ps_cpu / rows_read
         root = Path(tempfile.mkdtemp(prefix="bench-cluster-"))
         try:
             settings = _settings(topic, root)
@@ -219,6 +247,9 @@ def main(argv: list[str] | None = None) -> int:
             if key == "variant":
                 continue
             vals = [f[key] for f in figs]
+            if isinstance(vals[0], dict):  # per role: the median of each
+                agg[key] = {r: round(float(np.median([x[r] for x in vals])), 2) for r in vals[0]}
+                continue
             agg[key] = round(float(np.median(vals)), 1)
             agg[f"{key}_runs"] = [round(x, 1) for x in vals]
         by[v] = agg

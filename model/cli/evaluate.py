@@ -162,6 +162,11 @@ def register(sub: Any) -> None:
         "model.evaluation.served); reported as served-CODEC with the change against "
         "served-float32 (added when missing)",
     )
+    c = p.add_argument_group("cluster (model/cluster; default: one process)")
+    c.add_argument("--ps", type=int, default=0, help="train on N parameter servers (with --workers)")
+    c.add_argument("--workers", type=int, default=0, help="workers of the cluster (with --ps)")
+    c.add_argument("--wire-dtype", choices=("float32", "bfloat16"), default=None,
+                   help="rows and updates on the cluster's wire (default: trainer.wire_dtype)")
     p.add_argument("--json", type=Path, default=None, help="write the figures as JSON")
     p.add_argument("--plot", type=Path, default=None, help="draw the figures over time (PNG)")
     p.add_argument("--progress", action="store_true", help="show a progress bar")
@@ -195,6 +200,13 @@ def _handle(args: argparse.Namespace) -> int:
     if not stream.positives:
         print("evaluate: no positive events in the log")
         return 1
+    if (args.ps > 0) != (args.workers > 0):
+        print("evaluate: a cluster needs --ps and --workers both >= 1")
+        return 2
+    if args.ps and args.row_codec:
+        # the cluster's rows reach the chief's tables only at a cut: no delta stream to play
+        print("evaluate: --row-codec plays the delta stream of one process; not with --ps")
+        return 2
     result = _run(args, settings, stream)
     doc = result.report("model", args.chunks, [f"served-{c}" for c in args.codecs])
     doc["seconds"] = round(time.monotonic() - started, 1)
@@ -289,6 +301,8 @@ def _config(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
         "logq_estimator": _default(args.logq, "logq_estimator"),
         "logq_half_life": _default(args.logq_half_life, "logq_half_life"),
         "aux_weight": _default(args.aux_weight, "aux_weight"),
+        "cluster": {"ps": args.ps, "workers": args.workers,
+                    "wire_dtype": args.wire_dtype or settings.trainer.wire_dtype},
     }
 
 
@@ -307,6 +321,13 @@ def _default(value: Any, name: str) -> Any:
 
 
 def _run(args: argparse.Namespace, settings: Any, stream: Any) -> Any:
+    from contextlib import ExitStack
+
+    with ExitStack() as stack:
+        return _run_in(args, settings, stream, stack)
+
+
+def _run_in(args: argparse.Namespace, settings: Any, stream: Any, stack: Any) -> Any:
     from model.evaluation.baselines import (
         CooccurrenceBaseline,
         PopularityBaseline,
@@ -319,7 +340,13 @@ def _run(args: argparse.Namespace, settings: Any, stream: Any) -> Any:
     from model.trainer.core import Trainer, TrainOptions
 
     cfg = _config(args, settings)
-    trainer = Trainer(
+    make: Any = Trainer
+    if args.ps:
+        from functools import partial
+
+        wire = cfg["cluster"]["wire_dtype"]
+        make = partial(_cluster, stack, settings, args.ps, args.workers, wire)
+    trainer = make(
         ModelConfig(
             embedding_dim=cfg["embedding_dim"],
             user_layers=tuple(cfg["user_layers"]),
@@ -398,6 +425,18 @@ def _run(args: argparse.Namespace, settings: Any, stream: Any) -> Any:
     finally:
         if bar is not None:
             bar.close()
+
+
+def _cluster(stack: Any, settings: Any, ps: int, workers: int, wire: str, config: Any,
+             options: Any, tag: str) -> Any:
+    """A ClusterTrainer on ``ps`` + ``workers`` local servers that stop with ``stack``."""
+    from model.cluster.local import local_trainer
+
+    log_dir = settings.stack.run_dir / "logs" / "evaluate-cluster"
+    return stack.enter_context(
+        local_trainer(settings, ps, workers, config, options, wire_dtype=wire, tag=tag,
+                      log_dir=log_dir)
+    )
 
 
 def _table(doc: dict[str, Any]) -> str:

@@ -60,8 +60,7 @@ def register(sub: Any) -> None:
     p.add_argument("--max-user-rows", type=int, default=2_000_000, help="eviction cap of users")
     p.add_argument("--max-item-rows", type=int, default=1_000_000, help="eviction cap of items")
     p.add_argument("--evict-every", type=int,
-                   help="evict every N steps (0 = never; default 1000, and 0 on a cluster, "
-                        "which does not evict yet)")
+                   help="evict every N steps (0 = never; default 1000)")
     p.add_argument("--grad-accum", type=int, default=1,
                    help="accumulate gradients over N micro-batches per step (default 1)")
     p.add_argument("--mixed-precision", action="store_true",
@@ -142,7 +141,7 @@ def run_train(args: argparse.Namespace) -> int:
             dense_lr=args.dense_lr,
             grad_accum_steps=args.grad_accum,
             mixed_precision=args.mixed_precision,
-            evict_every_steps=_evict_every(args.evict_every, ps),
+            evict_every_steps=1000 if args.evict_every is None else args.evict_every,
             max_user_rows=args.max_user_rows,
             max_item_rows=args.max_item_rows,
             eval_rows=args.eval_rows,
@@ -198,15 +197,6 @@ def run_train(args: argparse.Namespace) -> int:
             return 0
     finally:
         server.stop()
-
-
-def _evict_every(given: int | None, ps: int) -> int:
-    if given is not None:
-        return given
-    if ps:
-        log.warning("the trainer cluster does not evict yet: its tables grow with the ids seen")
-        return 0
-    return 1000
 
 
 def _cluster_trainer(

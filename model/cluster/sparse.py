@@ -9,14 +9,17 @@ coordinator-side buffer shared by every worker loses updates: docs/cluster.md); 
 1. :meth:`ShardedTable.read` reads the rows of a step's distinct keys. A key without a row
    gets its initial row by an *insert-if-absent* (``accum`` with ``exists=False`` is a no-op
    for a key present by then), and is read again: two workers that first see a key at once
-   both start from the one row that won.
-2. The worker computes the gradient with respect to those rows.
-3. :meth:`ShardedTable.sgd` / :meth:`ShardedTable.adagrad` write ``new - old`` back with
-   ``accum(exists=True)``: a delta-add on the parameter server, so concurrent steps of other
-   workers on the same key are added, never overwritten.
+   both start from the one row that won. Lookup, insert and re-read run on the parameter
+   server (one round trip per shard).
+2. The worker computes the gradient with respect to those rows and sends it to each shard.
+3. :meth:`ShardedTable.sgd` / :meth:`ShardedTable.adagrad` turn it into a delta on the
+   parameter server (Adagrad reads and increases its accumulator there: it never travels)
+   and add it with ``accum(exists=True)``, so concurrent steps of other workers on the same
+   key are added, never overwritten.
 
-Optionally rows travel as bfloat16 (``wire_dtype``): cast on the parameter server before
-sending, deltas cast on the worker, accumulated in float32 on the parameter server.
+Optionally rows and gradients travel as bfloat16 (``wire_dtype``): rows cast on the
+parameter server before sending, gradients on the worker; the PS computes and accumulates
+in float32.
 """
 
 from __future__ import annotations
@@ -93,75 +96,94 @@ class ShardedTable:
             out[f"{self.name}_accum"] = self.accumulator
         return out
 
-    # -- reads -----------------------------------------------------------------------------
-    def _lookup(self, var: Any, keys: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-        """Rows (float32) and exists flags of ``keys``; each shard's rows leave their
-        parameter server in the wire dtype. Missing keys read zeros."""
-        n = tf.size(keys)
-        shard = tf.cast(keys % len(self.devices), tf.int32)
-        parts = tf.dynamic_partition(keys, shard, len(self.devices))
-        pos = tf.dynamic_partition(tf.range(n), shard, len(self.devices))
-        rows, flags = [], []
-        for i, device in enumerate(self.devices):
-            with tf.device(device):
-                zeros = tf.zeros([tf.size(parts[i]), self.dim], tf.float32)
-                r, e = var.tables[i].lookup(parts[i], dynamic_default_values=zeros, return_exists=True)
-                r = tf.cast(r, self.wire_dtype)
-            rows.append(tf.cast(r, tf.float32))
-            flags.append(e)
-        vals = tf.reshape(tf.dynamic_stitch(pos, rows), [n, self.dim])
-        return vals, tf.reshape(tf.dynamic_stitch(pos, flags), [n])
+    # -- the shards -------------------------------------------------------------------------
+    def _partition(self, keys: tf.Tensor) -> tuple[tf.Tensor, list[tf.Tensor], list[tf.Tensor]]:
+        """(shard of each key, keys per shard, their positions): TFRA's ``key % shards``."""
+        n = len(self.devices)
+        shard = tf.cast(keys % n, tf.int32)
+        parts = tf.dynamic_partition(keys, shard, n)
+        pos = tf.dynamic_partition(tf.range(tf.size(keys)), shard, n)
+        return shard, parts, pos
 
-    def _read_var(self, var: Any, keys: tf.Tensor, init: Callable[[tf.Tensor], tf.Tensor]) -> tf.Tensor:
-        rows, exists = self._lookup(var, keys)
-        missing = tf.logical_not(exists)
+    def _read_shard(self, table: Any, keys: tf.Tensor, init: Callable[[tf.Tensor], tf.Tensor]) -> tf.Tensor:
+        """Rows of ``keys`` in one shard, run on its parameter server: a missing key's first
+        row is inserted if absent (a key another worker inserted meanwhile keeps that row)
+        and read again, with no round trip to the worker in between."""
+        zeros = tf.zeros([tf.size(keys), self.dim], tf.float32)
+        rows, exists = table.lookup(keys, dynamic_default_values=zeros, return_exists=True)
+        missing = tf.logical_not(tf.reshape(exists, [-1]))
         new_keys = tf.boolean_mask(keys, missing)
         first = init(new_keys)
-        # insert-if-absent: a key another worker inserted meanwhile keeps that row
-        insert = var.accum(new_keys, first, first, tf.zeros_like(new_keys, tf.bool))
+        insert = table.accum(new_keys, first, tf.zeros([tf.size(new_keys), 1], tf.bool))
         with tf.control_dependencies([insert]):
-            won, _ = self._lookup(var, new_keys)
-        where = tf.cast(tf.where(missing), tf.int32)
-        return tf.tensor_scatter_nd_update(rows, where, won)
+            won = table.lookup(new_keys, dynamic_default_values=first)
+        return tf.tensor_scatter_nd_update(rows, tf.cast(tf.where(missing), tf.int32), won)
 
+    # -- reads -----------------------------------------------------------------------------
     def read(self, keys: tf.Tensor) -> tf.Tensor:
-        """``[len(keys), dim]`` rows of distinct ``keys`` (each key gets a row)."""
-        return self._read_var(self.params, keys, self.initial_rows)
+        """``[len(keys), dim]`` rows of distinct ``keys`` (each key gets a row); each shard's
+        rows leave their parameter server in the wire dtype."""
+        _, parts, pos = self._partition(keys)
+        rows = []
+        for i, device in enumerate(self.devices):
+            with tf.device(device):
+                r = self._read_shard(self.params.tables[i], parts[i], self.initial_rows)
+                r = tf.cast(r, self.wire_dtype)
+            rows.append(tf.cast(r, tf.float32))
+        return tf.reshape(tf.dynamic_stitch(pos, rows), [tf.size(keys), self.dim])
 
     # -- writes ----------------------------------------------------------------------------
-    def _add(self, var: Any, keys: tf.Tensor, delta: tf.Tensor) -> Any:
-        """Add ``delta`` to the rows of existing ``keys`` on their parameter servers: each
-        shard's deltas leave the worker in the wire dtype and become float32 on the PS."""
-        if self.wire_dtype == tf.float32:
-            return var.accum(keys, tf.zeros_like(delta), delta, tf.ones_like(keys, tf.bool))
-        n = len(self.devices)
-        shard = tf.cast(keys % n, tf.int32)  # TFRA's default partition: key % shards
-        parts_k = tf.dynamic_partition(keys, shard, n)
-        parts_d = tf.dynamic_partition(tf.cast(delta, self.wire_dtype), shard, n)
+    def _per_shard(
+        self, keys: tf.Tensor, grads: tf.Tensor, apply: Callable[[int, tf.Tensor, tf.Tensor], list[Any]]
+    ) -> Any:
+        """``apply(shard, keys, grads)`` on each parameter server, the gradients sent in the
+        wire dtype and float32 again on the PS."""
+        shard, parts, _ = self._partition(keys)
+        g_parts = tf.dynamic_partition(tf.cast(grads, self.wire_dtype), shard, len(self.devices))
         ops = []
         for i, device in enumerate(self.devices):
             with tf.device(device):
-                exists = tf.ones([tf.size(parts_k[i]), 1], tf.bool)
-                ops.append(var.tables[i].accum(parts_k[i], tf.cast(parts_d[i], tf.float32), exists))
+                ops.extend(apply(i, parts[i], tf.cast(g_parts[i], tf.float32)))
         return tf.group(ops)
+
+    @staticmethod
+    def _add(table: Any, keys: tf.Tensor, delta: tf.Tensor) -> Any:
+        """Add ``delta`` to the rows of existing ``keys`` of one shard (on its PS)."""
+        return table.accum(keys, delta, tf.ones([tf.size(keys), 1], tf.bool))
 
     def sgd(self, keys: tf.Tensor, grads: tf.Tensor, lr: float) -> Any:
         """Plain SGD on the rows of distinct ``keys`` (read by :meth:`read` this step)."""
-        return self._add(self.params, keys, -lr * grads)
+        return self._per_shard(
+            keys, grads, lambda i, k, g: [self._add(self.params.tables[i], k, -lr * g)]
+        )
 
     def adagrad(self, keys: tf.Tensor, grads: tf.Tensor, lr: float, epsilon: float = 1e-7) -> Any:
         """Adagrad (Keras' legacy update: ``acc += g^2; row -= lr g / (sqrt(acc) + eps)``) on
-        the rows of distinct ``keys``; the accumulator's increment is added on the PS too."""
-        if self.accumulator is None:
+        the rows of distinct ``keys``, computed on the parameter servers: only the gradients
+        travel; the accumulator is read (inserted if absent) and increased where it lives."""
+        accumulator = self.accumulator
+        if accumulator is None:
             raise ValueError(f"table {self.name} has no Adagrad accumulator")
-        acc = self._read_var(self.accumulator, keys, self._initial_accumulator) + tf.square(grads)
-        add_acc = self._add(self.accumulator, keys, tf.square(grads))
-        add_row = self._add(self.params, keys, -lr * grads / (tf.sqrt(acc) + epsilon))
-        return tf.group(add_acc, add_row)
+
+        def apply(i: int, k: tf.Tensor, g: tf.Tensor) -> list[Any]:
+            sq = tf.square(g)
+            acc = self._read_shard(accumulator.tables[i], k, self._initial_accumulator) + sq
+            return [
+                self._add(accumulator.tables[i], k, sq),
+                self._add(self.params.tables[i], k, -lr * g / (tf.sqrt(acc) + epsilon)),
+            ]
+
+        return self._per_shard(keys, grads, apply)
 
     def export(self) -> tuple[Any, Any]:
         """(keys, rows) of every shard, read from the parameter servers by the chief."""
         return self.params.export()
+
+    def remove(self, keys: tf.Tensor) -> None:
+        """Remove ``keys``' rows and accumulators from their parameter servers."""
+        self.params.remove(keys)
+        if self.accumulator is not None:
+            self.accumulator.remove(keys)
 
     def size(self) -> int:
         return int(self.params.size())

@@ -22,13 +22,15 @@ weights, chief state and the Kafka offsets of exactly the scheduled batches) and
 
 Failures: a lost server ends the chief (``model.cluster.liveness``) and its restart
 resumes from the last cut, so a step is never re-run on the live state. As a second line,
-every step first increments a counter on the PS; :meth:`sync` compares it with the steps
-scheduled and raises :class:`StepsReplayed` when a step began more than once (a function
+every step increments a counter on the PS before any of its writes; :meth:`sync` compares
+it with the steps scheduled and raises :class:`StepsReplayed` when a step began more than once (a function
 the coordinator re-ran after a worker failure, which could apply part of its ``accum``
 writes twice) — the chief then exits without saving, back to the last cut too.
 
+Eviction (:meth:`ClusterTrainer.maybe_evict`) is the one-process rule applied to the shards.
+
 Not supported yet (refused by :func:`check_supported`): the attention user tower,
-``train_history=False``, gradient accumulation, eviction, bfloat16 compute, and
+``train_history=False``, gradient accumulation, bfloat16 compute, and
 ``dedup_lookups=False`` (the cluster step is the deduplicated step).
 """
 
@@ -68,8 +70,9 @@ class StepsReplayed(ClusterError):
 
 @dataclass(frozen=True)
 class ClusterOptions:
-    #: dtype of rows and deltas on the wire ("float32" or "bfloat16"; tables stay float32)
-    wire_dtype: str = "float32"
+    #: dtype of rows and gradients on the wire ("float32" or "bfloat16"; tables stay
+    #: float32); bfloat16 evaluates within noise of float32 (docs/cluster.md)
+    wire_dtype: str = "bfloat16"
 
 
 def check_supported(config: ModelConfig, options: TrainOptions) -> None:
@@ -81,8 +84,6 @@ def check_supported(config: ModelConfig, options: TrainOptions) -> None:
         unsupported.append("train_history=False (--no-history-grad)")
     if options.grad_accum_steps > 1:
         unsupported.append("gradient accumulation (--grad-accum > 1)")
-    if options.evict_every_steps:
-        unsupported.append("eviction (--evict-every > 0)")
     if options.mixed_precision or config.compute_dtype != "float32":
         unsupported.append("bfloat16 compute (--mixed-precision)")
     if not options.dedup_lookups:
@@ -219,6 +220,44 @@ class ClusterTrainer(Trainer):
             out.update({f"{name}_ps{i}": n for i, n in enumerate(shards)})
         return out
 
+    def maybe_evict(self) -> int:
+        """Every ``evict_every_steps`` scheduled steps each table keeps its ``max_*_rows``
+        most recently trained rows (the one-process rule, ``TwoTowerModel.evict``), removed
+        from the shards and their accumulators on the parameter servers.
+
+        The chief's admission stats name the rows: the PS hold a row for each admitted key
+        once its step ran, so no table is read back. Every scheduled step is joined first:
+        no step in flight reads or writes a row removed here.
+        """
+        every = self.options.evict_every_steps
+        if not every or self.scheduled % every:
+            return 0
+        self.conn.coordinator.join()
+        opts, removed = self.options, 0
+        for local, sharded, cap in (
+            (self.model.users, self.users_ps, opts.max_user_rows),
+            (self.model.items, self.items_ps, opts.max_item_rows),
+        ):
+            keys, last = self._admitted(local)
+            if keys.size > cap:
+                drop = tf.constant(keys[np.argsort(last, kind="stable")[: keys.size - cap]])
+                sharded.remove(drop)
+                local.stats.remove(drop)
+                local.params.remove(drop)  # the chief's copy of the last cut
+                removed += keys.size - cap
+                log.info("evicted %d rows from %s (max %d)", keys.size - cap, sharded.name, cap)
+            self.model.trim_stats(local, cap)
+        self.evicted_rows += removed
+        if removed and self.negatives.count:
+            self.negatives.reset(self._admitted(self.model.items)[0])
+        return removed
+
+    def _admitted(self, table: Any) -> tuple[np.ndarray, np.ndarray]:
+        """(keys, last step) of the admitted keys of a table's stats (``DEFAULT_KEY`` aside)."""
+        keys, vals = (t.numpy() for t in table.stats.export())
+        keep = (vals[:, 0] >= self.model.threshold(table)) & (keys != DEFAULT_KEY)
+        return keys[keep], vals[keep, 1]
+
     def _item_rows(self) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """The known items' rows read from the shards (steps may still be in flight: the
         evaluation's candidates; :meth:`sync` first for an exact state)."""
@@ -253,12 +292,12 @@ class ClusterTrainer(Trainer):
         """One step on a worker: :meth:`Trainer._dedup_step` with stateless reads/writes."""
         model = self.ps_model
         negs = {"neg_keys": neg_keys, "neg_valid": neg_valid, "neg_log_q": neg_log_q}
-        with tf.control_dependencies([self.begun.assign_add(1)]):
-            plan = model.plan(u_eff, i_eff, hist, known)
-            n_plan = tf.size(plan.item_keys)
-            all_keys, all_idx = tf.unique(tf.concat([plan.item_keys, neg_keys], 0))
-            u_uniq = self.users_ps.read(plan.user_keys)
-            i_all = self.items_ps.read(all_keys)
+        begun = self.begun.assign_add(1)  # concurrent with the reads; before any write
+        plan = model.plan(u_eff, i_eff, hist, known)
+        n_plan = tf.size(plan.item_keys)
+        all_keys, all_idx = tf.unique(tf.concat([plan.item_keys, neg_keys], 0))
+        u_uniq = self.users_ps.read(plan.user_keys)
+        i_all = self.items_ps.read(all_keys)
         neg_idx = all_idx[n_plan:]
         plan = model.widen_pool(plan, tf.size(all_keys))
         dense = self.dense_ps
@@ -268,14 +307,16 @@ class ClusterTrainer(Trainer):
                                           (ik, log_q, w), negs, uk)
         g_user, g_item, *g_dense = tape.gradient(loss, [u_uniq, i_all, *dense])
         lr_user, lr_item, lr_dense = self._lrs
-        updates = [
-            self.users_ps.adagrad(plan.user_keys, tf.convert_to_tensor(g_user), lr_user, EPSILON),
-            self.items_ps.adagrad(all_keys, tf.convert_to_tensor(g_item), lr_item, EPSILON),
-        ]
-        for v, acc, g in zip(dense, self.dense_acc, g_dense, strict=True):
-            g = tf.convert_to_tensor(g)
-            acc_now = acc.assign_add(tf.square(g), read_value=True)
-            updates.append(v.assign_sub(lr_dense * g / (tf.sqrt(acc_now) + EPSILON)))
+        with tf.control_dependencies([begun]):
+            updates = [
+                self.users_ps.adagrad(plan.user_keys, tf.convert_to_tensor(g_user), lr_user, EPSILON),
+                self.items_ps.adagrad(all_keys, tf.convert_to_tensor(g_item), lr_item, EPSILON),
+            ]
+            for v, acc, g in zip(dense, self.dense_acc, g_dense, strict=True):
+                g = tf.convert_to_tensor(g)
+                with tf.device(v.device):  # the update computed where the weights live
+                    acc_now = acc.assign_add(tf.square(g), read_value=True)
+                    updates.append(v.assign_sub(lr_dense * g / (tf.sqrt(acc_now) + EPSILON)))
         with tf.control_dependencies(updates):
             head = tf.cast(uv[: max(self.options.eval_rows, 0)], tf.float32)
             return tf.identity(loss), head
@@ -309,6 +350,7 @@ class ClusterTrainer(Trainer):
             self._head_vectors = np.asarray(head)
         if count and covisit and self.covisit is not None:
             self.covisit.learn(batch.history, batch.item_keys, batch.weights)
+        self.maybe_evict()
         return self._last_loss
 
     def _evaluates(self, batch: Batch) -> bool:

@@ -122,6 +122,9 @@ class TwoTowerLearner:
         return to_batch(samples, self.history_len, self.keys)
 
     def scores(self, batch: Sequence[Positive], n_candidates: int) -> np.ndarray:
+        # test-then-train: every step of earlier batches applied (a cluster trainer's steps
+        # run asynchronously on its workers; a no-op in one process)
+        self.trainer.sync()
         for pos in range(len(self._key_pos), n_candidates):
             self._key_pos[self.keys.item(self._item_ids[pos])] = pos
         train_batch = self._batch(batch)

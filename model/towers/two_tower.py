@@ -391,6 +391,14 @@ class TwoTower(tf.Module):
             for slot in slot_tables:
                 slot.remove(drop_t)  # type: ignore[attr-defined]
             removed = int(drop.size)
+        self.trim_stats(table, max_rows)
+        if removed:
+            log.info("evicted %d rows from %s (max %d)", removed, table.name, max_rows)
+        return removed
+
+    def trim_stats(self, table: EmbeddingTable, max_rows: int) -> None:
+        """Drop never-admitted stats entries, oldest first, when the stats table holds more
+        than ``4 * max_rows`` (down to ``2 * max_rows``)."""
         n_stats = int(table.stats.size())
         if n_stats > 4 * max(max_rows, 1):
             skeys, svals = table.stats.export()
@@ -402,6 +410,3 @@ class TwoTower(tf.Module):
             victims = victims[cold[victims]]
             if victims.size:
                 table.stats.remove(tf.constant(skeys[victims]))
-        if removed:
-            log.info("evicted %d rows from %s (max %d)", removed, table.name, max_rows)
-        return removed

@@ -1,0 +1,142 @@
+"""The memory wall: millions of rows split over the parameter servers, RSS per role.
+
+    python -m bench.cluster_memory [--rows 4000000] [--max-user-rows 0] [--batch 8192] [--json F]
+
+Starts 2 PS + 2 workers on free local ports, makes this process the chief and trains the
+live model (``ModelConfig()``, dim 32, sparse Adagrad: a row and an accumulator per key)
+with ``model.cluster.trainer.ClusterTrainer`` on batches whose every sample has a user
+never seen before (items from a 20k pool), until ``--rows`` users were trained. With
+``--max-user-rows N`` the trainer evicts every ``--evict-every`` steps (the one-process
+rule, applied to the shards), so the user table must stay within N rows.
+
+Every ``--report-every`` users it records the rows per table and PS, the RSS of every
+process (``/proc/PID/status`` VmRSS: chief, ps0, ps1, worker0, worker1), the CPU seconds
+each used so far and the users inserted per second. At the end, the consistent cut's copy of the shards into the chief
+(``ClusterTrainer.sync``, what a checkpoint and an export read) is timed and the chief's RSS
+measured again: that copy is the chief's share of the memory wall.
+
+JSON: ``points`` (one per report), ``final`` (sizes and RSS before the cut), ``after_cut``
+(chief RSS, seconds, the users in the chief's copy and their key range: user ``k`` is the
+``k``-th user trained), ``load_avg_*``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ITEMS = 20_000
+
+
+def rss_mb(pid: int) -> float:
+    """Resident set size of a process in MiB (``VmRSS``)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024.0
+    return 0.0
+
+
+def cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) a process used so far (``/proc/PID/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="bench.cluster_memory", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rows", type=int, default=4_000_000, help="distinct users to train")
+    p.add_argument("--batch", type=int, default=8192)
+    p.add_argument("--max-user-rows", type=int, default=0, help="eviction cap (0 = no eviction)")
+    p.add_argument("--evict-every", type=int, default=50, help="steps between evictions")
+    p.add_argument("--report-every", type=int, default=500_000)
+    p.add_argument("--wire-dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--json", type=Path)
+    args = p.parse_args(argv)
+
+    from model.cluster.coordinator import connect
+    from model.cluster.server import launch
+    from model.cluster.spec import ClusterLayout
+    from model.cluster.trainer import ClusterOptions, ClusterTrainer
+    from model.towers.two_tower import ModelConfig
+    from model.trainer.options import TrainOptions
+    from model.trainer.samples import Batch
+
+    result: dict[str, Any] = {"load_avg_start": os.getloadavg()[0], "rows": args.rows,
+                              "batch": args.batch, "max_user_rows": args.max_user_rows,
+                              "wire_dtype": args.wire_dtype}
+    layout = ClusterLayout.local(2, 2)
+    cluster = launch(layout, timeout_s=180.0)
+    try:
+        pids = {"chief": os.getpid()}
+        pids.update({f"{job}{i}": proc.pid for (job, i), proc in cluster.procs.items()})
+        config = ModelConfig()
+        cap = args.max_user_rows
+        trainer = ClusterTrainer(
+            config,
+            TrainOptions(batch_size=args.batch, eval_rows=0, sampled_negatives=0,
+                         evict_every_steps=args.evict_every if cap else 0,
+                         max_user_rows=cap or 2_000_000_000),
+            connect(layout), ClusterOptions(args.wire_dtype), tag="mem",
+        )
+        rng = np.random.default_rng(1)
+        hist = config.window
+        points: list[dict[str, Any]] = []
+
+        def point(users: int, seconds: float) -> dict[str, Any]:
+            trainer.conn.coordinator.join()
+            out = {"users_trained": users, "seconds": round(seconds, 1),
+                   "users_per_s": round(users / seconds, 1),
+                   **trainer.table_sizes(),
+                   "user_accumulators": int(trainer.users_ps.accumulator.size())
+                   if trainer.users_ps.accumulator is not None else 0,
+                   "rss_mb": {role: round(rss_mb(pid), 1) for role, pid in pids.items()},
+                   "cpu_s": {role: round(cpu_s(pid), 1) for role, pid in pids.items()}}
+            print(json.dumps(out), flush=True)
+            return out
+
+        started, users, next_report = time.perf_counter(), 0, args.report_every
+        while users < args.rows:
+            n = min(args.batch, args.rows - users)
+            batch = Batch(
+                user_keys=np.arange(users + 1, users + n + 1, dtype=np.int64),
+                item_keys=rng.integers(1, ITEMS + 1, n).astype(np.int64),
+                history=rng.integers(1, ITEMS + 1, (n, hist)).astype(np.int64),
+                weights=np.ones(n, np.float32),
+            )
+            trainer.train_step(batch, covisit=False)
+            users += n
+            if users >= next_report or users >= args.rows:
+                points.append(point(users, time.perf_counter() - started))
+                next_report += args.report_every
+        result["points"] = points
+        result["final"] = points[-1]
+        result["evicted_rows"] = trainer.evicted_rows
+        t0 = time.perf_counter()
+        trainer.sync()  # the consistent cut: every shard copied into the chief
+        keys = trainer.model.users.params.export()[0].numpy()
+        keys = keys[keys > 0]  # the users (DEFAULT_KEY aside)
+        result["after_cut"] = {"seconds": round(time.perf_counter() - t0, 1),
+                               "chief_rss_mb": round(rss_mb(os.getpid()), 1),
+                               "user_keys": int(keys.size), "user_key_min": int(keys.min()),
+                               "user_key_max": int(keys.max())}
+        print(json.dumps({"after_cut": result["after_cut"]}), flush=True)
+    finally:
+        cluster.stop()
+    result["load_avg_end"] = os.getloadavg()[0]
+    text = json.dumps(result, indent=2)
+    sys.stdout.write(text + "\n")
+    if args.json:
+        args.json.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
