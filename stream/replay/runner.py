@@ -21,6 +21,7 @@ size), options and topic; anything else starts over.
 
 from __future__ import annotations
 
+import functools
 import gc
 import hashlib
 import json
@@ -29,7 +30,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 import orjson
 
@@ -41,6 +42,8 @@ from stream.replay.ledger import Ledger, event_id_hashes
 from stream.schema import EventNormalizer, EventValidationError, parse_ts
 
 log = logging.getLogger(__name__)
+P = ParamSpec("P")
+R = TypeVar("R")
 
 MAX_SHOWN = 10
 STATE_VERSION = 1
@@ -151,6 +154,23 @@ class ReplayReport:
 PlanRow = tuple[int, int, int, bytes, bytes]
 
 
+def _collector_paused(fn: Callable[P, R]) -> Callable[P, R]:
+    """Run ``fn`` with the cyclic garbage collector paused (restored after)."""
+
+    @functools.wraps(fn)
+    def paused(*args: P.args, **kwargs: P.kwargs) -> R:
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            if enabled:
+                gc.enable()
+
+    return paused
+
+
+@_collector_paused
 def build_plan(
     sources: Sequence[ReplaySource],
     options: ReplayOptions,
@@ -163,22 +183,6 @@ def build_plan(
     The cyclic collector is paused meanwhile: the plan's rows are acyclic tuples, and
     collecting while millions of them pile up (each full collection walking all of them)
     cost a third of the plan's CPU at 1M rows."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        return _build_plan(sources, options, event_types, now_ms, report)
-    finally:
-        if enabled:
-            gc.enable()
-
-
-def _build_plan(
-    sources: Sequence[ReplaySource],
-    options: ReplayOptions,
-    event_types: Sequence[str],
-    now_ms: int,
-    report: ReplayReport,
-) -> list[PlanRow]:
     normalizer = EventNormalizer(event_types, clock_ms=lambda: now_ms)
     normalize = normalizer.normalize_one
 
