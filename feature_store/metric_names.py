@@ -42,6 +42,7 @@ TRAINER_QUALITY_LIFETIME = "streamrec_trainer_quality_lifetime"
 TRAINER_TABLE_ROWS = "streamrec_trainer_table_rows"
 TRAINER_TRAINED_THROUGH = "streamrec_trainer_trained_through_timestamp_seconds"
 TRAINER_CONSUMED_OFFSETS = "streamrec_trainer_consumed_offsets"
+TRAINER_FETCH_WAIT_SECONDS = "streamrec_trainer_fetch_wait_seconds"
 
 # -- serving API (serving/metrics.py) ---------------------------------------------------------
 SERVING_REQUEST_SECONDS = "streamrec_serving_request_seconds"
