@@ -1,7 +1,7 @@
 """Every Prometheus metric name streamrec exports, defined once (CONVENTIONS.md 10).
 
 The modules that register them (``stream/ingest/metrics.py``, ``model/trainer/metrics.py``,
-``serving/metrics.py``, ``stream/monitor.py``) and those that read them (the dashboard's
+``model/cluster/metrics.py``, ``serving/metrics.py``, ``stream/monitor.py``) and those that read them (the dashboard's
 collector in ``serving/stats.py``, the demo) import the names from here; the alert rules and
 the Grafana dashboard in ``deploy/`` are checked against this module by the tests. Conventions:
 counters are named here without ``_total`` (``prometheus_client`` appends it; ``*_TOTAL`` is
@@ -42,6 +42,19 @@ TRAINER_QUALITY_LIFETIME = "streamrec_trainer_quality_lifetime"
 TRAINER_TABLE_ROWS = "streamrec_trainer_table_rows"
 TRAINER_TRAINED_THROUGH = "streamrec_trainer_trained_through_timestamp_seconds"
 TRAINER_CONSUMED_OFFSETS = "streamrec_trainer_consumed_offsets"
+TRAINER_FETCH_WAIT_SECONDS = "streamrec_trainer_fetch_wait_seconds"
+
+# -- trainer cluster, per role (model/cluster/metrics.py; labels role, index) ---------------
+CLUSTER_ROLE = "streamrec_cluster_role"
+CLUSTER_SHARD_ROWS = "streamrec_cluster_shard_rows"
+CLUSTER_ADMITTED_ROWS = "streamrec_cluster_admitted_rows"
+CLUSTER_SENT_BYTES = "streamrec_cluster_sent_bytes"
+CLUSTER_RECEIVED_BYTES = "streamrec_cluster_received_bytes"
+CLUSTER_STEP_SECONDS = "streamrec_cluster_step_seconds"
+CLUSTER_SCHEDULE_SECONDS = "streamrec_cluster_schedule_seconds"
+CLUSTER_WAIT_SECONDS = "streamrec_cluster_wait_seconds"
+CLUSTER_STEPS_IN_FLIGHT = "streamrec_cluster_steps_in_flight"
+CLUSTER_SAMPLED = "streamrec_cluster_sampled_timestamp_seconds"
 
 # -- serving API (serving/metrics.py) ---------------------------------------------------------
 SERVING_REQUEST_SECONDS = "streamrec_serving_request_seconds"

@@ -236,6 +236,10 @@ class TrainerSettings(BaseModel):
         None, description='The whole cluster as ClusterSpec JSON ({"chief": [..], "ps": [..], '
         '"worker": [..]}), e.g. one host per role in docker-compose; overrides cluster_port.'
     )
+    cluster_metrics_every_s: float = Field(
+        5.0, gt=0, description="Seconds between the chief's reads of the cluster's per-role "
+        "figures (shard rows, bytes, worker step times: model/cluster/metrics.py)."
+    )
     wire_dtype: Literal["float32", "bfloat16"] = Field(
         "bfloat16", description="Rows and updates on the cluster's wire (tables stay float32; "
         "bfloat16 evaluates within noise of float32 and of one process: docs/cluster.md)."

@@ -11,7 +11,9 @@ reads, concurrently and each under its own deadline:
   source; see ``serving.metrics``),
 * the end offsets of the ``samples`` topic (what the feature job has produced; any callable
   returning that sum, e.g. :class:`serving.dashboard.TopicEndOffsets`),
-* the served model version and its age (from the app's loader).
+* the served model version and its age (from the app's loader),
+* with a trainer cluster, its per-role figures (``serving.cluster_stats``: the page's
+  cluster panel; ``cluster`` is null for a one-process trainer).
 
 It keeps ``window_s`` (15 minutes) of points in memory. Rates and latency quantiles are
 computed over the last ``rate_window_s`` from lifetime counters (a counter that went backwards,
@@ -37,6 +39,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from feature_store import metric_names as names
+from serving.cluster_stats import ClusterFigures, cluster_figures, cluster_view
 from serving.errors import ScrapeError
 from serving.metrics import REQUEST_SECONDS
 
@@ -163,6 +166,7 @@ class _Raw:
     trainer: float | None = None
     buckets: dict[float, float] | None = None
     counts: dict[str, float] | None = None
+    cluster: ClusterFigures | None = None
 
 
 class StatsCollector:
@@ -245,6 +249,7 @@ class StatsCollector:
         if trainer[0]:
             tm: Samples = trainer[1]
             raw.trainer = tm.get((TRAINER_SAMPLES, ()), 0.0)
+            raw.cluster = cluster_figures(tm)
             recall = _finite(tm.get((TRAINER_QUALITY, (("metric", f"recall@{self.k}"),))))
             baseline = _finite(
                 tm.get((TRAINER_QUALITY, (("metric", f"popularity_recall@{self.k}"),))))
@@ -365,6 +370,19 @@ class StatsCollector:
             point["share_degraded"] = delta_c.get("degraded", 0.0) / total
         return point
 
+    def _cluster(self) -> dict[str, Any] | None:
+        """The cluster panel from the newest scrape with cluster figures (``stale`` when the
+        trainer's last scrape had none) and the oldest within the rate window before it."""
+        raws = list(self._raw)
+        now = next((r for r in reversed(raws) if r.cluster is not None), None)
+        if now is None or now.cluster is None:
+            return None
+        horizon = now.t_s - self.rate_window_s - 1e-6
+        base = next((r for r in raws if r.cluster is not None and horizon <= r.t_s < now.t_s), None)
+        view = cluster_view(now.cluster, base.cluster if base else None,
+                            now.t_s - base.t_s if base else 0.0)
+        return {**view, "t_ms": int(now.t_s * 1000), "stale": now is not raws[-1]}
+
     # -- output --------------------------------------------------------------------------------
 
     def snapshot(self) -> dict[str, Any]:
@@ -380,6 +398,7 @@ class StatsCollector:
             "components": {name: c.as_json() for name, c in self.components.items()},
             "model": {"version": model.version, "age_s": _finite(model.age_s)},
             "latest": dict(points[-1]) if points else None,
+            "cluster": self._cluster(),
             "series": {name: [p.get(name) for p in points] for name in ("t_ms", *SERIES)},
         }
 

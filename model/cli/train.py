@@ -160,7 +160,8 @@ def run_train(args: argparse.Namespace) -> int:
 
         with ExitStack() as stack:
             if ps:
-                trainer: Any = _cluster_trainer(stack, settings, ps, workers, args, config, options)
+                trainer: Any = _cluster_trainer(stack, settings, ps, workers, args, config, options,
+                                                metrics)
             else:
                 trainer = Trainer(config, options)
             service = TrainerService(
@@ -201,10 +202,14 @@ def run_train(args: argparse.Namespace) -> int:
 
 def _cluster_trainer(
     stack: ExitStack, settings: Any, ps: int, workers: int, args: argparse.Namespace,
-    config: Any, options: Any,
+    config: Any, options: Any, metrics: Any,
 ) -> Any:
-    """The chief's trainer on a cluster whose servers stay up while ``stack`` is open."""
+    """The chief's trainer on a cluster whose servers stay up while ``stack`` is open, its
+    per-role metrics in ``metrics``' registry (sampled until ``stack`` closes)."""
+    import time
+
     from model.cluster.coordinator import connect
+    from model.cluster.metrics import ClusterMetrics, ClusterSampler
     from model.cluster.service import cluster_servers
     from model.cluster.trainer import ClusterOptions, ClusterTrainer, check_supported
 
@@ -214,7 +219,14 @@ def _cluster_trainer(
     layout = stack.enter_context(cluster_servers(tcfg, log_dir, settings.stack.ready_timeout_s))
     log.info("trainer cluster: %d PS, %d workers, chief at %s", ps, workers, layout.chief)
     wire = args.wire_dtype or settings.trainer.wire_dtype
-    return ClusterTrainer(config, options, connect(layout), ClusterOptions(wire_dtype=wire))
+    cluster_metrics = ClusterMetrics(metrics.registry, layout)
+    trainer = ClusterTrainer(config, options, connect(layout), ClusterOptions(wire_dtype=wire),
+                             metrics=cluster_metrics)
+    sampler = ClusterSampler(lambda: trainer.snapshot(time.time), cluster_metrics,
+                             settings.trainer.cluster_metrics_every_s)
+    stack.callback(sampler.stop)  # before the servers stop (the stack unwinds in reverse)
+    sampler.start()
+    return trainer
 
 
 def _serve_role(settings: Any, role: str, index: int) -> int:

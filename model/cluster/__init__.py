@@ -16,8 +16,10 @@ one worker): ``docs/cluster.md``.
   workers, checkpoints as one consistent cut, and what it does not support yet.
 * ``service`` — where the layout comes from (settings or free ports) and the chief's
   servers; ``liveness`` — the chief's watchdog process (a lost server: back to the last cut).
+* ``metrics`` — the per-role series the chief exports for every role (no TensorFlow) and
+  its sampler thread; ``stats`` — what the step books on the PS for them (bytes, step time).
 
-Importing this package loads nothing; ``coordinator``, ``sparse``, ``trainer`` and
+Importing this package loads nothing; ``coordinator``, ``sparse``, ``stats``, ``trainer`` and
 ``probe``'s run load TensorFlow (through ``model.towers.tf_env``).
 """
 

@@ -25,9 +25,12 @@ in float32.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from model.towers.tf_env import de, tf
+
+if TYPE_CHECKING:
+    from model.cluster.stats import WireLedger
 
 
 def key_uniform(keys: tf.Tensor, dim: int, seed: int) -> tf.Tensor:
@@ -120,9 +123,14 @@ class ShardedTable:
         return tf.tensor_scatter_nd_update(rows, tf.cast(tf.where(missing), tf.int32), won)
 
     # -- reads -----------------------------------------------------------------------------
-    def read(self, keys: tf.Tensor) -> tf.Tensor:
+    @property
+    def row_bytes(self) -> int:
+        """Bytes of one row (or gradient) on the wire."""
+        return self.dim * self.wire_dtype.size
+
+    def read(self, keys: tf.Tensor, ledger: WireLedger | None = None) -> tf.Tensor:
         """``[len(keys), dim]`` rows of distinct ``keys`` (each key gets a row); each shard's
-        rows leave their parameter server in the wire dtype."""
+        rows leave their parameter server in the wire dtype (booked in ``ledger``)."""
         _, parts, pos = self._partition(keys)
         rows = []
         for i, device in enumerate(self.devices):
@@ -130,20 +138,25 @@ class ShardedTable:
                 r = self._read_shard(self.params.tables[i], parts[i], self.initial_rows)
                 r = tf.cast(r, self.wire_dtype)
             rows.append(tf.cast(r, tf.float32))
+            if ledger is not None:
+                ledger.exchange(i, parts[i], self.row_bytes, rows_to_ps=False)
         return tf.reshape(tf.dynamic_stitch(pos, rows), [tf.size(keys), self.dim])
 
     # -- writes ----------------------------------------------------------------------------
     def _per_shard(
-        self, keys: tf.Tensor, grads: tf.Tensor, apply: Callable[[int, tf.Tensor, tf.Tensor], list[Any]]
+        self, keys: tf.Tensor, grads: tf.Tensor,
+        apply: Callable[[int, tf.Tensor, tf.Tensor], list[Any]], ledger: WireLedger | None,
     ) -> Any:
         """``apply(shard, keys, grads)`` on each parameter server, the gradients sent in the
-        wire dtype and float32 again on the PS."""
+        wire dtype and float32 again on the PS (booked in ``ledger``)."""
         shard, parts, _ = self._partition(keys)
         g_parts = tf.dynamic_partition(tf.cast(grads, self.wire_dtype), shard, len(self.devices))
         ops = []
         for i, device in enumerate(self.devices):
             with tf.device(device):
                 ops.extend(apply(i, parts[i], tf.cast(g_parts[i], tf.float32)))
+            if ledger is not None:
+                ledger.exchange(i, parts[i], self.row_bytes, rows_to_ps=True)
         return tf.group(ops)
 
     @staticmethod
@@ -151,13 +164,16 @@ class ShardedTable:
         """Add ``delta`` to the rows of existing ``keys`` of one shard (on its PS)."""
         return table.accum(keys, delta, tf.ones([tf.size(keys), 1], tf.bool))
 
-    def sgd(self, keys: tf.Tensor, grads: tf.Tensor, lr: float) -> Any:
+    def sgd(self, keys: tf.Tensor, grads: tf.Tensor, lr: float, ledger: WireLedger | None = None) -> Any:
         """Plain SGD on the rows of distinct ``keys`` (read by :meth:`read` this step)."""
         return self._per_shard(
-            keys, grads, lambda i, k, g: [self._add(self.params.tables[i], k, -lr * g)]
+            keys, grads, lambda i, k, g: [self._add(self.params.tables[i], k, -lr * g)], ledger
         )
 
-    def adagrad(self, keys: tf.Tensor, grads: tf.Tensor, lr: float, epsilon: float = 1e-7) -> Any:
+    def adagrad(
+        self, keys: tf.Tensor, grads: tf.Tensor, lr: float, epsilon: float = 1e-7,
+        ledger: WireLedger | None = None,
+    ) -> Any:
         """Adagrad (Keras' legacy update: ``acc += g^2; row -= lr g / (sqrt(acc) + eps)``) on
         the rows of distinct ``keys``, computed on the parameter servers: only the gradients
         travel; the accumulator is read (inserted if absent) and increased where it lives."""
@@ -173,7 +189,7 @@ class ShardedTable:
                 self._add(self.params.tables[i], k, -lr * g / (tf.sqrt(acc) + epsilon)),
             ]
 
-        return self._per_shard(keys, grads, apply)
+        return self._per_shard(keys, grads, apply, ledger)
 
     def export(self) -> tuple[Any, Any]:
         """(keys, rows) of every shard, read from the parameter servers by the chief."""
@@ -187,3 +203,7 @@ class ShardedTable:
 
     def size(self) -> int:
         return int(self.params.size())
+
+    def shard_sizes(self) -> list[int]:
+        """Rows of each shard (one round trip per parameter server)."""
+        return [int(t.size()) for t in self.params.tables]

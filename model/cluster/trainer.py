@@ -29,6 +29,11 @@ writes twice) — the chief then exits without saving, back to the last cut too.
 
 Eviction (:meth:`ClusterTrainer.maybe_evict`) is the one-process rule applied to the shards.
 
+Metrics (``model.cluster.metrics``): the step books its payload bytes and its time on the
+worker in variables on the PS (``model.cluster.stats``), read with the shard sizes by
+:meth:`ClusterTrainer.snapshot` off the step path; the chief times its own part of each step
+and its waits on the coordinator (``metrics``, optional).
+
 Not supported yet (refused by :func:`check_supported`): the attention user tower,
 ``train_history=False``, gradient accumulation, bfloat16 compute, and
 ``dedup_lookups=False`` (the cluster step is the deduplicated step).
@@ -38,13 +43,17 @@ from __future__ import annotations
 
 import copy
 import logging
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from model.cluster.coordinator import Coordinator
+from model.cluster.metrics import ClusterMetrics, ClusterSnapshot
 from model.cluster.sparse import ShardedTable
+from model.cluster.stats import StepStats, WireLedger, nbytes, ps_figures
 from model.errors import ModelError
 from model.towers.config import ModelConfig
 from model.towers.tf_env import tf
@@ -130,11 +139,15 @@ class ClusterTrainer(Trainer):
         conn: Coordinator,
         cluster: ClusterOptions | None = None,
         tag: str = "",
+        metrics: ClusterMetrics | None = None,
+        monotonic: Callable[[], float] = time.perf_counter,
     ) -> None:
         options = options or TrainOptions()
         check_supported(config, options)
         super().__init__(config, options, tag)
         self.conn = conn
+        self.metrics = metrics
+        self.monotonic = monotonic
         self.rows_local = False  # the shards are copied in by sync() only: no deltas yet
         self.cluster_options = cluster or ClusterOptions()
         e, devices, sfx = config.embedding_dim, conn.layout.ps_devices(), f"_{tag}" if tag else ""
@@ -156,6 +169,7 @@ class ClusterTrainer(Trainer):
             ]
             #: steps begun on the workers (see the module doc)
             self.begun = tf.Variable(0, dtype=tf.int64, trainable=False, name="steps_begun")
+            self.step_stats = StepStats(devices, conn.layout.num_workers)
         self.scheduled = 0
         # a restarted chief finds the tables of its predecessor on the parameter servers
         # (TFRA tables are shared by name within a server): start from empty ones
@@ -196,7 +210,7 @@ class ClusterTrainer(Trainer):
     def sync(self) -> None:
         """Wait for every scheduled step, check none began twice, and copy the shards and
         dense weights into the local model (checkpoints and exports read it)."""
-        self.conn.coordinator.join()
+        self._join()
         begun = int(self.begun.numpy())
         if begun != self.scheduled:
             raise StepsReplayed(
@@ -210,12 +224,39 @@ class ClusterTrainer(Trainer):
         for v_local, v_ps in zip(self.model.dense_variables, self.dense_ps, strict=True):
             v_local.assign(v_ps.read_value())
 
+    def _join(self) -> None:
+        """Wait for every scheduled step (timed: the chief's ``join`` wait)."""
+        started = self.monotonic()
+        self.conn.coordinator.join()
+        if self.metrics is not None:
+            self.metrics.waits["join"].observe(self.monotonic() - started)
+
+    def admitted_rows(self) -> dict[str, int]:
+        """Rows each table's admission stats grant (``DEFAULT_KEY`` aside): what the shards
+        hold, plus their default row, once the steps in flight ran. With admission at the
+        first sighting every stats entry is admitted, and the count is the stats' size."""
+        out = {}
+        for name, table in (("user", self.model.users), ("item", self.model.items)):
+            if self.model.threshold(table) <= 1:
+                out[name] = int(table.stats.size())
+            else:
+                out[name] = int(self._admitted(table)[0].size)
+        return out
+
+    def snapshot(self, clock: Callable[[], float]) -> ClusterSnapshot:
+        """Every PS's shard rows and traffic, every worker's steps and traffic, the chief's
+        admitted rows (a few round trips to the PS: the metrics sampler, not the step)."""
+        traffic, workers = self.step_stats.read()
+        users, items = self.users_ps.shard_sizes(), self.items_ps.shard_sizes()
+        return ClusterSnapshot(ps_figures(traffic, users, items), tuple(workers),
+                               self.admitted_rows(), self.scheduled, clock())
+
     def table_sizes(self) -> dict[str, int]:
         """Rows per table, and per table and parameter server (``item_rows_ps1``: the
         trainer's table-rows gauge and the manifest carry both)."""
         out = {}
         for name, table in (("user_rows", self.users_ps), ("item_rows", self.items_ps)):
-            shards = [int(t.size()) for t in table.params.tables]
+            shards = table.shard_sizes()
             out[name] = sum(shards)
             out.update({f"{name}_ps{i}": n for i, n in enumerate(shards)})
         return out
@@ -232,7 +273,7 @@ class ClusterTrainer(Trainer):
         every = self.options.evict_every_steps
         if not every or self.scheduled % every:
             return 0
-        self.conn.coordinator.join()
+        self._join()
         opts, removed = self.options, 0
         for local, sharded, cap in (
             (self.model.users, self.users_ps, opts.max_user_rows),
@@ -290,14 +331,18 @@ class ClusterTrainer(Trainer):
         neg_valid: tf.Tensor, neg_log_q: tf.Tensor,
     ) -> tuple[tf.Tensor, tf.Tensor]:
         """One step on a worker: :meth:`Trainer._dedup_step` with stateless reads/writes."""
+        started = tf.timestamp()
         model = self.ps_model
+        ledger = WireLedger(self.conn.layout.ps_devices())
+        from_chief = tf.add_n([nbytes(t) for t in (uk, ik, hist, w, u_eff, i_eff, known, log_q,
+                                                   neg_keys, neg_valid, neg_log_q)])
         negs = {"neg_keys": neg_keys, "neg_valid": neg_valid, "neg_log_q": neg_log_q}
         begun = self.begun.assign_add(1)  # concurrent with the reads; before any write
         plan = model.plan(u_eff, i_eff, hist, known)
         n_plan = tf.size(plan.item_keys)
         all_keys, all_idx = tf.unique(tf.concat([plan.item_keys, neg_keys], 0))
-        u_uniq = self.users_ps.read(plan.user_keys)
-        i_all = self.items_ps.read(all_keys)
+        u_uniq = self.users_ps.read(plan.user_keys, ledger)
+        i_all = self.items_ps.read(all_keys, ledger)
         neg_idx = all_idx[n_plan:]
         plan = model.widen_pool(plan, tf.size(all_keys))
         dense = self.dense_ps
@@ -309,17 +354,24 @@ class ClusterTrainer(Trainer):
         lr_user, lr_item, lr_dense = self._lrs
         with tf.control_dependencies([begun]):
             updates = [
-                self.users_ps.adagrad(plan.user_keys, tf.convert_to_tensor(g_user), lr_user, EPSILON),
-                self.items_ps.adagrad(all_keys, tf.convert_to_tensor(g_item), lr_item, EPSILON),
+                self.users_ps.adagrad(plan.user_keys, tf.convert_to_tensor(g_user), lr_user,
+                                      EPSILON, ledger),
+                self.items_ps.adagrad(all_keys, tf.convert_to_tensor(g_item), lr_item, EPSILON,
+                                      ledger),
             ]
             for v, acc, g in zip(dense, self.dense_acc, g_dense, strict=True):
                 g = tf.convert_to_tensor(g)
+                ledger.dense(v.device, v.shape.num_elements() * 4)  # float32 weights and grads
                 with tf.device(v.device):  # the update computed where the weights live
                     acc_now = acc.assign_add(tf.square(g), read_value=True)
                     updates.append(v.assign_sub(lr_dense * g / (tf.sqrt(acc_now) + EPSILON)))
         with tf.control_dependencies(updates):
             head = tf.cast(uv[: max(self.options.eval_rows, 0)], tf.float32)
-            return tf.identity(loss), head
+            loss = tf.identity(loss)
+        with tf.control_dependencies([loss]):  # after the writes (no new cross-device edge)
+            seconds = tf.timestamp() - started
+        ledger.book(self.step_stats, seconds, from_chief)
+        return loss, head
 
     # -- public API (Trainer's, with the step on the cluster) --------------------------------
     def train_step(self, batch: Batch, *, count: bool = True, covisit: bool = True) -> float:
@@ -329,6 +381,7 @@ class ClusterTrainer(Trainer):
         :meth:`Trainer.fit_batch` evaluates (that waits for the step); other steps run
         without the chief waiting for them.
         """
+        started = self.monotonic()
         if self.negatives.count and not self.negatives.ready:
             self.negatives.reset(self._item_rows()[0])
         self.negatives.add(batch.item_keys)
@@ -341,13 +394,22 @@ class ClusterTrainer(Trainer):
             uk, ik, hist, tf.constant(neg, tf.int64), tf.constant(neg_lq, tf.float32),
             tf.constant(count),
         )
-        remote = self.conn.coordinator.schedule(self._remote_fn, args=(uk, ik, hist, w, *prep))
+        args = (uk, ik, hist, w, *prep)
+        remote = self.conn.coordinator.schedule(self._remote_fn, args=args)
         self.scheduled += 1
+        m = self.metrics
+        if m is not None:
+            m.schedule_seconds.observe(self.monotonic() - started)
+            m.chief_sent(sum(t.shape.num_elements() * t.dtype.size for t in args))
         self._head_vectors = None
         if self._evaluates(batch):
+            waiting = self.monotonic()
             loss, head = remote.fetch()
             self._last_loss = float(loss)
             self._head_vectors = np.asarray(head)
+            if m is not None:
+                m.waits["fetch"].observe(self.monotonic() - waiting)
+                m.chief_received(np.asarray(loss).nbytes + self._head_vectors.nbytes)
         if count and covisit and self.covisit is not None:
             self.covisit.learn(batch.history, batch.item_keys, batch.weights)
         self.maybe_evict()

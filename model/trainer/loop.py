@@ -331,7 +331,9 @@ class TrainerService:
             self.running = True
             try:
                 while not self.stop_event.is_set() and not self._limit_reached():
+                    waiting = self.monotonic()
                     chunk = fetcher.get(timeout_s=0.1)
+                    self.metrics.fetch_wait.observe(self.monotonic() - waiting)
                     if chunk is None or len(chunk) < self.trainer.options.batch_size:
                         waited = True
                     if chunk is not None:

@@ -86,6 +86,11 @@ class TrainerMetrics:
             "Next samples-topic offset to train, summed over partitions (the topic's end "
             "offsets minus this is the trainer's lag in records)", registry=r,
         )
+        self.fetch_wait = Histogram(
+            names.TRAINER_FETCH_WAIT_SECONDS, "Training loop waiting on the samples queue for "
+            "a chunk (up to its 0.1 s poll while idle)", registry=r,
+            buckets=(0.0005, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25),
+        )
         self.k = k
 
     def set_quality(self, summary: dict[str, float]) -> None:

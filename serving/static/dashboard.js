@@ -158,8 +158,60 @@
     });
   }
 
+  function bytes(v) {
+    if (typeof v !== "number" || !isFinite(v)) { return "—"; }
+    var units = ["B", "KB", "MB", "GB", "TB"], i = 0;
+    while (Math.abs(v) >= 1000 && i < units.length - 1) { v /= 1000; i++; }
+    return (i === 0 ? v.toFixed(0) : v.toFixed(1)) + " " + units[i];
+  }
+
+  // The trainer cluster's roles (stats.cluster, null for a one-process trainer: hidden).
+  function drawCluster(stats) {
+    var c = stats.cluster, panel = $("cluster");
+    var roles = (c && c.roles) || [];
+    panel.setAttribute("data-roles", String(roles.length));
+    if (!roles.length) { panel.hidden = true; return; }
+    panel.hidden = false;
+    panel.setAttribute("data-stale", c.stale ? "true" : "false");
+    $("cluster-meta").textContent = roles.length + " roles" + (c.stale ? " · last figures (trainer not answering)" : "");
+    var body = $("cluster-roles").querySelector("tbody");
+    body.textContent = "";
+    var head = el("tr");
+    [["role"], ["address"], ["user rows", 1], ["item rows", 1], ["sent", 1], ["received", 1],
+     ["sent/s", 1], ["received/s", 1], ["steps", 1], ["step ms", 1]].forEach(function (h) {
+      head.appendChild(el("th", h[1] ? { "class": "n" } : {}, h[0]));
+    });
+    body.appendChild(head);
+    roles.forEach(function (r) {
+      var rows = r.rows || {};
+      var tr = el("tr", { id: "cluster-" + r.id, "data-role": r.role,
+        "data-rows-user": rows.user === undefined ? "" : String(rows.user),
+        "data-rows-item": rows.item === undefined ? "" : String(rows.item),
+        "data-sent": r.sent_bytes === null ? "" : String(r.sent_bytes),
+        "data-received": r.received_bytes === null ? "" : String(r.received_bytes),
+        "data-steps": r.steps === null || r.steps === undefined ? "" : String(r.steps) });
+      var label = r.role + " " + r.index + (r.role === "chief" && rows.user !== undefined ? " (admitted)" : "");
+      [[label], [r.address], [num(rows.user, 0), 1], [num(rows.item, 0), 1],
+       [bytes(r.sent_bytes), 1], [bytes(r.received_bytes), 1], [bytes(r.sent_bps), 1],
+       [bytes(r.received_bps), 1], [num(r.steps, 0), 1], [num(r.step_ms, 1), 1]].forEach(function (cell) {
+        tr.appendChild(el("td", cell[1] ? { "class": "n" } : {}, cell[0]));
+      });
+      body.appendChild(tr);
+    });
+    var k = c.chief || {};
+    function wait(name, label) {
+      var share = k[name + "_share"];
+      return label + " " + num(k[name + "_ms"], 1) + " ms" +
+        (typeof share === "number" ? " (" + num(share, 0, true) + " of the time)" : "");
+    }
+    $("cluster-chief").textContent = "chief per step: " + wait("schedule", "schedule") +
+      " · waits: " + wait("fetch", "step result") + ", " + wait("join", "join") + ", " +
+      wait("samples", "samples queue") + " · steps in flight " + num(k.in_flight, 0);
+  }
+
   function draw(stats) {
     drawComponents(stats);
+    try { drawCluster(stats); } catch (e) { showBanner("cluster: " + e); }
     var model = stats.model || {};
     $("model-version").textContent = model.version || "none yet";
     $("model-age").textContent = age(model.age_s);

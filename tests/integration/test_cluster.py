@@ -1,16 +1,20 @@
-"""The parameter-server cluster on real processes (``model.cluster``): exactness probe.
+"""The parameter-server cluster on real processes (``model.cluster``): exactness probe,
+eviction, evaluate, the trainer from Kafka (with its per-role metrics) and kill -9 of each
+role.
 
-Each probe runs as a child process (its chief joins the cluster, which a pytest process
-must not), on free ports, with 2 parameter servers and 2 workers of its own.
+Each run is a child process (its chief joins the cluster, which a pytest process must not),
+on free ports, with 2 parameter servers and 2 workers of its own.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +26,7 @@ from model.artifact.files import load_artifact
 from model.artifact.registry import Registry
 from model.evaluation.synthetic import SyntheticConfig, SyntheticStream
 from model.trainer.samples import sample_digest
+from serving.stats import Samples, parse_metrics
 from tests.integration.test_trainer import _env
 from tests.support import REPO_ROOT, free_port, produce_samples, shared_data, wait_until
 
@@ -114,24 +119,46 @@ def test_evaluate_on_the_cluster_scores_like_one_process(tmp_path: Path) -> None
 # -- the trainer on the cluster, from Kafka --------------------------------------------------
 
 
-def _train(settings: Settings, root: Path, cluster: bool, total: int) -> dict[str, Any]:
+def _train(
+    settings: Settings, root: Path, cluster: bool, total: int,
+    while_up: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
     """Run ``streamrec train`` (one process or 2 PS + 2 workers) over the samples topic
-    until ``total`` samples are trained; returns the manifest of its last version."""
+    until ``total`` samples are trained; returns the manifest of its last version.
+
+    With ``while_up`` the trainer runs without ``--max-samples``: once it reports ``total``
+    samples trained, ``while_up(its base URL)`` runs, then SIGTERM stops it (it exports)."""
     s = settings.model_copy(update={"trainer": settings.trainer.model_copy(update={
         "registry_dir": root / "models", "checkpoint_dir": root / "trainer",
         "group_id": f"{settings.trainer.group_id}-{root.name}"})})
-    env = _env(s, free_port())
+    port = free_port()
+    env = _env(s, port)
     env["STREAMREC_STACK__RUN_DIR"] = str(root / "run")
     env["STREAMREC_STACK__READY_TIMEOUT_S"] = SERVERS_READY_S
+    env["STREAMREC_TRAINER__CLUSTER_METRICS_EVERY_S"] = "1"
     argv = [sys.executable, "-m", "deploy.cli", "train", "--batch-size", "256",
-            "--eval-rows", "64", "--eval-every", "1", "--export-every-s", "3600",
-            "--max-samples", str(total)]
+            "--eval-rows", "64", "--eval-every", "1", "--export-every-s", "3600"]
+    if while_up is None:
+        argv += ["--max-samples", str(total)]
     if cluster:
         argv += ["--ps", "2", "--workers", "2"]
     root.mkdir(parents=True, exist_ok=True)
+    url = f"http://127.0.0.1:{port}"
     with (root / "train.log").open("wb") as log:
-        proc = subprocess.run(argv, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                              timeout=300, check=False)
+        proc = subprocess.Popen(argv, cwd=REPO_ROOT, env=env, stdout=log,
+                                stderr=subprocess.STDOUT)
+        try:
+            if while_up is not None:
+                wait_until(lambda: httpx.get(url + "/health", timeout=2.0).json()
+                           .get("samples_trained") == total, 300, f"{total} samples trained",
+                           interval_s=0.5, process=proc)
+                while_up(url)
+                proc.terminate()
+            proc.wait(timeout=300)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
     assert proc.returncode == 0, (root / "train.log").read_text()[-3000:]
     registry = Registry(s.trainer.registry_dir, s.trainer.model_name)
     current = registry.current()
@@ -146,7 +173,9 @@ def test_cluster_trainer_from_kafka_exports_what_one_process_exports(
                                              seed=3))
     samples = stream.take(12_000)
     produce_samples(settings, samples)
-    cluster = _train(settings, tmp_path / "cluster", True, len(samples))
+    scraped: list[Samples] = []
+    cluster = _train(settings, tmp_path / "cluster", True, len(samples),
+                     lambda url: scraped.append(_settled_cluster_metrics(url)))
     single = _train(settings, tmp_path / "single", False, len(samples))
     expected = str(sample_digest([s.sample_id for s in samples]))
     for manifest in (cluster, single):
@@ -166,6 +195,80 @@ def test_cluster_trainer_from_kafka_exports_what_one_process_exports(
         assert sum(shards) == qa[table] and min(shards) > 0, qa
     assert qa["ndcg@10"] > qa["popularity_ndcg@10"], qa
     assert abs(qa["recall@10"] - qb["recall@10"]) < 0.1, (qa, qb)
+    _check_cluster_metrics(scraped[0], samples)
+
+
+# -- the cluster's per-role metrics (scraped from the run above) --------------------------------
+
+
+def _value(m: Samples, name: str, **labels: str) -> float:
+    return m[(name, tuple(sorted(labels.items())))]
+
+
+def _per(m: Samples, name: str, role: str, **labels: str) -> dict[str, float]:
+    """``{index: value}`` of a series over the indexes of ``role``."""
+    out = {}
+    for (n, lab), v in m.items():
+        d = dict(lab)
+        if n == name and d.get("role") == role and all(d.get(k) == x for k, x in labels.items()):
+            out[d["index"]] = v
+    return out
+
+
+def _settled_cluster_metrics(url: str) -> Samples:
+    """The trainer's /metrics once a cluster sample was read after every step finished
+    (steps finished on the workers = batches the chief trained, none in flight)."""
+
+    def settled() -> Samples | None:
+        m = parse_metrics(httpx.get(url + "/metrics", timeout=5.0).text)
+        batches = _value(m, "streamrec_trainer_batches_total")
+        steps = sum(_per(m, "streamrec_cluster_step_seconds_count", "worker").values())
+        in_flight = _value(m, "streamrec_cluster_steps_in_flight", role="chief", index="0")
+        return m if batches > 0 and steps == batches and in_flight == 0 else None
+
+    return wait_until(settled, 120, "cluster metrics of every step", interval_s=0.5)
+
+
+def _check_cluster_metrics(m: Samples, samples: list[Any]) -> None:
+    """Real figures of the 2 PS + 2 workers run: rows per shard add up to what the chief
+    admitted, every byte a PS booked is one a worker booked, one step time per step."""
+    roles = {(dict(lab)["role"], dict(lab)["index"])
+             for (name, lab) in m if name == "streamrec_cluster_role"}
+    assert roles == {("chief", "0"), ("ps", "0"), ("ps", "1"), ("worker", "0"), ("worker", "1")}
+    batches = _value(m, "streamrec_trainer_batches_total")
+    distinct = {"user": len({s.user_id for s in samples}), "item": len({s.item_id for s in samples})}
+    for table in ("user", "item"):
+        shards = _per(m, "streamrec_cluster_shard_rows", "ps", table=table)
+        admitted = _value(m, "streamrec_cluster_admitted_rows", role="chief", index="0",
+                          table=table)
+        assert len(shards) == 2 and min(shards.values()) > 0, shards
+        # every admitted key has its row, plus the table's default row on one shard
+        assert sum(shards.values()) == admitted + 1 == distinct[table] + 1, (table, shards, admitted)
+    sent, received = ("streamrec_cluster_sent_bytes_total", "streamrec_cluster_received_bytes_total")
+    ps_in, ps_out = _per(m, received, "ps"), _per(m, sent, "ps")
+    w_out, w_in = _per(m, sent, "worker"), _per(m, received, "worker")
+    chief_out = _value(m, sent, role="chief", index="0")
+    assert min(ps_in.values()) > 0 and min(ps_out.values()) > 0, (ps_in, ps_out)
+    assert chief_out > 0 and _value(m, received, role="chief", index="0") > 0
+    # the two sides' books of the same exchanges agree (the chief's inputs reach a worker)
+    assert sum(ps_in.values()) == sum(w_out.values())
+    assert sum(ps_out.values()) + chief_out == sum(w_in.values())
+    # one worker step time per step, each a real duration
+    counts = _per(m, "streamrec_cluster_step_seconds_count", "worker")
+    seconds = _per(m, "streamrec_cluster_step_seconds_sum", "worker")
+    assert sum(counts.values()) == batches > 0
+    assert all(seconds[i] > 0 for i, n in counts.items() if n), seconds
+    inf = _per(m, "streamrec_cluster_step_seconds_bucket", "worker", le="+Inf")
+    assert inf == counts
+    # the chief: one schedule per step, one fetch wait per evaluated step (--eval-every 1)
+    chief = {"role": "chief", "index": "0"}
+    assert _value(m, "streamrec_cluster_schedule_seconds_count", **chief) == batches
+    assert _value(m, "streamrec_cluster_wait_seconds_count", wait="fetch", **chief) == batches
+    assert _value(m, "streamrec_trainer_fetch_wait_seconds_count") > 0
+    per_step = (sum(ps_in.values()) + sum(ps_out.values())) / batches
+    logging.getLogger(__name__).info(
+        "cluster per step: %.0f B to and from the PS, %.1f ms on a worker; steps per worker %s",
+        per_step, 1000 * sum(seconds.values()) / batches, counts)
 
 
 # -- kill -9 of each role --------------------------------------------------------------------

@@ -6,7 +6,9 @@ samples are produced to the ``samples`` topic (the feature job's output topic), 
 requests hit the serving API. Chromium loads ``/dashboard`` and the DOM must show data points
 in every chart, every component up, and the user box filled; a screenshot is kept in the test's
 tmp dir (and copied to $STREAMREC_SCREENSHOT_TO when set). Then the trainer is stopped: the
-page must mark it down with the reason and keep drawing the other series.
+page must mark it down with the reason and keep drawing the other series. The trainer
+cluster's panel stays hidden for this one-process trainer; the second test draws it from a
+cluster's per-role metrics served over HTTP by the trainer's own metrics server.
 """
 
 from __future__ import annotations
@@ -25,6 +27,9 @@ from typing import Any
 
 import httpx
 import pytest
+import uvicorn
+from fastapi import FastAPI
+from prometheus_client import CollectorRegistry
 
 from feature_store.settings import Settings, to_env
 from feature_store.store import HistoryEntry, UserFeatures, open_store
@@ -227,6 +232,9 @@ def test_dashboard_draws_the_live_pipeline_and_survives_a_trainer_stop(
         assert dom.rows["recs"] == 1 + 10
         assert dom.attrs["recs-meta"]["data-model-version"], dom.text["recs-meta"]
         assert "source model" in dom.text["recs-meta"]
+        # one process: no cluster panel
+        assert snap["cluster"] is None
+        assert "hidden" in dom.attrs["cluster"] and dom.attrs["cluster"]["data-roles"] == "0"
 
         shot = tmp_path / "dashboard.png"
         chromium(tmp_path, page, f"--screenshot={shot}")
@@ -260,3 +268,99 @@ def test_dashboard_draws_the_live_pipeline_and_survives_a_trainer_stop(
         traffic.stop.set()
         traffic.join(30)
     assert not traffic.errors, traffic.errors[:5]
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian package `chromium` is not installed")
+def test_dashboard_shows_each_role_of_a_trainer_cluster(tmp_path: Path) -> None:
+    """The cluster panel from the trainer's ``/metrics`` (``ClusterMetrics`` in a
+    ``TrainerMetrics`` registry behind the trainer's ``HealthServer``), through the serving
+    app's collector and ``/stats``, drawn by the page in Chromium."""
+    import asyncio
+    from datetime import UTC, datetime, timedelta
+
+    from model.cluster.metrics import (
+        STEP_BUCKETS,
+        ClusterMetrics,
+        ClusterSnapshot,
+        PsFigures,
+        WorkerFigures,
+    )
+    from model.cluster.spec import ClusterLayout
+    from model.trainer.metrics import HealthServer, TrainerMetrics
+    from serving.dashboard import dashboard_router
+    from serving.stats import ModelStatus, StatsCollector
+
+    layout = ClusterLayout.from_ports(9100, [9101, 9102], [9103, 9104])
+    trainer = TrainerMetrics()
+    cluster = ClusterMetrics(trainer.registry, layout)
+
+    def snapshot(steps: int) -> ClusterSnapshot:
+        buckets = (0,) * 3 + (steps,) + (0,) * (len(STEP_BUCKETS) - 3)
+        workers = tuple(WorkerFigures(steps, 0.04 * steps, buckets, 9000 * steps, 5000 * steps,
+                                      300 * steps) for _ in range(2))
+        ps = (PsFigures(150, 60, 9000 * steps, 5000 * steps),
+              PsFigures(149, 61, 9000 * steps, 5000 * steps))
+        return ClusterSnapshot(ps, workers, {"user": 298, "item": 120}, 2 * steps + 1,
+                               1_767_225_600.0 + steps)
+
+    now = [datetime(2026, 1, 1, tzinfo=UTC)]
+
+    health = HealthServer("127.0.0.1", free_port(), trainer, lambda: {"status": "ok"}).start()
+    collector = StatsCollector(
+        clock=lambda: now[0], serving_registry=CollectorRegistry(),
+        model_status=lambda: ModelStatus(None, None), ingest_url=None,
+        trainer_url=f"http://127.0.0.1:{health.port}/metrics", samples_offsets=None,
+        interval_s=0.5, rate_window_s=5.0,
+    )
+    app = FastAPI()
+    app.include_router(dashboard_router(collector))
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    serving = threading.Thread(target=server.run, daemon=True)
+    serving.start()
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until(lambda: httpx.get(url + "/stats", timeout=2.0).status_code == 200, 30,
+                   "the dashboard app")
+
+        async def scrapes() -> None:  # two ticks of the collector, 2 s apart on its clock
+            for steps in (10, 20):
+                cluster.update(snapshot(steps))
+                trainer.samples.inc(256 * 10)
+                for _ in range(10):
+                    cluster.schedule_seconds.observe(0.004)
+                    cluster.waits["fetch"].observe(0.03)
+                await collector.scrape_once()
+                now[0] += timedelta(seconds=2)
+            await collector.aclose()
+
+        asyncio.run(scrapes())
+        view = httpx.get(url + "/stats", timeout=2.0).json()["cluster"]
+        assert [r["id"] for r in view["roles"]] == ["chief-0", "ps-0", "ps-1", "worker-0", "worker-1"]
+        ps0 = view["roles"][1]
+        assert ps0["rows"] == {"user": 150, "item": 60} and ps0["sent_bytes"] == 100_000
+        assert ps0["sent_bps"] == pytest.approx(50_000 / 2)  # 10 steps of 5000 B in 2 s
+        assert view["roles"][3]["step_ms"] == pytest.approx(40.0)
+        assert view["chief"]["in_flight"] == 1 and not view["stale"]
+
+        dom = Dom(chromium(tmp_path, url + "/dashboard", "--dump-dom"))
+        assert "hidden" not in dom.attrs["cluster"], dom.attrs["cluster"]
+        assert dom.attrs["cluster"]["data-roles"] == "5"
+        assert dom.attrs["cluster-ps-1"]["data-rows-user"] == "149"
+        assert dom.attrs["cluster-ps-1"]["data-rows-item"] == "61"
+        assert dom.attrs["cluster-worker-0"]["data-steps"] == "20"
+        assert dom.attrs["cluster-worker-1"]["data-sent"] == "180000"
+        assert dom.attrs["cluster-chief-0"]["data-rows-user"] == "298"
+        assert "127.0.0.1:9102" in dom.text["cluster-ps-1"]
+        assert "40.0" in dom.text["cluster-worker-0"]  # mean step ms
+        chief = dom.text["cluster-chief"]
+        assert "schedule 4.0 ms" in chief and "step result 30.0 ms (15.0% of the time)" in chief
+        assert "steps in flight 1" in chief
+        assert dom.attrs["banner"].get("class") != "show", dom.text["banner"]
+        shot = tmp_path / "dashboard-cluster.png"
+        chromium(tmp_path, url + "/dashboard", f"--screenshot={shot}")
+        assert shot.stat().st_size > 10_000
+    finally:
+        server.should_exit = True
+        serving.join(10)
+        health.stop()

@@ -53,6 +53,8 @@ def test_every_alert_has_a_firing_case() -> None:
 
 def registered_families() -> set[str]:
     """The metric families the ingest API, the trainer, serving and the exporter register."""
+    from model.cluster.metrics import ClusterMetrics
+    from model.cluster.spec import ClusterLayout
     from model.trainer.metrics import TrainerMetrics
     from serving.metrics import ServingMetrics
     from stream import monitor
@@ -60,6 +62,9 @@ def registered_families() -> set[str]:
 
     families = {f.name for f in ServingMetrics(clock=lambda: datetime.now(UTC)).exposition.collect()}
     families |= {f.name for f in TrainerMetrics().registry.collect()}
+    cluster = CollectorRegistry()
+    ClusterMetrics(cluster, ClusterLayout("h:1", ("h:2",), ("h:3",)))
+    families |= {f.name for f in cluster.collect()}
     ingest = IngestMetrics(CollectorRegistry())
     families |= {f.name for f in ingest.registry.collect()}
     families |= {monitor.TOPIC_RECORDS, monitor.CONSUMER_LAG, monitor.KAFKA_UP, monitor.REDIS_UP,
