@@ -9,6 +9,7 @@ Options: :class:`model.trainer.options.TrainOptions` (each documented there).
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
@@ -105,7 +106,7 @@ class Trainer:
         self.evaluator = Evaluator(opts.eval_k, opts.eval_window)
         self._eval_pool: ThreadPoolExecutor | None = None
         self._evict_in: int | None = None
-        self._eval_pending: Future[None] | None = None
+        self._eval_pending: deque[Future[None]] = deque()
         self._since_refresh = opts.eval_refresh_steps
         self._full_batches = 0
         #: (candidate keys, co-visitation generation, ids mapped, column of each id)
@@ -606,8 +607,8 @@ class Trainer:
     def fit_batch(self, batch: Batch) -> float:
         """Test-then-train: score the first ``eval_rows`` rows of every ``eval_every``-th
         full batch and of every partial one (a stream slower than the trainer leaves CPU to
-        spare) with the model as it was before this batch, then train on the batch; returns
-        the training loss.
+        spare) with the model as it was before this batch, then train on the batch (a
+        partial one ``spare_epochs`` times); returns the training loss.
 
         The single-step path scores the user vectors its own forward pass computed before
         the update (ids first seen in this batch have just been admitted there, so they
@@ -628,9 +629,11 @@ class Trainer:
             if self._accumulates(batch):
                 vectors = self.tower_users(head.user_keys, head.history)
         loss = self.train_step(batch, covisit=False)
+        if evaluating and vectors is None:
+            vectors = self._head_vectors  # before the further passes replace them
+        for _ in range(0 if full else opts.spare_epochs - 1):
+            loss = self.train_step(batch, count=False, covisit=False)
         if evaluating:
-            if vectors is None:
-                vectors = self._head_vectors
             self._evaluation(self._observe_and_score, vectors, head, batch)
         else:
             self._evaluation(self._observe_and_score, None, head, batch)
@@ -639,17 +642,21 @@ class Trainer:
 
     def _evaluation(self, fn: Callable[..., None], *args: Any) -> None:
         """Run evaluation work (a candidate refresh; a head's scoring, then the batch's
-        popularity counts) on the evaluation thread (``eval_async``) once the previous
-        piece finished, else inline: the pieces run in training order, at most one behind
-        the training, and each batch is scored against the candidates of its own refresh
-        and the popularity counts of the batches before it."""
+        popularity counts) on the evaluation thread (``eval_async``), at most
+        ``eval_queue`` pieces behind the training (the oldest is waited for first), else
+        inline: the pieces run in training order on one thread, each batch is scored against
+        the candidates of its own refresh and the popularity counts of the batches before
+        it, whatever the depth (every piece's arguments are snapshots taken when it is
+        handed over)."""
         if not self.options.eval_async:
             fn(*args)
             return
-        self.wait_evaluation()
+        pending = self._eval_pending
+        while len(pending) >= self.options.eval_queue:
+            pending.popleft().result()
         if self._eval_pool is None:
             self._eval_pool = ThreadPoolExecutor(1, thread_name_prefix="trainer-eval")
-        self._eval_pending = self._eval_pool.submit(fn, *args)
+        pending.append(self._eval_pool.submit(fn, *args))
 
     def sync(self) -> None:
         """Block until every step handed out is applied to the state a checkpoint saves
@@ -657,9 +664,9 @@ class Trainer:
 
     def wait_evaluation(self) -> None:
         """Block until every batch handed to the evaluation is scored (errors re-raised)."""
-        pending, self._eval_pending = self._eval_pending, None
-        if pending is not None:
-            pending.result()
+        pending = self._eval_pending
+        while pending:
+            pending.popleft().result()
 
     def quality(self) -> dict[str, float]:
         """The evaluation's figures (``Evaluator.summary``) with every trained batch scored."""

@@ -77,9 +77,18 @@ class TrainOptions:
     #: quarter of a 512-sample train step (why 4: docs/decisions.md#live-figures).
     eval_every: int = 4
     eval_refresh_steps: int = 20
+    #: Optimizer steps on a partial batch (a stream slower than the trainer: the batch
+    #: timeout cut it short, so the trainer has time to spare); the further passes count
+    #: no frequency and teach no co-visitation again. A full batch gets one step (why 3:
+    #: docs/decisions.md#spare-epochs).
+    spare_epochs: int = 1
     #: Score a batch's head on a second thread while the next batch trains (numpy's
     #: scoring matmul and rank count release the GIL); False = inline.
     eval_async: bool = True
+    #: Pieces of evaluation work handed to the evaluation thread before the training waits
+    #: for the oldest: a scored head or a candidate refresh takes longer than a train step,
+    #: the pieces between them far less, so a short queue lets the two threads even out.
+    eval_queue: int = 1
     eval_window: int = 10_000
     dedup_lookups: bool = True
     #: Mixed negative sampling: items drawn uniformly per step from the items trained on so
@@ -93,6 +102,10 @@ class TrainOptions:
     def __post_init__(self) -> None:
         if self.aux_weight < 0.0:
             raise ValueError("aux_weight must be >= 0")
+        if self.spare_epochs < 1:
+            raise ValueError("spare_epochs must be >= 1")
+        if self.eval_queue < 1:
+            raise ValueError("eval_queue must be >= 1")
         if self.eval_every < 1:
             raise ValueError("eval_every must be >= 1")
         if self.grad_accum_steps < 1 or self.loss_groups < 1:

@@ -373,19 +373,56 @@ def test_auxiliary_weight_must_not_be_negative() -> None:
 
 def test_evaluation_on_its_thread_scores_the_same_as_inline() -> None:
     """``eval_async``: each batch's head is scored on the evaluation thread against the
-    candidates of its own refresh; the figures equal the inline evaluation's."""
+    candidates of its own refresh, however many pieces wait for it (``eval_queue``); the
+    figures, the learnt mix and the co-visitation counts equal the inline evaluation's."""
     batches = _batches(6, 48, seed=17)
     opts = TrainOptions(eval_rows=16, eval_every=1, eval_refresh_steps=2, learning_rate=0.3)
-    trainers = [
-        Trainer(CFG, replace(opts, eval_async=a), tag=f"evalasync{int(a)}") for a in (False, True)
-    ]
+    variants = [{"eval_async": False}, {"eval_async": True}, {"eval_async": True, "eval_queue": 3}]
+    trainers = [Trainer(CFG, replace(opts, **v), tag=f"evalasync{i}") for i, v in enumerate(variants)]
     for t in trainers:
         for b in batches:
             t.fit_batch(b)
-    inline, threaded = (t.quality() for t in trainers)
-    assert threaded == inline
+    inline, *threaded = (t.quality() for t in trainers)
+    assert threaded == [inline, inline]
     assert inline["evaluated_samples"] == 6 * 16
     assert inline["recall@10"] > 0.0  # something was hit: the comparison is not of zeros
+    weights = [t.mixer.as_dict() for t in trainers]
+    assert trainers[0].mixer.updates > 0  # the mix learnt: the comparison is not of its start
+    assert weights[1] == weights[0] and weights[2] == weights[0]
+    covisit = [t.covisit.row_sums(batches[-1].history) for t in trainers if t.covisit]
+    assert len(covisit) == 3 and covisit[0][0].size > 0
+    for other in covisit[1:]:
+        for a, b in zip(covisit[0], other, strict=True):
+            np.testing.assert_array_equal(a, b)
+    with pytest.raises(ValueError, match="eval_queue"):
+        TrainOptions(eval_queue=0)
+
+
+def test_partial_batches_get_spare_epochs_full_ones_one_step() -> None:
+    """``spare_epochs=3``: a partial batch is trained by three optimizer steps, a full one
+    by one; the further passes count no frequency and teach the co-visitation nothing, and
+    the head is scored with the vectors from before the first pass (the same figures as one
+    pass)."""
+    batches = _batches(3, 48, seed=23)
+    opts = TrainOptions(batch_size=64, eval_rows=16, eval_every=1, learning_rate=0.3)
+    one, three = (Trainer(CFG, replace(opts, spare_epochs=n), tag=f"spare{n}") for n in (1, 3))
+    for t in (one, three):
+        t.fit_batch(batches[0])  # 48 < 64: partial
+    assert (int(one.step.numpy()), int(three.step.numpy())) == (1, 3)
+    assert one.quality() == three.quality()  # scored before any pass
+    keys = tf.constant(batches[0].item_keys, tf.int64)
+    np.testing.assert_array_equal(one.freq.log_q(keys).numpy(), three.freq.log_q(keys).numpy())
+    assert one.covisit is not None and three.covisit is not None
+    for a, b in zip(one.covisit.row_sums(batches[1].history),
+                    three.covisit.row_sums(batches[1].history), strict=True):
+        np.testing.assert_array_equal(a, b)
+    rows = [t.user_vectors(batches[1].user_keys, batches[1].history) for t in (one, three)]
+    assert not np.allclose(rows[0], rows[1])  # the further passes moved the model
+    full = Trainer(CFG, replace(opts, batch_size=48, spare_epochs=3), tag="spare_full")
+    full.fit_batch(batches[0])
+    assert int(full.step.numpy()) == 1
+    with pytest.raises(ValueError, match="spare_epochs"):
+        TrainOptions(spare_epochs=0)
 
 
 def test_eval_every_scores_every_nth_batch_and_still_counts_all() -> None:
