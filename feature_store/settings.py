@@ -184,6 +184,11 @@ class TrainerSettings(BaseModel):
     embedding_dim: int = Field(32, description="Embedding size d (user tower layers 2d, d).")
     batch_size: int = Field(512, description="Samples per training step.")
     learning_rate: float = Field(0.05, description="Adagrad learning rate (tables and layers).")
+    spare_epochs: int = Field(
+        3, ge=1,
+        description="Optimizer steps on each partial batch (a stream slower than the trainer "
+        "leaves it time to spare); a full batch always gets one.",
+    )
     export_every_s: float = Field(
         300.0,
         description="Seconds between full model versions (bases for restart, pinning and "

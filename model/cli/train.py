@@ -146,6 +146,7 @@ def run_train(args: argparse.Namespace) -> int:
             max_item_rows=args.max_item_rows,
             eval_rows=args.eval_rows,
             eval_every=args.eval_every,
+            spare_epochs=tcfg.spare_epochs,
             **({} if args.aux_weight is None else {"aux_weight": args.aux_weight}),
         )
         loop = LoopOptions(

@@ -532,5 +532,6 @@ def build_service(
         history_len=min(ModelConfig.history_len, settings.features.history_len),
         seed=tcfg.seed,
     )
-    opts = options or TrainOptions(batch_size=tcfg.batch_size, learning_rate=tcfg.learning_rate)
+    opts = options or TrainOptions(batch_size=tcfg.batch_size, learning_rate=tcfg.learning_rate,
+                                   spare_epochs=tcfg.spare_epochs)
     return TrainerService(settings, Trainer(config, opts), loop, clock=clock, redis_client=redis_client)
