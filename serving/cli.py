@@ -90,11 +90,10 @@ class ReusePortListener:
     """A worker's own listening socket, bound in the worker: pickled to each worker process
     (uvicorn passes its sockets that way) as the recipe :func:`bind_reuse_port`.
 
-    With one socket shared by every worker the kernel hands a burst of new connections to
-    whichever worker wakes first, and it accepts all of them: 16 connections opened at once
-    were measured split 16/0, 2/14 and 9/7 over two workers, so one core served most of the
-    traffic. With ``SO_REUSEPORT`` each worker has its own socket and the kernel spreads new
-    connections over them (``docs/decisions.md#serving-workers``)."""
+    With one socket shared by every worker, a burst of new connections goes to the worker
+    that wakes first, which accepts all of it; with ``SO_REUSEPORT`` each worker has its own
+    socket and the kernel spreads new connections over them (figures:
+    ``docs/decisions.md#serving-workers``)."""
 
     def __init__(self, host: str, port: int) -> None:
         self.host = host
@@ -106,11 +105,18 @@ class ReusePortListener:
 
 def bind_reuse_port(host: str, port: int) -> socket.socket:
     """A TCP socket bound to ``(host, port)`` with ``SO_REUSEPORT`` (not yet listening)."""
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock = _tcp_socket(host)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.bind((host, port))
     sock.set_inheritable(True)
+    return sock
+
+
+def _tcp_socket(host: str) -> socket.socket:
+    """A TCP socket for ``host`` (IPv6 if it has a colon) with ``SO_REUSEADDR``, as uvicorn
+    binds its own."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     return sock
 
 
@@ -121,8 +127,7 @@ def _run_workers(config: Any) -> None:
     of being shared with it."""
     from uvicorn.supervisors import Multiprocess
 
-    probe = socket.socket(socket.AF_INET6 if ":" in config.host else socket.AF_INET)
-    probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    probe = _tcp_socket(config.host)
     try:
         probe.bind((config.host, config.port))
     except OSError as exc:

@@ -6,8 +6,8 @@ is answered here with the same bytes and headers the route would send. Anything 
 missing or invalid parameter, another spelling of a boolean, a body, a ``root_path``)
 goes on to the FastAPI route, which validates it and answers 422 as before: this path
 only ever handles requests whose answer it knows to be the route's. Why: the routing,
-dependency solving and response object cost more CPU per request than the ranking of a
-batch does per request (figures in ``docs/decisions.md#serving-workers``).
+dependency solving and response object were a large share of a worker's CPU per request
+(figures: ``docs/decisions.md#serving-request-path``).
 """
 
 from __future__ import annotations
