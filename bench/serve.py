@@ -70,6 +70,7 @@ async def _worker(host: str, port: int, users: list[str], k: int, stop_at: float
                 reader, writer = await asyncio.open_connection(host, port)
                 continue
             done = time.perf_counter()
+            counts["answered"] += 1
             if now < warm_until:
                 continue
             lat.append(done - now)
@@ -85,7 +86,7 @@ async def _loadgen(url: str, concurrency: int, duration: float, warmup: float,
                    users: list[str], k: int) -> dict[str, Any]:
     host, port = url.split("//", 1)[1].rsplit(":", 1)
     lat: list[float] = []
-    counts = {"errors": 0, "non_model": 0}
+    counts = {"errors": 0, "non_model": 0, "answered": 0}  # answered: warm-up included
     start = time.perf_counter()
     warm_until = start + warmup
     stop_at = warm_until + duration

@@ -20,7 +20,9 @@ phases: without deltas, then with one delta sent every ``--every`` seconds.
 directory) is measured too, in the same run: each round serves REV's code, then this
 tree's (a restarted server replays the lineage from the topic before it is measured).
 
-Reported per phase: p50/p99/rps/errors, deltas sent, and the workers' applied count and
+Reported per phase: p50/p99/rps/errors, the workers' CPU ms per request (``bench.workers``:
+their CPU seconds over the phase / the requests answered; far less load-sensitive than p99)
+and the split of the connections over them, deltas sent, and the workers' applied count and
 their last apply (decode + apply + compose; wall and the follower thread's CPU ms) from
 ``/model``; per code and phase the
 medians over rounds; ``apply_ms_in_process``: the same deltas decoded, applied and
@@ -43,6 +45,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from bench.workers import connections, cpu_seconds, worker_pids
 
 HERE = Path(__file__).resolve()
 REPO = HERE.parent.parent
@@ -233,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
                     wait_until(caught_up, 180, "every worker caught up with the stream")
                     for phase in (False, True):
                         results["phases"].append(_phase(
-                            args, name, phase, url, producer, k.updates_topic, pending,
+                            args, name, phase, url, proc.pid, producer, k.updates_topic, pending,
                             sent_total, httpx))
                     stop_process(proc, 10)
                     proc = None
@@ -250,6 +254,9 @@ def main(argv: list[str] | None = None) -> int:
             summary[f"{name} deltas={phase}"] = {
                 "p99_ms_median": float(np.median([x["p99_ms"] for x in mine])),
                 "p50_ms_median": float(np.median([x["p50_ms"] for x in mine])),
+                "rps_median": float(np.median([x["rps"] for x in mine])),
+                "cpu_ms_per_request_median": float(np.median(
+                    [x["cpu_ms_per_request"] for x in mine])),
                 "errors": sum(x["errors"] for x in mine),
                 "worker_apply_ms": _percentiles([v for x in mine if phase for v in
                                                  x["worker_last_apply_ms"].values() if v]),
@@ -263,7 +270,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"apply (decode + apply + compose) in process, {name}: {cost} ms")
     for name, row in summary.items():
         print(f"{name:<28} p50 {row['p50_ms_median']:7.1f}  p99 {row['p99_ms_median']:7.1f} ms "
-              f"(median of rounds)  errors {row['errors']}  worker apply {row['worker_apply_ms']}"
+              f"rps {row['rps_median']:7.1f}  cpu/request {row['cpu_ms_per_request_median']:.3f} ms "
+              f"(medians of rounds)  errors {row['errors']}  worker apply {row['worker_apply_ms']}"
               f" cpu {row['worker_apply_cpu_ms']}"
               f"  load {row['loadavg_1m']}")
     if args.json:
@@ -272,8 +280,9 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _phase(args: argparse.Namespace, name: str, deltas: bool, url: str, producer: Any,
-           topic: str, pending: list[bytes], sent_total: list[int], httpx: Any) -> dict[str, Any]:
+def _phase(args: argparse.Namespace, name: str, deltas: bool, url: str, server_pid: int,
+           producer: Any, topic: str, pending: list[bytes], sent_total: list[int],
+           httpx: Any) -> dict[str, Any]:
     """One measured phase: the load generator for ``--duration`` s, a delta sent every
     ``--every`` s meanwhile when ``deltas``."""
     stop = threading.Event()
@@ -290,14 +299,27 @@ def _phase(args: argparse.Namespace, name: str, deltas: bool, url: str, producer
     sender = threading.Thread(target=send, daemon=True)
     if deltas:
         sender.start()
-    out = subprocess.run(
+    pids = worker_pids(server_pid)
+    cpu0 = cpu_seconds(pids)
+    loadgen = subprocess.Popen(
         [sys.executable, str(SERVE), "loadgen", "--url", url, "--concurrency",
          str(args.concurrency), "--duration", str(args.duration)],
-        check=True, capture_output=True, text=True)
+        stdout=subprocess.PIPE, text=True)
+    # the keep-alive connections per worker, half way through the measured seconds
+    stop.wait(1.0 + args.duration / 2)
+    split = connections(int(url.rsplit(":", 1)[1]))
+    stdout, _ = loadgen.communicate()
+    cpu = cpu_seconds(pids) - cpu0
     stop.set()
     if deltas:
         sender.join()
-    row = json.loads(out.stdout)
+    if loadgen.returncode:
+        raise RuntimeError(f"loadgen failed ({loadgen.returncode})")
+    row = json.loads(stdout)
+    # every answer of the run (its warm-up second included) against the workers' CPU
+    row.update(worker_cpu_s=round(cpu, 3),
+               cpu_ms_per_request=round(1000.0 * cpu / max(row["answered"], 1), 4),
+               connections_per_worker=sorted(split.values(), reverse=True))
     status = _model_status(httpx, url)
     row.update(code=name, deltas=deltas, deltas_sent=sent[0], workers=args.workers,
                worker_applied={pid: s.get("applied") for pid, s in status.items()},
@@ -307,7 +329,9 @@ def _phase(args: argparse.Namespace, name: str, deltas: bool, url: str, producer
                worker_resyncs={pid: s.get("resyncs") for pid, s in status.items()},
                loadavg_1m=round(os.getloadavg()[0], 2))
     print(f"{name:<20} deltas={deltas!s:5} c={args.concurrency} p50={row['p50_ms']}ms "
-          f"p99={row['p99_ms']}ms rps={row['rps']} errors={row['errors']} sent={sent[0]} "
+          f"p99={row['p99_ms']}ms rps={row['rps']} errors={row['errors']} "
+          f"cpu/request={row['cpu_ms_per_request']}ms conns={row['connections_per_worker']} "
+          f"sent={sent[0]} "
           f"applied={row['worker_applied']} load={row['loadavg_1m']}", flush=True)
     return row
 

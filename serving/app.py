@@ -38,6 +38,7 @@ from serving import retrieval as r
 from serving.dashboard import collector_from_settings, dashboard_router
 from serving.deltas import DeltaFollower
 from serving.errors import Forbidden, NotFound, Unauthorized
+from serving.fastpath import RecommendFastPath
 from serving.features_api import features_router
 from serving.loader import ModelLoader, TrendingCache
 from serving.metrics import ServingMetrics
@@ -323,6 +324,9 @@ def create_app(
         BodyLimit,
         limit=max_body_bytes if max_body_bytes is not None else settings.serving.max_body_bytes,
     )
+    # outermost of ours: a well-formed GET /recommend skips the routing (serving.fastpath)
+    app.add_middleware(RecommendFastPath, answer=state.recommend,
+                       default_k=settings.serving.default_k, max_k=MAX_K)
     app.state.serving = state
     app.state.stats = stats
     app.include_router(features_router(store, state.store_guard.health))

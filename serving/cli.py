@@ -6,10 +6,14 @@ Keep imports here light: heavy modules are imported inside the handlers.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import shutil
+import socket
 from pathlib import Path
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 #: The environment variable ``prometheus_client`` reads for its multiprocess mode.
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
@@ -50,18 +54,14 @@ def _serve(args: argparse.Namespace) -> int:
         # Set before the workers start (and so before they import prometheus_client).
         metrics_dir = fresh_metrics_dir(settings.stack.run_dir / "metrics" / f"serving-{port}")
         os.environ[MULTIPROC_ENV] = str(metrics_dir)
+    options: dict[str, Any] = {
+        "host": args.host or settings.serving.host, "port": port, "loop": "uvloop",
+        "http": "httptools", "log_level": args.log_level, "access_log": False}
     try:
-        uvicorn.run(
-            target,
-            factory=workers > 1,
-            workers=workers,
-            host=args.host or settings.serving.host,
-            port=port,
-            loop="uvloop",
-            http="httptools",
-            log_level=args.log_level,
-            access_log=False,
-        )
+        if workers == 1:
+            uvicorn.run(target, **options)
+        else:
+            _run_workers(uvicorn.Config(target, factory=True, workers=workers, **options))
     finally:
         if metrics_dir is not None:  # the workers have exited: their files are history
             shutil.rmtree(metrics_dir, ignore_errors=True)
@@ -84,3 +84,60 @@ def fresh_metrics_dir(path: Path) -> Path:
     for old in path.glob("*.db"):
         old.unlink()
     return path
+
+
+class ReusePortListener:
+    """A worker's own listening socket, bound in the worker: pickled to each worker process
+    (uvicorn passes its sockets that way) as the recipe :func:`bind_reuse_port`.
+
+    With one socket shared by every worker, a burst of new connections goes to the worker
+    that wakes first, which accepts all of it; with ``SO_REUSEPORT`` each worker has its own
+    socket and the kernel spreads new connections over them (figures:
+    ``docs/decisions.md#serving-workers``)."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host = host
+        self.port = port
+
+    def __reduce__(self) -> tuple[Any, tuple[str, int]]:
+        return bind_reuse_port, (self.host, self.port)
+
+
+def bind_reuse_port(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``(host, port)`` with ``SO_REUSEPORT`` (not yet listening)."""
+    sock = _tcp_socket(host)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, port))
+    sock.set_inheritable(True)
+    return sock
+
+
+def _tcp_socket(host: str) -> socket.socket:
+    """A TCP socket for ``host`` (IPv6 if it has a colon) with ``SO_REUSEADDR``, as uvicorn
+    binds its own."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    return sock
+
+
+def _run_workers(config: Any) -> None:
+    """uvicorn's worker supervisor (restarts a worker that dies), each worker listening on
+    its own ``SO_REUSEPORT`` socket. The port is first bound without ``SO_REUSEPORT`` and
+    released, so a port another server holds fails here, as with one shared socket, instead
+    of being shared with it."""
+    from uvicorn.supervisors import Multiprocess
+
+    probe = _tcp_socket(config.host)
+    try:
+        probe.bind((config.host, config.port))
+    except OSError as exc:
+        log.error("cannot serve on %s:%s: %s", config.host, config.port, exc)
+        raise SystemExit(3) from exc
+    finally:
+        probe.close()
+    log.info("serving on %s:%s with %d workers", config.host, config.port, config.workers)
+    listener: Any = ReusePortListener(config.host, config.port)
+    try:
+        Multiprocess(config, sockets=[listener]).run()
+    except KeyboardInterrupt:
+        pass

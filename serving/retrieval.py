@@ -73,8 +73,8 @@ def rank_with_model(
     index, ids = artifact.item_index, artifact.item_ids
     excludes = [[index[i] for i in hist if i in index] if excl else []
                 for hist, excl in zip(histories, exclude_seen, strict=True)]
-    return [[Scored(str(ids[i]), float(v)) for i, v in zip(idx.tolist(), scores.tolist(),
-                                                            strict=True)]
+    # one fancy index and ``tolist`` per query: Python str and float, no numpy scalars
+    return [[Scored(i, v) for i, v in zip(ids[idx].tolist(), scores.tolist(), strict=True)]
             for idx, scores in top_k_batch(all_scores, ks, excludes)]
 
 

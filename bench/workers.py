@@ -1,0 +1,52 @@
+"""What the serving workers of a benchmark spend (Linux ``/proc``): CPU seconds of a
+server's worker processes, and how its keep-alive connections are split over them (``ss``).
+
+CPU seconds per request move far less with the load of a shared machine than p99 does, so
+the serving benchmarks report them beside the latencies.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def worker_pids(parent: int) -> list[int]:
+    """Pids of ``parent``'s worker processes (uvicorn's spawned workers; ``[parent]`` when it
+    serves alone)."""
+    children = []
+    for task in Path(f"/proc/{parent}/task").iterdir():
+        text = (task / "children").read_text().split()
+        children.extend(int(pid) for pid in text)
+    workers = [pid for pid in children if b"spawn_main" in _cmdline(pid)]
+    return workers or [parent]
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU seconds of ``pids`` so far (all their threads)."""
+    total = 0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])
+    return total / _TICKS
+
+
+def connections(port: int) -> dict[int, int]:
+    """Established connections to local ``port`` per owning pid."""
+    out = subprocess.run(["ss", "-tnpH", "state", "established", f"( sport = :{port} )"],
+                         capture_output=True, text=True, check=False).stdout
+    split: dict[int, int] = {}
+    for pid in re.findall(r"pid=(\d+)", out):
+        split[int(pid)] = split.get(int(pid), 0) + 1
+    return split

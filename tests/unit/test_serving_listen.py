@@ -1,0 +1,45 @@
+"""serve --workers N: each worker listens on its own SO_REUSEPORT socket (serving.cli)."""
+
+from __future__ import annotations
+
+import pickle
+import socket
+
+import pytest
+
+from serving.cli import ReusePortListener, _run_workers
+from tests.support import free_port
+
+
+def test_each_worker_binds_its_own_socket_and_a_plain_bind_fails() -> None:
+    port = free_port()
+    # what a worker process receives: the recipe, bound when unpickled there
+    first = pickle.loads(pickle.dumps(ReusePortListener("127.0.0.1", port)))
+    second = pickle.loads(pickle.dumps(ReusePortListener("127.0.0.1", port)))
+    try:
+        assert first.fileno() != second.fileno()
+        first.listen()
+        second.listen()
+        assert first.getsockname()[1] == second.getsockname()[1] == port
+        plain = socket.socket()
+        with pytest.raises(OSError):
+            plain.bind(("127.0.0.1", port))
+        plain.close()
+    finally:
+        first.close()
+        second.close()
+
+
+def test_a_port_in_use_stops_the_server_before_workers_start() -> None:
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+
+    class Config:
+        host, port, workers = "127.0.0.1", taken.getsockname()[1], 2
+
+    try:
+        with pytest.raises(SystemExit):
+            _run_workers(Config())
+    finally:
+        taken.close()
