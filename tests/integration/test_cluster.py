@@ -136,6 +136,9 @@ def _train(
     env["STREAMREC_STACK__RUN_DIR"] = str(root / "run")
     env["STREAMREC_STACK__READY_TIMEOUT_S"] = SERVERS_READY_S
     env["STREAMREC_TRAINER__CLUSTER_METRICS_EVERY_S"] = "1"
+    # one optimizer step per batch, partial ones too: the per-role step counts are
+    # checked against the batches trained
+    env["STREAMREC_TRAINER__SPARE_EPOCHS"] = "1"
     argv = [sys.executable, "-m", "deploy.cli", "train", "--batch-size", "256",
             "--eval-rows", "64", "--eval-every", "1", "--export-every-s", "3600"]
     if while_up is None:
