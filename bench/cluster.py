@@ -18,13 +18,19 @@ The live model (``ModelConfig()``), batch 512, eviction off (the cluster does no
 * wire: the bytes sent plus received on the TCP connections whose peer is a PS of the
   cluster (``ss -tin`` counters of every process here, taken before and after the timed
   steps), per step and per example; ``wire_all`` also counts chief <-> worker traffic.
-* CPU: milliseconds of CPU per step of the chief and each server (``/proc/PID/stat``) over
-  the timed steps, and the PS' CPU per row a step reads and writes (distinct users +
-  distinct targets and history items of the batch).
+* CPU: milliseconds of CPU per step of the chief (one process: the trainer) and each
+  server (``/proc/PID/stat``) over the timed steps, and the PS' CPU per row a step reads
+  and writes (distinct users + distinct targets and history items of the batch); for e2e,
+  microseconds per example of each role and of the samples fetch process.
+* e2e phases: ``e2e_startup_s`` from ``run()`` to the first batch (restore, the fetch
+  process's start, the step's trace), ``e2e_finish_s`` from the last batch to the end (the
+  final checkpoint and export), ``e2e_train_examples_per_s`` over the batches in between.
 
 JSON keys: ``by_variant`` {variant: {step_steps_per_s, step_examples_per_s,
 e2e_examples_per_s (medians) and their ``*_runs``, wire_bytes_per_step, wire_bytes_per_example,
-wire_all_bytes_per_step, cpu_ms_per_step {role: ms}, rows_per_step, ps_cpu_us_per_row}}, ``cluster_vs_single_step`` (ratio of medians), ``load_avg_*``.
+wire_all_bytes_per_step, cpu_ms_per_step {role: ms}, rows_per_step, ps_cpu_us_per_row,
+e2e_startup_s, e2e_finish_s, e2e_train_examples_per_s, e2e_cpu_us_per_example {role: us}}},
+``cluster_vs_single_step`` (ratio of medians), ``load_avg_*``.
 """
 
 from __future__ import annotations
@@ -74,6 +80,29 @@ def _cpu(clusters: list[Any]) -> dict[str, float]:
     for cluster in clusters:
         out.update({f"{job}{i}": cpu_s(p.pid) for (job, i), p in cluster.procs.items()})
     return out
+
+
+def _reaped_cpu_s() -> float:
+    """CPU seconds of this process's children that have exited and been waited for."""
+    t = os.times()
+    return t.children_user + t.children_system
+
+
+def _time_fits(trainer: Any) -> list[float]:
+    """Wrap ``trainer.fit_batch`` (this instance only) to record when the first batch
+    began and the last one returned: ``[first start, last end]``, filled as it trains."""
+    marks: list[float] = []
+    fit = trainer.fit_batch
+
+    def timed(batch: Any) -> float:
+        if not marks:
+            marks.extend([time.perf_counter()] * 2)
+        loss = fit(batch)
+        marks[-1] = time.perf_counter()
+        return float(loss)
+
+    trainer.fit_batch = timed
+    return marks
 
 
 def _distinct_rows(batch: Any, window: int) -> int:
@@ -151,15 +180,15 @@ def run_variant(variant: str, topic: str, e2e_samples: int, seconds: float, warm
         elapsed = time.perf_counter() - started
         out["step_steps_per_s"] = steps / elapsed
         out["step_examples_per_s"] = steps * BATCH / elapsed
+        used = {role: c - cpu_before[role] for role, c in _cpu(stack).items()}
+        out["cpu_ms_per_step"] = {role: round(1e3 * c / steps, 2) for role, c in used.items()}
+        out["rows_per_step"] = rows_read / steps
         if ps_ports:
             wire, wire_all = _ss_bytes(ps_ports) - before, _ss_bytes(all_ports) - before_all
             out["wire_bytes_per_step"] = wire / steps
             out["wire_bytes_per_example"] = wire / (steps * BATCH)
             out["wire_all_bytes_per_step"] = wire_all / steps
-            used = {role: c - cpu_before[role] for role, c in _cpu(stack).items()}
-            out["cpu_ms_per_step"] = {role: round(1e3 * c / steps, 2) for role, c in used.items()}
             ps_cpu = sum(c for role, c in used.items() if role.startswith("ps"))
-            out["rows_per_step"] = rows_read / steps
             out["ps_cpu_us_per_row"] = 1e6 * ps_cpu / rows_read
         root = Path(tempfile.mkdtemp(prefix="bench-cluster-"))
         try:
@@ -170,11 +199,22 @@ def run_variant(variant: str, topic: str, e2e_samples: int, seconds: float, warm
                             max_samples=e2e_samples),
                 clock=lambda: datetime.now(UTC),
             )
+            fits = _time_fits(service.trainer)
+            cpu_before = _cpu(stack)
+            reaped = _reaped_cpu_s()
             started = time.perf_counter()
             state = service.run()
             elapsed = time.perf_counter() - started
             assert state.samples_trained == e2e_samples, state
             out["e2e_examples_per_s"] = e2e_samples / elapsed
+            out["e2e_startup_s"] = fits[0] - started
+            out["e2e_finish_s"] = started + elapsed - fits[-1]
+            out["e2e_train_examples_per_s"] = e2e_samples / (fits[-1] - fits[0])
+            used = {role: c - cpu_before[role] for role, c in _cpu(stack).items()}
+            used["fetch"] = _reaped_cpu_s() - reaped  # the fetch process, reaped by run()
+            out["e2e_cpu_us_per_example"] = {
+                role: round(1e6 * c / e2e_samples, 1) for role, c in used.items()
+            }
         finally:
             shutil.rmtree(root, ignore_errors=True)
         return out
@@ -238,7 +278,8 @@ def main(argv: list[str] | None = None) -> int:
                 fig = json.loads(out.read_text())
                 runs[v].append(fig)
                 print(f"{v} round {r}: " + ", ".join(
-                    f"{k} {val:,.0f}" for k, val in fig.items() if isinstance(val, float)),
+                    f"{k} {val:,.0f}" if abs(val) >= 100 else f"{k} {val:.2f}"
+                    for k, val in fig.items() if isinstance(val, float)),
                     flush=True)
     by: dict[str, Any] = {}
     for v, figs in runs.items():

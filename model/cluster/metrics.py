@@ -24,8 +24,9 @@ Series (``docs/cluster.md``):
 * ``streamrec_cluster_schedule_seconds{role="chief"}`` (histogram) the chief's part of a step
   (admission, negatives) plus handing it to the coordinator;
 * ``streamrec_cluster_wait_seconds{role="chief", wait}`` (histogram) the chief blocked on the
-  coordinator: ``fetch`` a step's result (test-then-train heads), ``join`` every step in
-  flight (checkpoints, eviction);
+  coordinator: ``fetch`` a step's result (test-then-train heads; on the evaluation thread,
+  a few steps after the step was scheduled), ``join`` every step in flight (checkpoints,
+  eviction);
 * ``streamrec_cluster_steps_in_flight{role="chief"}`` steps scheduled, not yet finished on a
   worker (as of the last sample); ``streamrec_cluster_sampled_timestamp_seconds`` when.
 

@@ -15,6 +15,12 @@ Split of one step:
   row reads, towers, loss, gradients, sparse Adagrad on the tables and Adagrad on the dense
   layers (``assign_add`` of the accumulator and of the weights' deltas on the PS).
 
+The chief never waits for a step it schedules: the test-then-train head of an evaluated
+batch (user vectors the step computed before its update) stays on the worker until the
+evaluation thread fetches it, ``head_lag_steps`` batches later and in training order
+(:meth:`ClusterTrainer._evaluation`). Both functions are traced once, without autograph,
+before the first step (:meth:`ClusterTrainer.warm`).
+
 :meth:`sync` waits for every scheduled step, then copies the sharded rows and dense
 weights into the chief's local model, so checkpoints (one consistent cut: shards, dense
 weights, chief state and the Kafka offsets of exactly the scheduled batches) and exports
@@ -32,7 +38,8 @@ Eviction (:meth:`ClusterTrainer.maybe_evict`) is the one-process rule applied to
 Metrics (``model.cluster.metrics``): the step books its payload bytes and its time on the
 worker in variables on the PS (``model.cluster.stats``), read with the shard sizes by
 :meth:`ClusterTrainer.snapshot` off the step path; the chief times its own part of each step
-and its waits on the coordinator (``metrics``, optional).
+and its waits on the coordinator (``metrics``, optional; the ``fetch`` wait is the
+evaluation thread's).
 
 Not supported yet (refused by :func:`check_supported`): the attention user tower,
 ``train_history=False``, gradient accumulation, bfloat16 compute, and
@@ -44,6 +51,7 @@ from __future__ import annotations
 import copy
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -82,6 +90,10 @@ class ClusterOptions:
     #: dtype of rows and gradients on the wire ("float32" or "bfloat16"; tables stay
     #: float32); bfloat16 evaluates within noise of float32 (docs/cluster.md)
     wire_dtype: str = "bfloat16"
+    #: Steps scheduled after an evaluated one before its head goes to the evaluation
+    #: thread (which fetches it from the worker): the chief never waits for a step it has
+    #: just scheduled, and the evaluation lags the training by this many batches at most.
+    head_lag_steps: int = 4
 
 
 def check_supported(config: ModelConfig, options: TrainOptions) -> None:
@@ -191,10 +203,17 @@ class ClusterTrainer(Trainer):
             _lr(opts.item_lr, opts.learning_rate),
             _lr(opts.dense_lr, opts.learning_rate),
         )
-        self._prepare_fn = tf.function(self._prepare, input_signature=_PREP_SIG)
-        self._remote_fn = tf.function(self._distributed_step, input_signature=_STEP_SIG)
+        # no autograph: neither function has tensor-dependent Python control flow (a
+        # trace would fail if it had), and converting them took most of the trace's seconds
+        self._prepare_fn = tf.function(self._prepare, input_signature=_PREP_SIG, autograph=False)
+        self._remote_fn = tf.function(
+            self._distributed_step, input_signature=_STEP_SIG, autograph=False
+        )
+        self._prepare_concrete: Any = None
+        self._remote_concrete: Any = None
         self._last_loss = float("nan")
-        self._last_remote: Any = None
+        #: evaluation pieces (fn, args) not yet handed to the evaluation thread, in order
+        self._deferred: deque[tuple[Callable[..., None], tuple[Any, ...]]] = deque()
 
     # -- state ------------------------------------------------------------------------------
     def trackables(self) -> dict[str, object]:
@@ -313,6 +332,23 @@ class ClusterTrainer(Trainer):
         return keys, rows, self.freq.log_q(tf.constant(keys, tf.int64)).numpy()
 
     # -- the step -----------------------------------------------------------------------------
+    def warm(self) -> None:
+        """Trace the chief's part and the worker step once (else the first step does).
+
+        The worker step is traced as ``ClusterCoordinator.schedule`` traces a
+        ``tf.function`` (in the strategy's scope, marked as being scheduled); scheduling
+        its concrete function then skips the per-call signature lookup too."""
+        if self._remote_concrete is not None:
+            return
+        self._prepare_concrete = self._prepare_fn.get_concrete_function()
+        strategy = self.conn.strategy
+        with strategy.scope():
+            strategy.extended._being_scheduled = True  # noqa: SLF001 - as schedule() sets it
+            try:
+                self._remote_concrete = self._remote_fn.get_concrete_function()
+            finally:
+                strategy.extended._being_scheduled = False  # noqa: SLF001
+
     def _prepare(
         self, uk: tf.Tensor, ik: tf.Tensor, hist: tf.Tensor, neg: tf.Tensor, neg_lq: tf.Tensor,
         count: tf.Tensor,
@@ -377,10 +413,11 @@ class ClusterTrainer(Trainer):
     def train_step(self, batch: Batch, *, count: bool = True, covisit: bool = True) -> float:
         """Schedule one step of ``batch`` on a worker; returns the newest loss fetched.
 
-        The step's head vectors (test-then-train) are fetched only for the batches
-        :meth:`Trainer.fit_batch` evaluates (that waits for the step); other steps run
-        without the chief waiting for them.
+        The chief never waits for the step: for a batch :meth:`Trainer.fit_batch`
+        evaluates, the head vectors (test-then-train: computed by the step before its
+        update) are fetched later by the evaluation thread (:meth:`_evaluation`).
         """
+        self.warm()
         started = self.monotonic()
         if self.negatives.count and not self.negatives.ready:
             self.negatives.reset(self._item_rows()[0])
@@ -390,30 +427,60 @@ class ClusterTrainer(Trainer):
         ik = tf.constant(batch.item_keys, tf.int64)
         hist = tf.constant(self._history(batch.history), tf.int64)
         w = tf.constant(batch.weights, tf.float32)
-        prep = self._prepare_fn(
+        prep = self._prepare_concrete(
             uk, ik, hist, tf.constant(neg, tf.int64), tf.constant(neg_lq, tf.float32),
             tf.constant(count),
         )
         args = (uk, ik, hist, w, *prep)
-        remote = self.conn.coordinator.schedule(self._remote_fn, args=args)
+        remote = self.conn.coordinator.schedule(self._remote_concrete, args=args)
         self.scheduled += 1
         m = self.metrics
         if m is not None:
             m.schedule_seconds.observe(self.monotonic() - started)
             m.chief_sent(sum(t.shape.num_elements() * t.dtype.size for t in args))
-        self._head_vectors = None
-        if self._evaluates(batch):
-            waiting = self.monotonic()
-            loss, head = remote.fetch()
-            self._last_loss = float(loss)
-            self._head_vectors = np.asarray(head)
-            if m is not None:
-                m.waits["fetch"].observe(self.monotonic() - waiting)
-                m.chief_received(np.asarray(loss).nbytes + self._head_vectors.nbytes)
+        # a further pass over the same batch (count False: spare epochs) is never scored
+        evaluated = count and self._evaluates(batch)
+        self._head_vectors = self._head_fetch(remote) if evaluated else None
         if count and covisit and self.covisit is not None:
             self.covisit.learn(batch.history, batch.item_keys, batch.weights)
         self.maybe_evict()
         return self._last_loss
+
+    def _head_fetch(self, remote: Any) -> Callable[[], np.ndarray]:
+        """The head vectors of a scheduled step, fetched when called (on the evaluation
+        thread; the wait is the ``fetch`` wait); the step's loss becomes the newest."""
+
+        def fetch() -> np.ndarray:
+            waiting = self.monotonic()
+            loss, head = remote.fetch()
+            self._last_loss = float(loss)
+            vectors = np.asarray(head)
+            if self.metrics is not None:
+                self.metrics.waits["fetch"].observe(self.monotonic() - waiting)
+                self.metrics.chief_received(np.asarray(loss).nbytes + vectors.nbytes)
+            return vectors
+
+        return fetch
+
+    def _evaluation(self, fn: Callable[..., None], *args: Any) -> None:
+        """Queue a piece of evaluation work; pieces go to the evaluation thread in order,
+        a piece behind an evaluated step only ``head_lag_steps`` batches later, so
+        that step has most likely run when its head is fetched (no drained pipeline)."""
+        self._deferred.append((fn, args))
+        self._hand_over(self.cluster_options.head_lag_steps)
+
+    def _hand_over(self, keep: int) -> None:
+        """Hand the oldest deferred pieces to the evaluation thread until at most ``keep``
+        remain, and any more at the front whose head is not in flight."""
+        deferred = self._deferred
+        while deferred and (len(deferred) > keep or not any(map(callable, deferred[0][1]))):
+            fn, args = deferred.popleft()
+            super()._evaluation(fn, *args)
+
+    def wait_evaluation(self) -> None:
+        """Hand over every deferred piece, then wait until all are scored."""
+        self._hand_over(0)
+        super().wait_evaluation()
 
     def _evaluates(self, batch: Batch) -> bool:
         """Whether :meth:`Trainer.fit_batch` scores this batch's head (it counted the batch

@@ -37,7 +37,10 @@ from model.trainer.samples import Batch
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Batch", "Trainer", "TrainOptions"]
+__all__ = ["Batch", "HeadVectors", "Trainer", "TrainOptions"]
+
+#: A batch's head vectors, or a callable returning them once its step ran.
+HeadVectors = np.ndarray | Callable[[], np.ndarray]
 
 
 _SIG = [
@@ -111,7 +114,9 @@ class Trainer:
         self._full_batches = 0
         #: (candidate keys, co-visitation generation, ids mapped, column of each id)
         self._columns: tuple[np.ndarray, int, int, np.ndarray] | None = None
-        self._head_vectors: np.ndarray | None = None
+        #: The last step's head vectors (test-then-train), or a callable that returns them
+        #: once the step ran (a cluster step in flight; called on the evaluation thread).
+        self._head_vectors: HeadVectors | None = None
         self.negatives = NegativeSampler(opts.sampled_negatives, config.seed)
         self.covisit = (
             CoVisitation(
@@ -163,8 +168,9 @@ class Trainer:
     def _begin(
         self, uk: tf.Tensor, ik: tf.Tensor, hist: tf.Tensor, count: tf.Tensor
     ) -> tuple[tf.Tensor, ...]:
-        if count:  # a tf.cond: the update runs before log_q reads the estimate
-            self.freq.update(ik)
+        # the update runs before log_q reads the estimate (automatic control dependencies);
+        # a tf.cond written out, so a step traced without autograph has it too
+        tf.cond(count, lambda: self.freq.update(ik), lambda: tf.constant(0.0))
         step = self.step.assign_add(1)
         u_eff, i_eff, h_eff, known = self.model.prepare(uk, ik, hist, step)
         return u_eff, i_eff, h_eff, known, self.freq.log_q(ik)
@@ -402,8 +408,7 @@ class Trainer:
         if self._accumulates(batch):
             loss = float(self._accum_fn(*args))
         else:
-            if self._step_concrete is None:  # traced on first use (calls skip the dispatch)
-                self._step_concrete = self._step_fn.get_concrete_function()
+            self.warm()
             loss_t, head = self._step_concrete(*args)
             loss = float(loss_t)
             self._head_vectors = head.numpy()
@@ -411,6 +416,13 @@ class Trainer:
             self.covisit.learn(batch.history, batch.item_keys, batch.weights)
         self.maybe_evict()
         return loss
+
+    def warm(self) -> None:
+        """Trace the train step now if not yet (else its first use does: seconds on the
+        2-core machine); calls then skip the ``tf.function`` dispatch. The trainer service
+        calls it while its fetch process starts."""
+        if self._step_concrete is None:
+            self._step_concrete = self._step_fn.get_concrete_function()
 
     def _history(self, history: np.ndarray) -> np.ndarray:
         """The model's window of a (most recent first) history: ``ModelConfig.window``."""
@@ -516,13 +528,15 @@ class Trainer:
             self.mixer.update(parts, target_pos)
 
     def _observe_and_score(
-        self, vectors: np.ndarray | None, head: Batch, trained: Batch
+        self, vectors: HeadVectors | None, head: Batch, trained: Batch
     ) -> None:
         """Evaluation-thread work of one trained batch, in training order: score its head
         with the whole served score (``vectors``: the head's user tower outputs before the
-        batch trained; None = not evaluated), let the learned mix learn from those scores,
-        count the batch's items for the popularity baseline, then let the co-visitation
-        term learn it (off the training thread)."""
+        batch trained, or a callable returning them; None = not evaluated), let the learned
+        mix learn from those scores, count the batch's items for the popularity baseline,
+        then let the co-visitation term learn it (off the training thread)."""
+        if callable(vectors):
+            vectors = vectors()
         ev = self.evaluator
         if vectors is not None and ev.candidate_keys.size:
             self._score_head(vectors, head)
@@ -619,7 +633,7 @@ class Trainer:
         evaluating = opts.eval_rows > 0 and (not full or self._full_batches % opts.eval_every == 0)
         self._full_batches += full
         head = batch.rows(slice(0, opts.eval_rows))
-        vectors = None
+        vectors: HeadVectors | None = None
         if evaluating:
             if self._since_refresh >= opts.eval_refresh_steps:
                 # the rows as the model holds them now; the scoring matrix is built on the
@@ -664,6 +678,11 @@ class Trainer:
 
     def wait_evaluation(self) -> None:
         """Block until every batch handed to the evaluation is scored (errors re-raised)."""
+        self._wait_scored()
+
+    def _wait_scored(self) -> None:
+        """Block until every piece handed to the evaluation thread is done (errors
+        re-raised, oldest first)."""
         pending = self._eval_pending
         while pending:
             pending.popleft().result()

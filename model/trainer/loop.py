@@ -257,7 +257,7 @@ class TrainerService:
             "offsets": dict(self.state.offsets),
             "last_version": self.state.last_version,
             "trained_through_ms": self.state.trained_through_ms,
-            "metrics": self.trainer.evaluator.summary(),  # at most one batch behind
+            "metrics": self.trainer.evaluator.summary(),  # a few batches behind at most
             "delta": self.delta_status(),
             "guard": self.guard_status(),
         }
@@ -328,6 +328,7 @@ class TrainerService:
         waited = False  # waited for samples since the last delta (the trainer keeps up)
         with _tuned(self.loop):
             fetcher.start()
+            self.trainer.warm()  # the step's trace overlaps the fetch process's start
             self.running = True
             try:
                 while not self.stop_event.is_set() and not self._limit_reached():
@@ -336,6 +337,8 @@ class TrainerService:
                     self.metrics.fetch_wait.observe(self.monotonic() - waiting)
                     if chunk is None or len(chunk) < self.trainer.options.batch_size:
                         waited = True
+                    if chunk is None:  # idle: the evaluation catches up (a cluster's
+                        self.trainer.wait_evaluation()  # heads are fetched steps later)
                     if chunk is not None:
                         since_export += self._train(chunk)
                     now = self.monotonic()
@@ -444,7 +447,7 @@ class TrainerService:
             m.step_seconds.observe(self.monotonic() - started)
             self._batches_done += 1
             if self._batches_done % 20 == 0:
-                m.set_quality(self.trainer.evaluator.summary())  # at most one batch behind
+                m.set_quality(self.trainer.evaluator.summary())  # a few batches behind at most
         st.offsets.update(chunk.offsets)
         self.metrics.consumed_offsets.set(sum(st.offsets.values()))
         return len(sample_ids) if batch is not None else 0

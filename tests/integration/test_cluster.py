@@ -220,14 +220,19 @@ def _per(m: Samples, name: str, role: str, **labels: str) -> dict[str, float]:
 
 def _settled_cluster_metrics(url: str) -> Samples:
     """The trainer's /metrics once a cluster sample was read after every step finished
-    (steps finished on the workers = batches the chief trained, none in flight)."""
+    (steps finished on the workers = batches the chief trained, none in flight) and every
+    step's head was fetched (``--eval-every 1``: the evaluation thread fetches each a few
+    steps after it was scheduled, the rest once the trainer is idle)."""
 
     def settled() -> Samples | None:
         m = parse_metrics(httpx.get(url + "/metrics", timeout=5.0).text)
         batches = _value(m, "streamrec_trainer_batches_total")
         steps = sum(_per(m, "streamrec_cluster_step_seconds_count", "worker").values())
         in_flight = _value(m, "streamrec_cluster_steps_in_flight", role="chief", index="0")
-        return m if batches > 0 and steps == batches and in_flight == 0 else None
+        fetched = _value(m, "streamrec_cluster_wait_seconds_count", wait="fetch", role="chief",
+                         index="0")
+        done = batches > 0 and steps == batches == fetched and in_flight == 0
+        return m if done else None
 
     return wait_until(settled, 120, "cluster metrics of every step", interval_s=0.5)
 
