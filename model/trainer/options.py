@@ -87,8 +87,9 @@ class TrainOptions:
     eval_async: bool = True
     #: Pieces of evaluation work handed to the evaluation thread before the training waits
     #: for the oldest: a scored head or a candidate refresh takes longer than a train step,
-    #: the pieces between them far less, so a short queue lets the two threads even out.
-    eval_queue: int = 1
+    #: the pieces between them far less, so a short queue lets the two threads even out
+    #: (why 4: docs/decisions.md#live-figures).
+    eval_queue: int = 4
     eval_window: int = 10_000
     dedup_lookups: bool = True
     #: Mixed negative sampling: items drawn uniformly per step from the items trained on so

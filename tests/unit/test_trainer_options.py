@@ -377,7 +377,8 @@ def test_evaluation_on_its_thread_scores_the_same_as_inline() -> None:
     figures, the learnt mix and the co-visitation counts equal the inline evaluation's."""
     batches = _batches(6, 48, seed=17)
     opts = TrainOptions(eval_rows=16, eval_every=1, eval_refresh_steps=2, learning_rate=0.3)
-    variants = [{"eval_async": False}, {"eval_async": True}, {"eval_async": True, "eval_queue": 3}]
+    variants = [{"eval_async": False}, {"eval_async": True, "eval_queue": 1},
+                {"eval_async": True, "eval_queue": 3}]
     trainers = [Trainer(CFG, replace(opts, **v), tag=f"evalasync{i}") for i, v in enumerate(variants)]
     for t in trainers:
         for b in batches:
