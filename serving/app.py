@@ -38,7 +38,7 @@ from serving import retrieval as r
 from serving.dashboard import collector_from_settings, dashboard_router
 from serving.deltas import DeltaFollower
 from serving.errors import Forbidden, NotFound, Unauthorized
-from serving.fastpath import RecommendFastPath
+from serving.fastpath import MAX_USER_ID, RecommendFastPath
 from serving.features_api import features_router
 from serving.loader import ModelLoader, TrendingCache
 from serving.metrics import ServingMetrics
@@ -337,7 +337,7 @@ def create_app(
 
     @app.get("/recommend")
     async def recommend(
-        user_id: str = Query(min_length=1, max_length=128),
+        user_id: str = Query(min_length=1, max_length=MAX_USER_ID),
         k: int = Query(default_k, ge=1, le=MAX_K),
         exclude_seen: bool = True,
     ) -> Response:

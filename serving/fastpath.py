@@ -21,13 +21,17 @@ import orjson
 #: ``(user_id, k, exclude_seen) -> answer`` (the JSON object of ``GET /recommend``).
 Answerer = Callable[[str, int, bool], Awaitable[dict[str, Any]]]
 
+#: Longest ``user_id`` of ``GET /recommend`` (the route's own limit too; an event's ids have
+#: the same bound, ``stream.rules.MAX_ID_LEN``).
+MAX_USER_ID = 128
+
 _BOOLS = {"true": True, "1": True, "false": False, "0": False}
 _BODY_HEADERS = (b"content-length", b"transfer-encoding")
 _JSON = (b"content-type", b"application/json")
 
 
 def parse_recommend(query_string: bytes, default_k: int, max_k: int,
-                    max_user_id: int = 128) -> tuple[str, int, bool] | None:
+                    max_user_id: int = MAX_USER_ID) -> tuple[str, int, bool] | None:
     """``(user_id, k, exclude_seen)`` of a query string the route would accept as is, else
     ``None``. Decoded as Starlette does (latin-1, ``parse_qsl``, the last value of a
     repeated key wins)."""
