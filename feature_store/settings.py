@@ -207,7 +207,14 @@ class TrainerSettings(BaseModel):
     delta_catchup_every_s: float = Field(
         10.0, ge=0.0,
         description="Seconds between deltas while the trainer catches up (a backlog, a "
-        "backfill: no wait for samples since the last delta); 0 = delta_every_s throughout.",
+        "backfill: no wait for samples since the last delta, or only history: "
+        "delta_history_lag_s); 0 = delta_every_s throughout.",
+    )
+    delta_history_lag_s: float = Field(
+        300.0, ge=0.0,
+        description="Samples whose event time lags the wall clock by more than this many "
+        "seconds are history (a backfill of an old log): while the trainer trains only "
+        "history, deltas go every delta_catchup_every_s; 0 = never history.",
     )
     delta_codec: str = Field(
         "int8", description="Row codec of the deltas: float32, float16, bfloat16 or int8 (the "

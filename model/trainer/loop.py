@@ -20,7 +20,7 @@ event time it is trained through, the rolling test-then-train metrics and the di
 With ``delta_every_s`` > 0, every version also starts a lineage of deltas
 (``model.trainer.deltas``: a snapshot beside the version, then every ``delta_every_s`` the
 rows that moved, on ``kafka.updates_topic``; every ``delta_catchup_every_s`` while the trainer
-catches up on a backlog: :func:`delta_interval`). Deltas are provisional (not checkpointed):
+catches up on a backlog or trains only history: :func:`delta_interval`). Deltas are provisional (not checkpointed):
 a restarted trainer publishes a new full version before it trains, so serving resyncs to
 it and the samples after the checkpoint are trained once in the surviving lineage
 (``docs/decisions.md#delta-stream``).
@@ -99,8 +99,12 @@ class LoopOptions:
     max_poll_records: int | None = None
     #: Seconds between deltas on the updates topic (0 = none; ``model.trainer.deltas``).
     delta_every_s: float = 0.0
-    #: ... while catching up (every chunk since the last delta was full and came at once).
+    #: ... while catching up (every chunk since the last delta was full and came at once),
+    #: or while every sample since the last delta is history (below).
     delta_catchup_every_s: float = 0.0
+    #: Samples whose event time lags the wall clock by more than this are history (a
+    #: backfill of an old log); 0 = never.
+    delta_history_lag_s: float = 0.0
 
 
 def feature_schema_hash(history_len: int, config: ModelConfig) -> str:
@@ -137,14 +141,24 @@ def _tuned(loop: LoopOptions) -> Iterator[None]:
             blas.restore_original_limits()
 
 
-def delta_interval(loop: LoopOptions, waited: bool) -> float:
-    """Seconds between deltas: ``delta_every_s`` while the trainer keeps up with the stream
-    (it ``waited`` for samples since the last delta: a chunk came short or not at all),
-    ``delta_catchup_every_s`` while it catches up on a backlog (a backfill, a restart behind
-    the stream). A catching-up trainer's model lags the stream by the backlog anyway, and
-    each delta costs it, and every serving worker, work that grows with the rows touched —
-    in a backlog most of them."""
-    if waited or loop.delta_catchup_every_s <= 0:
+def delta_interval(loop: LoopOptions, waited: bool, newest_ms: int | None = None,
+                   now_ms: int | None = None) -> float:
+    """Seconds between deltas: ``delta_every_s`` while the trainer keeps up with a live
+    stream (it ``waited`` for samples since the last delta: a chunk came short or not at
+    all), ``delta_catchup_every_s`` while it catches up on a backlog (a backfill, a restart
+    behind the stream) or while it trains only history: the newest event time trained
+    since the last delta (``newest_ms``) lags the wall clock (``now_ms``) by more than
+    ``delta_history_lag_s``. Either way the model lags what users do now by more than a
+    delta would win back, and each delta costs the trainer, and every serving worker, work
+    that grows with the rows touched — in a backlog most of them. One live sample in the
+    window brings back ``delta_every_s``: a backfill mixed with live traffic stays fresh."""
+    if loop.delta_catchup_every_s <= 0:
+        return loop.delta_every_s
+    history = (
+        loop.delta_history_lag_s > 0 and newest_ms is not None and now_ms is not None
+        and now_ms - newest_ms > loop.delta_history_lag_s * 1000.0
+    )
+    if waited and not history:
         return loop.delta_every_s
     return max(loop.delta_catchup_every_s, loop.delta_every_s)
 
@@ -170,6 +184,7 @@ class TrainerService:
             export_every_samples=settings.trainer.export_every_samples,
             delta_every_s=settings.trainer.delta_every_s,
             delta_catchup_every_s=settings.trainer.delta_catchup_every_s,
+            delta_history_lag_s=settings.trainer.delta_history_lag_s,
         )
         self.clock = clock
         self.monotonic = monotonic
@@ -190,6 +205,7 @@ class TrainerService:
         self._producer: Any = None
         self._last_loss = float("nan")
         self._batches_done = 0
+        self._window_newest_ms: int | None = None  # newest event time since the last delta
         #: The delta stream (``LoopOptions.delta_every_s``), made when ``run()`` starts.
         self.deltas: DeltaPublisher | None = None
         #: The quality guard of publications (None: ``trainer.guard_margin`` 0).
@@ -356,10 +372,13 @@ class TrainerService:
                             if self._guarded():
                                 self._export_logged()
                                 last_export, since_export = self.monotonic(), 0
-                        elif now - last_delta >= delta_interval(self.loop, waited):
+                        elif now - last_delta >= delta_interval(
+                            self.loop, waited, self._window_newest_ms, self._now_ms()
+                        ):
                             if self._guarded():
                                 self._publish_delta()
                             last_delta, waited = now, False
+                            self._window_newest_ms = None
                 if since_export > 0:
                     if self._guarded():
                         self._export_logged()
@@ -409,6 +428,9 @@ class TrainerService:
             self.metrics.delta_rows.observe(delta.rows_changed)
             self.metrics.delta_seconds.observe(self.monotonic() - started)
 
+    def _now_ms(self) -> int:
+        return int(self.clock().timestamp() * 1000)
+
     def _limit_reached(self) -> bool:
         cap = self.loop.max_samples
         return cap is not None and self.state.samples_trained >= cap
@@ -438,6 +460,7 @@ class TrainerService:
             st.digest = (st.digest + digest_of_hashes(hashes)) % (1 << 64)
             newest = int(ts.max())
             st.trained_through_ms = max(newest, st.trained_through_ms or newest)
+            self._window_newest_ms = max(newest, self._window_newest_ms or newest)
             m = self.metrics
             m.samples.inc(len(sample_ids))
             m.samples_total.set(st.samples_trained)

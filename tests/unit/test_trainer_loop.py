@@ -50,3 +50,17 @@ def test_deltas_slow_down_while_the_trainer_catches_up() -> None:
     assert delta_interval(loop, waited=False) == 10.0  # a backlog: every 10 s
     assert delta_interval(LoopOptions(delta_every_s=1.0, delta_catchup_every_s=0.0), False) == 1.0
     assert delta_interval(LoopOptions(delta_every_s=20.0, delta_catchup_every_s=10.0), False) == 20.0
+
+
+def test_deltas_slow_down_while_the_trainer_trains_only_history() -> None:
+    loop = LoopOptions(delta_every_s=1.0, delta_catchup_every_s=10.0, delta_history_lag_s=300.0)
+    now = 1_800_000_000_000
+    # a backfill of an old log the trainer keeps up with (the feature job is slower)
+    assert delta_interval(loop, True, now - 301_000, now) == 10.0
+    assert delta_interval(loop, True, now - 299_000, now) == 1.0  # live: every second
+    assert delta_interval(loop, True, None, now) == 1.0  # nothing trained since the last delta
+    assert delta_interval(loop, False, now - 1_000, now) == 10.0  # a live backlog
+    off = LoopOptions(delta_every_s=1.0, delta_catchup_every_s=10.0, delta_history_lag_s=0.0)
+    assert delta_interval(off, True, now - 10**9, now) == 1.0
+    none = LoopOptions(delta_every_s=1.0, delta_catchup_every_s=0.0, delta_history_lag_s=300.0)
+    assert delta_interval(none, True, now - 10**9, now) == 1.0
