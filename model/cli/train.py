@@ -149,7 +149,8 @@ def run_train(args: argparse.Namespace) -> int:
             spare_epochs=tcfg.spare_epochs,
             **({} if args.aux_weight is None else {"aux_weight": args.aux_weight}),
         )
-        loop = LoopOptions(
+        loop = LoopOptions.from_settings(
+            settings,
             batch_timeout_s=args.batch_timeout_s,
             export_every_s=args.export_every_s or tcfg.export_every_s,
             export_every_samples=args.export_every_samples or tcfg.export_every_samples,

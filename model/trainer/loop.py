@@ -106,6 +106,19 @@ class LoopOptions:
     #: backfill of an old log); 0 = never.
     delta_history_lag_s: float = 0.0
 
+    @classmethod
+    def from_settings(cls, settings: Settings, **overrides: Any) -> LoopOptions:
+        """The loop options ``settings.trainer`` names, with ``overrides`` (the CLI's flags)."""
+        t = settings.trainer
+        named: dict[str, Any] = {
+            "export_every_s": t.export_every_s,
+            "export_every_samples": t.export_every_samples,
+            "delta_every_s": t.delta_every_s,
+            "delta_catchup_every_s": t.delta_catchup_every_s,
+            "delta_history_lag_s": t.delta_history_lag_s,
+        }
+        return cls(**{**named, **overrides})
+
 
 def feature_schema_hash(history_len: int, config: ModelConfig) -> str:
     spec = {
@@ -179,13 +192,7 @@ class TrainerService:
     ) -> None:
         self.settings = settings
         self.trainer = trainer
-        self.loop = loop or LoopOptions(
-            export_every_s=settings.trainer.export_every_s,
-            export_every_samples=settings.trainer.export_every_samples,
-            delta_every_s=settings.trainer.delta_every_s,
-            delta_catchup_every_s=settings.trainer.delta_catchup_every_s,
-            delta_history_lag_s=settings.trainer.delta_history_lag_s,
-        )
+        self.loop = loop or LoopOptions.from_settings(settings)
         self.clock = clock
         self.monotonic = monotonic
         self.metrics = metrics or TrainerMetrics(trainer.options.eval_k)

@@ -39,8 +39,9 @@ def _env(settings: Settings, trainer_port: int) -> dict[str, str]:
         "STREAMREC_TRAINER__GROUP_ID": t.group_id,
         "STREAMREC_TRAINER__METRICS_PORT": str(trainer_port),
         "STREAMREC_TRAINER__DELTA_EVERY_S": "0.5",
-        # the synthetic stream's event times are months old: live deltas all the same
-        "STREAMREC_TRAINER__DELTA_HISTORY_LAG_S": "0",
+        # a delta every 0.5 s throughout: these tests start the trainer behind a backlog of
+        # synthetic samples whose event times are months old (both slow the cadence down)
+        "STREAMREC_TRAINER__DELTA_CATCHUP_EVERY_S": "0",
         "STREAMREC_FEATURES__HISTORY_LEN": "20",
         "STREAMREC_SERVING__POLL_INTERVAL_S": "2",
     })
