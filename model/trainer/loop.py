@@ -155,7 +155,7 @@ def _tuned(loop: LoopOptions) -> Iterator[None]:
 
 
 def delta_interval(loop: LoopOptions, waited: bool, newest_ms: int | None = None,
-                   now_ms: int | None = None) -> float:
+                   now_ms: int | None = None, quiet_s: float = 0.0) -> float:
     """Seconds between deltas: ``delta_every_s`` while the trainer keeps up with a live
     stream (it ``waited`` for samples since the last delta: a chunk came short or not at
     all), ``delta_catchup_every_s`` while it catches up on a backlog (a backfill, a restart
@@ -164,8 +164,10 @@ def delta_interval(loop: LoopOptions, waited: bool, newest_ms: int | None = None
     ``delta_history_lag_s``. Either way the model lags what users do now by more than a
     delta would win back, and each delta costs the trainer, and every serving worker, work
     that grows with the rows touched — in a backlog most of them. One live sample in the
-    window brings back ``delta_every_s``: a backfill mixed with live traffic stays fresh."""
-    if loop.delta_catchup_every_s <= 0:
+    window brings back ``delta_every_s``: a backfill mixed with live traffic stays fresh;
+    so does a stream that has gone ``quiet_s`` seconds without a sample for at least
+    ``delta_every_s`` (the backlog is drained: what it trained reaches serving now)."""
+    if loop.delta_catchup_every_s <= 0 or quiet_s >= loop.delta_every_s:
         return loop.delta_every_s
     history = (
         loop.delta_history_lag_s > 0 and newest_ms is not None and now_ms is not None
@@ -349,6 +351,7 @@ class TrainerService:
         last_export = last_delta = self.monotonic()
         since_export = 0
         waited = False  # waited for samples since the last delta (the trainer keeps up)
+        last_sample = self.monotonic()  # when a chunk last brought samples
         with _tuned(self.loop):
             fetcher.start()
             self.trainer.warm()  # the step's trace overlaps the fetch process's start
@@ -360,6 +363,8 @@ class TrainerService:
                     self.metrics.fetch_wait.observe(self.monotonic() - waiting)
                     if chunk is None or len(chunk) < self.trainer.options.batch_size:
                         waited = True
+                    if chunk is not None and len(chunk):
+                        last_sample = self.monotonic()
                     if chunk is None:  # idle: the evaluation catches up (a cluster's
                         self.trainer.wait_evaluation()  # heads are fetched steps later)
                     if chunk is not None:
@@ -380,7 +385,8 @@ class TrainerService:
                                 self._export_logged()
                                 last_export, since_export = self.monotonic(), 0
                         elif now - last_delta >= delta_interval(
-                            self.loop, waited, self._window_newest_ms, self._now_ms()
+                            self.loop, waited, self._window_newest_ms, self._now_ms(),
+                            now - last_sample,
                         ):
                             if self._guarded():
                                 self._publish_delta()

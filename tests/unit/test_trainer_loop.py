@@ -60,6 +60,10 @@ def test_deltas_slow_down_while_the_trainer_trains_only_history() -> None:
     assert delta_interval(loop, True, now - 299_000, now) == 1.0  # live: every second
     assert delta_interval(loop, True, None, now) == 1.0  # nothing trained since the last delta
     assert delta_interval(loop, False, now - 1_000, now) == 10.0  # a live backlog
+    # the backlog drained: a second without samples sends what it trained at once
+    assert delta_interval(loop, True, now - 10**9, now, quiet_s=1.0) == 1.0
+    assert delta_interval(loop, True, now - 10**9, now, quiet_s=0.5) == 10.0
+    assert delta_interval(loop, False, now - 1_000, now, quiet_s=2.0) == 1.0
     off = LoopOptions(delta_every_s=1.0, delta_catchup_every_s=10.0, delta_history_lag_s=0.0)
     assert delta_interval(off, True, now - 10**9, now) == 1.0
     none = LoopOptions(delta_every_s=1.0, delta_catchup_every_s=0.0, delta_history_lag_s=300.0)
