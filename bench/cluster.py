@@ -94,10 +94,10 @@ def _time_fits(trainer: Any) -> list[float]:
     marks: list[float] = []
     fit = trainer.fit_batch
 
-    def timed(batch: Any) -> float:
+    def timed(batch: Any, *args: Any) -> float:
         if not marks:
             marks.extend([time.perf_counter()] * 2)
-        loss = fit(batch)
+        loss = fit(batch, *args)
         marks[-1] = time.perf_counter()
         return float(loss)
 

@@ -66,7 +66,7 @@ from model.errors import ModelError
 from model.towers.config import ModelConfig
 from model.towers.tf_env import tf
 from model.towers.two_tower import DEFAULT_KEY
-from model.trainer.core import Trainer
+from model.trainer.core import Prepared, Trainer
 from model.trainer.options import TrainOptions
 from model.trainer.samples import Batch
 
@@ -410,8 +410,16 @@ class ClusterTrainer(Trainer):
         return loss, head
 
     # -- public API (Trainer's, with the step on the cluster) --------------------------------
-    def train_step(self, batch: Batch, *, count: bool = True, covisit: bool = True) -> float:
-        """Schedule one step of ``batch`` on a worker; returns the newest loss fetched.
+    def prepare(self, batch: Batch) -> None:
+        """Nothing ahead: the chief draws a step's negatives when it schedules the step."""
+        return None
+
+    def train_step(
+        self, batch: Batch, *, count: bool = True, covisit: bool = True,
+        prepared: Prepared | None = None, epoch: int = 0,
+    ) -> float:
+        """Schedule one step of ``batch`` on a worker; returns the newest loss fetched
+        (``prepared`` is never given: :meth:`prepare` makes nothing ahead).
 
         The chief never waits for the step: for a batch :meth:`Trainer.fit_batch`
         evaluates, the head vectors (test-then-train: computed by the step before its

@@ -12,7 +12,7 @@ import logging
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -37,10 +37,21 @@ from model.trainer.samples import Batch
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Batch", "HeadVectors", "Trainer", "TrainOptions"]
+__all__ = ["Batch", "HeadVectors", "Prepared", "Trainer", "TrainOptions"]
 
 #: A batch's head vectors, or a callable returning them once its step ran.
 HeadVectors = np.ndarray | Callable[[], np.ndarray]
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A batch's step inputs made ahead of its turn (:meth:`Trainer.prepare`): the tensors
+    of the batch, and per pass of :meth:`Trainer.fit_batch` the sampled negatives (numpy,
+    for ``on_step``, and as tensors), drawn in training order; None = drawn at the step."""
+
+    batch: Batch
+    tensors: tuple[tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor]
+    negatives: tuple[tuple[np.ndarray, tf.Tensor, tf.Tensor], ...] | None
 
 
 _SIG = [
@@ -379,7 +390,10 @@ class Trainer:
         return loss_total
 
     # -- public API ---------------------------------------------------------------------------
-    def train_step(self, batch: Batch, *, count: bool = True, covisit: bool = True) -> float:
+    def train_step(
+        self, batch: Batch, *, count: bool = True, covisit: bool = True,
+        prepared: Prepared | None = None, epoch: int = 0,
+    ) -> float:
         """One optimizer update on ``batch`` (accumulated if ``grad_accum_steps`` > 1).
 
         ``count``: record the batch's items in the frequency estimate (logQ correction and
@@ -387,23 +401,17 @@ class Trainer:
         so that an item counts once per sample however often it is trained on. With ``count``
         and ``covisit`` the co-visitation term (``model.scoring.covisit``) learns the batch too, after
         the step; :meth:`fit_batch` passes ``covisit=False`` and has it learnt in order on the
-        evaluation thread instead.
+        evaluation thread instead. ``prepared``: ``batch``'s inputs from :meth:`prepare`,
+        with the negatives of its pass number ``epoch``.
         """
-        if self.negatives.count and not self.negatives.ready:
-            self.negatives.reset(self.model.known_rows(self.model.items)[0])
-        self.negatives.add(batch.item_keys)
-        neg, neg_lq = self.negatives.draw()
+        if prepared is not None and prepared.negatives is not None:
+            neg, neg_t, neg_lq_t = prepared.negatives[epoch]
+        else:
+            neg, neg_t, neg_lq_t = self._draw_negatives(batch)
         if self.on_step is not None:
             self.on_step(batch, neg)
-        args = (
-            tf.constant(batch.user_keys, tf.int64),
-            tf.constant(batch.item_keys, tf.int64),
-            tf.constant(self._history(batch.history), tf.int64),
-            tf.constant(batch.weights, tf.float32),
-            tf.constant(neg, tf.int64),
-            tf.constant(neg_lq, tf.float32),
-            tf.constant(count),
-        )
+        tensors = self._tensors(batch) if prepared is None else prepared.tensors
+        args = (*tensors, neg_t, neg_lq_t, tf.constant(count))
         self._head_vectors = None
         if self._accumulates(batch):
             loss = float(self._accum_fn(*args))
@@ -416,6 +424,39 @@ class Trainer:
             self.covisit.learn(batch.history, batch.item_keys, batch.weights)
         self.maybe_evict()
         return loss
+
+    def prepare(self, batch: Batch) -> Prepared | None:
+        """``batch``'s step inputs, made ahead of its turn: while the batch before it trains
+        (the step releases the interpreter lock), on another thread. Its tensors, and the
+        sampled negatives of every pass :meth:`fit_batch` makes of it, unless eviction is on
+        (an eviction resets the sampler between steps: they are drawn at the step then).
+        Batches must be prepared in training order and each handed to :meth:`fit_batch`
+        in that order, and nothing else may draw negatives meanwhile: the sampler then
+        sees the batches in the same order as without preparation. Reads no model state,
+        except the item table at the sampler's first use (before the first step).
+        None: this trainer prepares nothing ahead."""
+        negatives = None
+        if not self.options.evict_every_steps:
+            full = len(batch) >= self.options.batch_size
+            passes = 1 if full else self.options.spare_epochs
+            negatives = tuple(self._draw_negatives(batch) for _ in range(passes))
+        return Prepared(batch, self._tensors(batch), negatives)
+
+    def _draw_negatives(self, batch: Batch) -> tuple[np.ndarray, tf.Tensor, tf.Tensor]:
+        """The negatives of one step on ``batch`` (keys, keys and log q as tensors)."""
+        if self.negatives.count and not self.negatives.ready:
+            self.negatives.reset(self.model.known_rows(self.model.items)[0])
+        self.negatives.add(batch.item_keys)
+        neg, neg_lq = self.negatives.draw()
+        return neg, tf.constant(neg, tf.int64), tf.constant(neg_lq, tf.float32)
+
+    def _tensors(self, batch: Batch) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor]:
+        return (
+            tf.constant(batch.user_keys, tf.int64),
+            tf.constant(batch.item_keys, tf.int64),
+            tf.constant(self._history(batch.history), tf.int64),
+            tf.constant(batch.weights, tf.float32),
+        )
 
     def warm(self) -> None:
         """Trace the train step now if not yet (else its first use does: seconds on the
@@ -618,7 +659,7 @@ class Trainer:
         ok = col >= 0
         return rows[ok], col[ok], np.log1p(s[ok]).astype(np.float32)
 
-    def fit_batch(self, batch: Batch) -> float:
+    def fit_batch(self, batch: Batch, prepared: Prepared | None = None) -> float:
         """Test-then-train: score the first ``eval_rows`` rows of every ``eval_every``-th
         full batch and of every partial one (a stream slower than the trainer leaves CPU to
         spare) with the model as it was before this batch, then train on the batch (a
@@ -627,8 +668,14 @@ class Trainer:
         The single-step path scores the user vectors its own forward pass computed before
         the update (ids first seen in this batch have just been admitted there, so they
         score with their fresh row rather than the default row: both are untrained).
+        ``prepared``: ``batch``'s inputs from :meth:`prepare`.
         """
         opts = self.options
+        ahead: dict[str, Any] = {}
+        if prepared is not None:
+            if prepared.batch is not batch:
+                raise ValueError("prepared inputs of another batch")
+            ahead["prepared"] = prepared
         full = len(batch) >= opts.batch_size
         evaluating = opts.eval_rows > 0 and (not full or self._full_batches % opts.eval_every == 0)
         self._full_batches += full
@@ -642,11 +689,13 @@ class Trainer:
                 self._since_refresh = 0
             if self._accumulates(batch):
                 vectors = self.tower_users(head.user_keys, head.history)
-        loss = self.train_step(batch, covisit=False)
+        loss = self.train_step(batch, covisit=False, **ahead)
         if evaluating and vectors is None:
             vectors = self._head_vectors  # before the further passes replace them
-        for _ in range(0 if full else opts.spare_epochs - 1):
-            loss = self.train_step(batch, count=False, covisit=False)
+        for epoch in range(1, 1 if full else opts.spare_epochs):
+            if ahead:
+                ahead["epoch"] = epoch
+            loss = self.train_step(batch, count=False, covisit=False, **ahead)
         if evaluating:
             self._evaluation(self._observe_and_score, vectors, head, batch)
         else:

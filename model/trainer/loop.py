@@ -62,6 +62,7 @@ from model.trainer.fetch_process import ProcessFetcher
 from model.trainer.guard import Guard
 from model.trainer.guarding import GuardedPublishing
 from model.trainer.metrics import TrainerMetrics
+from model.trainer.prepare import Admitted, Preparer, admit
 from model.trainer.samples import digest_of_hashes
 
 log = logging.getLogger(__name__)
@@ -105,6 +106,9 @@ class LoopOptions:
     #: Samples whose event time lags the wall clock by more than this are history (a
     #: backfill of an old log); 0 = never.
     delta_history_lag_s: float = 0.0
+    #: Take, dedupe and prepare the next chunk on a thread while the current one trains
+    #: (``model.trainer.prepare``; the same updates in the same order); False = in turn.
+    prepare_ahead: bool = True
 
     @classmethod
     def from_settings(cls, settings: Settings, **overrides: Any) -> LoopOptions:
@@ -215,6 +219,8 @@ class TrainerService:
         self._last_loss = float("nan")
         self._batches_done = 0
         self._window_newest_ms: int | None = None  # newest event time since the last delta
+        #: The thread preparing chunks ahead while ``run()`` trains (``prepare_ahead``).
+        self._preparer: Preparer | None = None
         #: The delta stream (``LoopOptions.delta_every_s``), made when ``run()`` starts.
         self.deltas: DeltaPublisher | None = None
         #: The quality guard of publications (None: ``trainer.guard_margin`` 0).
@@ -266,7 +272,8 @@ class TrainerService:
             {
                 "item_keys": keys,
                 "item_ids": ids,
-                "trained_sample_ids": self.trained_ids.to_array(),
+                "trained_sample_ids": (self.trained_ids.to_array() if self._preparer is None
+                                       else self._preparer.trained_ids()),
                 **covisit,
                 **{f"mixer_{k}": v for k, v in self.trainer.mixer.state().items()},
             },
@@ -355,11 +362,15 @@ class TrainerService:
         with _tuned(self.loop):
             fetcher.start()
             self.trainer.warm()  # the step's trace overlaps the fetch process's start
+            source: ChunkFetcher | ProcessFetcher | Preparer = fetcher
+            if self.loop.prepare_ahead:
+                source = self._preparer = Preparer(fetcher, self.trained_ids, self.trainer)
+                self._preparer.start()
             self.running = True
             try:
                 while not self.stop_event.is_set() and not self._limit_reached():
                     waiting = self.monotonic()
-                    chunk = fetcher.get(timeout_s=0.1)
+                    chunk = source.get(timeout_s=0.1)
                     self.metrics.fetch_wait.observe(self.monotonic() - waiting)
                     if chunk is None or len(chunk) < self.trainer.options.batch_size:
                         waited = True
@@ -400,6 +411,9 @@ class TrainerService:
                 return self.state
             finally:
                 self.running = False
+                if self._preparer is not None:  # the chunks it admitted ahead are untrained
+                    self.trained_ids = self._preparer.stop()
+                    self._preparer = None
                 fetcher.stop()
                 self.close()
 
@@ -448,26 +462,23 @@ class TrainerService:
         cap = self.loop.max_samples
         return cap is not None and self.state.samples_trained >= cap
 
-    def _train(self, chunk: Chunk) -> int:
+    def _train(self, fetched: Chunk | Admitted) -> int:
+        """Train a chunk (admitted here, or by the preparer with its inputs made ahead)."""
+        chunk = fetched.chunk if isinstance(fetched, Admitted) else fetched
         for record, reason in chunk.rejected:
             self._dead_letter(record, reason)
-        sample_ids, item_ids, st = chunk.sample_ids, chunk.item_ids, self.state
-        batch, hashes, ts = chunk.batch, chunk.id_hashes, chunk.ts_ms
-        if batch is not None:
-            fresh = self.trained_ids.admit_hashes(hashes)
-            if not fresh.all():
-                dropped = int((~fresh).sum())
-                st.duplicates_dropped += dropped
-                self.metrics.duplicates.inc(dropped)
-                log.info("dropped %d samples trained before (same sample_id)", dropped)
-                keep = fresh.tolist()
-                sample_ids = [s for s, k in zip(sample_ids, keep, strict=True) if k]
-                item_ids = [s for s, k in zip(item_ids, keep, strict=True) if k]
-                batch = batch.rows(fresh) if sample_ids else None
-                hashes, ts = hashes[fresh], ts[fresh]
+        got = fetched if isinstance(fetched, Admitted) else admit(self.trained_ids, fetched)
+        st = self.state
+        sample_ids, item_ids, batch, hashes, ts = (
+            got.sample_ids, got.item_ids, got.batch, got.hashes, got.ts_ms)
+        if got.dropped:
+            st.duplicates_dropped += got.dropped
+            self.metrics.duplicates.inc(got.dropped)
+            log.info("dropped %d samples trained before (same sample_id)", got.dropped)
         if batch is not None:
             started = self.monotonic()
-            self._last_loss = self.trainer.fit_batch(batch)
+            fit = self.trainer.fit_batch
+            self._last_loss = fit(batch) if got.prepared is None else fit(batch, got.prepared)
             self.item_ids.update(zip(batch.item_keys.tolist(), item_ids, strict=True))
             st.samples_trained += len(sample_ids)
             st.digest = (st.digest + digest_of_hashes(hashes)) % (1 << 64)
