@@ -1,7 +1,7 @@
 """A backfill end to end: a simulated log -> replay -> feature job -> trainer -> served version.
 
 Starts a private stack (Kafka, Redis with AOF, a Flink cluster, the feature job, the trainer,
-serving) on free ports under a temporary folder, writes ``--events`` simulated events
+serving; the local stack's default sizes and cadences) on free ports under a temporary folder, writes ``--events`` simulated events
 (``streamrec simulate --to-file``, rating mode; cached in ``--log`` when it exists), runs
 ``streamrec replay LOG --speed max --follow`` and reports the wall time of each stage and its
 rate. The stages overlap (the feature job and the trainer work while the replay sends): a
@@ -124,6 +124,22 @@ def children_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def defaults_of_the_stack(private: Settings) -> Settings:
+    """``private`` (a throwaway stack's ports, topics and folders) with the sizes and
+    cadences of the local stack's defaults where the chaos tests' throwaway settings differ
+    (faster checkpoints and versions, smaller batches and JVMs): the backfill is measured
+    as ``streamrec up`` would run it."""
+    d = Settings()
+    return private.model_copy(update={
+        "kafka": private.kafka.model_copy(update={"heap": d.kafka.heap}),
+        "flink": private.flink.model_copy(update={
+            k: getattr(d.flink, k) for k in ("checkpoint_interval_ms", "jobmanager_memory",
+                                             "taskmanager_memory", "taskmanager_slots")}),
+        "trainer": private.trainer.model_copy(update={
+            k: getattr(d.trainer, k) for k in ("export_every_s", "batch_size")}),
+    })
+
+
 def replay(settings: Settings, log: Path, out: Path) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "deploy.cli", "replay", str(log), "--speed", "max",
            "--follow", "--no-progress", "--json", str(out)]
@@ -171,9 +187,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     out: dict[str, Any] = {"events": args.events, "log": str(log), "simulate_s": simulate_s,
                            "load_avg_1m_start": round(os.getloadavg()[0], 2)}
     try:
-        s = private_settings(root, flink=True, appendonly=True)
-        s = s.model_copy(update={"trainer": s.trainer.model_copy(
-            update={"export_every_s": 30.0, "batch_size": 512})})
+        s = defaults_of_the_stack(private_settings(root, flink=True, appendonly=True))
         started = time.monotonic()
         with private_stack(s, COMPONENTS) as chaos:
             out["stack_start_s"] = round(time.monotonic() - started, 1)

@@ -164,7 +164,7 @@ def kafka_component(s: Settings, run_dir: Path) -> Component:
     def _kafka_jvm_args() -> list[str]:
         return [
             f"-Xmx{k.heap}", "-Xms128m", "-XX:+UseG1GC", "-Djava.awt.headless=true",
-            f"-Dlog4j2.configurationFile={log4j}", "-cp", f"{KAFKA_LIB}/*",
+            *k.java_opts.split(), f"-Dlog4j2.configurationFile={log4j}", "-cp", f"{KAFKA_LIB}/*",
         ]
 
     def argv() -> list[str]:
@@ -321,6 +321,10 @@ def write_flink_conf(s: Settings, run_dir: Path) -> None:
             "org.apache.flink.metrics.prometheus.PrometheusReporterFactory",
         "metrics.reporter.prom.port": f"{reporters[0]}-{reporters[-1]}",
     }
+    if f.jobmanager_java_opts:
+        settings["env.java.opts.jobmanager"] = f.jobmanager_java_opts
+    if f.taskmanager_java_opts:
+        settings["env.java.opts.taskmanager"] = f.taskmanager_java_opts
     if f.taskmanagers > 1:
         # Spread a job's slots over the TaskManagers, so that parallel Python subtasks land in
         # different JVMs (one interpreter lock each).

@@ -63,6 +63,7 @@ class KafkaSettings(BaseModel):
     replication_factor: int = Field(1, ge=1, description="Replicas of each topic we create.")
     min_insync_replicas: int = Field(1, ge=1, description="min.insync.replicas of our topics.")
     heap: str = Field("768m", description="Broker JVM heap (-Xmx).")
+    java_opts: str = Field("", description="More JVM options of the local broker (after G1).")
 
     @property
     def bootstrap(self) -> str:
@@ -116,6 +117,18 @@ class FlinkSettings(BaseModel):
     )
     parallelism: int = Field(
         1, description="Parallelism of the feature job (`streamrec features --parallelism N` wins)."
+    )
+    jobmanager_java_opts: str = Field(
+        "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
+        description="JVM options of the local JobManager (env.java.opts.jobmanager): it only "
+        "coordinates, so the quick compiler and the serial collector cost it least CPU "
+        "(docs/decisions.md#feature-job-jvms).",
+    )
+    taskmanager_java_opts: str = Field(
+        "-XX:+UseParallelGC",
+        description="JVM options of each local TaskManager (env.java.opts.taskmanager): the "
+        "throughput collector costs the feature job less CPU than G1 (docs/decisions.md"
+        "#feature-job-jvms).",
     )
     jobmanager_memory: str = Field("1024m", description="jobmanager.memory.process.size.")
     taskmanager_memory: str = Field("1728m", description="taskmanager.memory.process.size.")
