@@ -258,6 +258,18 @@ class _Pending:
         return self.samples.split(n_samples), rejected, offsets
 
 
+def put_until_stopped(q: queue.Queue[Any], item: Any, stopping: threading.Event) -> bool:
+    """Put ``item`` on the bounded ``q``, waiting for room until ``stopping`` is set;
+    True if it was put."""
+    while not stopping.is_set():
+        try:
+            q.put(item, timeout=0.1)
+            return True
+        except queue.Full:
+            continue
+    return False
+
+
 class ChunkFetcher(threading.Thread):
     """Polls ``source`` and queues chunks of up to ``batch_size`` trainable samples."""
 
@@ -303,12 +315,7 @@ class ChunkFetcher(threading.Thread):
         )
 
     def _emit(self, chunk: Chunk) -> None:
-        while not self.stopping.is_set():
-            try:
-                self.chunks.put(chunk, timeout=0.1)
-                return
-            except queue.Full:
-                continue
+        put_until_stopped(self.chunks, chunk, self.stopping)
 
     def run(self) -> None:
         pending = _Pending()

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 
 from model.trainer.dedupe import TrainedIds
-from model.trainer.fetch import Chunk
+from model.trainer.fetch import Chunk, put_until_stopped
 from model.trainer.samples import Batch
 
 if TYPE_CHECKING:
@@ -108,12 +108,7 @@ class Preparer(threading.Thread):
                     self._ahead.append(item.hashes)
                 if item.batch is not None:
                     item = replace(item, prepared=self.trainer.prepare(item.batch))
-                while not self.stopping.is_set():
-                    try:
-                        self.ready.put(item, timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
+                put_until_stopped(self.ready, item, self.stopping)
         except BaseException as exc:  # handed to the training thread, which re-raises
             log.exception("chunk preparation failed")
             self.error = exc
