@@ -40,6 +40,8 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 PAD_KEY = 0
+#: ``(row, dense id, s)`` arrays of :meth:`CoVisitation.row_sums`.
+Triples = tuple[np.ndarray, np.ndarray, np.ndarray]
 _LOW = np.int64(0xFFFFFFFF)
 #: Buffered pair updates that trigger a merge (the trainer also merges before reading).
 MERGE_EVERY = 1 << 18
@@ -275,29 +277,45 @@ class CoVisitation:
         Reads the merged pairs and the recent ones side by side and applies the decay since
         the last merge as one factor, so a read costs what its rows name, not a pass over
         every pair (the live evaluation reads a head every few batches)."""
+        return self.row_sums_and_last(history, last=False)[0]
+
+    def row_sums_and_last(
+        self, history: np.ndarray, last: bool = True
+    ) -> tuple[Triples, Triples | None]:
+        """:meth:`row_sums` of ``history`` and, with ``last``, of its first column alone (the
+        most recent item's own term) from the same gathered entries: equal to
+        ``row_sums(history[:, :1])`` bit for bit."""
         self._fold()
         ids = self.ids(np.asarray(history, np.int64)[:, : self.window])
         rows, pos = np.nonzero(ids >= 0)
         empty = np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float64)
         if not rows.size:
-            return empty
+            return empty, empty if last else None
         first = ids[rows, pos]
         lo, hi, scale = first << 32, (first + 1) << 32, self._scale[pos]
-        parts = [
-            _gather(np.searchsorted(codes, lo), np.searchsorted(codes, hi), scale, codes,
-                    weights, rows, mask=_LOW)
-            for codes, weights in ((self.codes, self.weights),
-                                   (self._recent_codes, self._recent_weights))
-            if codes.size
-        ]
+        parts = []
+        for codes, weights in ((self.codes, self.weights),
+                               (self._recent_codes, self._recent_weights)):
+            if codes.size:
+                starts, ends = np.searchsorted(codes, lo), np.searchsorted(codes, hi)
+                found, vals, group = _gather(starts, ends, scale, codes, weights, rows, mask=_LOW)
+                newest = np.repeat(pos == 0, ends - starts) if last else None
+                parts.append((found, vals, group, newest))
         if not parts:
-            return empty
-        found, s = _sum_entries(
-            np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]),
-            np.concatenate([p[2] for p in parts if p[2] is not None]), self.keys.size)
-        if self.samples != self._base:
-            s *= math.exp(-self._rate * (self.samples - self._base))
-        return found >> 32, found & _LOW, s
+            return empty, empty if last else None
+        found = np.concatenate([p[0] for p in parts])
+        vals = np.concatenate([p[1] for p in parts])
+        group = np.concatenate([p[2] for p in parts if p[2] is not None])
+        factor = (math.exp(-self._rate * (self.samples - self._base))
+                  if self.samples != self._base else None)
+        out: list[Triples] = []
+        for keep in (None, np.concatenate([p[3] for p in parts])) if last else (None,):
+            t, s = (_sum_entries(found, vals, group, self.keys.size) if keep is None else
+                    _sum_entries(found[keep], vals[keep], group[keep], self.keys.size))
+            if factor is not None:
+                s *= factor
+            out.append((t >> 32, t & _LOW, s))
+        return out[0], out[1] if last else None
 
     def sums(self, history: np.ndarray, candidates: np.ndarray) -> np.ndarray:
         """``[B, N]`` float64: ``s`` of each history row (item keys ``[B, L]``, most recent
@@ -329,7 +347,7 @@ class CoVisitation:
         a, b = row_of[self.codes >> 32], row_of[self.codes & _LOW]
         keep = (a >= 0) & (b >= 0)
         a, b, w = a[keep], b[keep], self.weights[keep]
-        order = np.lexsort((b, a))
+        order = np.argsort(a << 32 | b)  # (a, b) pairs are distinct: no ties
         indptr = np.zeros(n + 1, np.int64)
         np.cumsum(np.bincount(a, minlength=n), out=indptr[1:])
         return indptr, b[order].astype(np.int32), w[order].astype(np.float32)
