@@ -25,8 +25,11 @@ live test-then-train figures) and serving (``ServingArtifact.covisit_scores``) c
 
 Storage: item keys get dense ids (first seen first); a pair is the int64 code
 ``a << 32 | b`` in one sorted array with its weight beside it (row ``a`` is a contiguous
-slice). New pairs collect in a buffer merged in bulk (sort + one insert); at most
-``max_pairs`` pairs are kept (the lightest are dropped first).
+slice). New pairs collect in a buffer; a read folds it into a small sorted array of the
+recent pairs and sums both arrays' slices, with the decay since the last merge as one factor;
+once the recent pairs reach ``merge_every`` (and before a checkpoint, an export or a delta)
+they are merged into the main array in bulk (sort + one insert + the decay in one pass). At
+most ``max_pairs`` pairs are kept after a merge (the lightest are dropped first).
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 PAD_KEY = 0
+#: ``(row, dense id, s)`` arrays of :meth:`CoVisitation.row_sums`.
+Triples = tuple[np.ndarray, np.ndarray, np.ndarray]
 _LOW = np.int64(0xFFFFFFFF)
 #: Buffered pair updates that trigger a merge (the trainer also merges before reading).
 MERGE_EVERY = 1 << 18
@@ -69,27 +74,79 @@ def accumulate(
     instead of sorting the entries when groups x targets is at most :data:`DENSE_MAX` and
     :data:`DENSE_RATIO` times the entries (the trainer's head of 32 rows over all items): the
     same triples, the same float sums (both add in input order)."""
+    return _sum_entries(*_gather(starts, ends, scale, targets, weights, groups), n_targets)
+
+
+def _gather(
+    starts: np.ndarray,
+    ends: np.ndarray,
+    scale: np.ndarray,
+    targets: np.ndarray,
+    weights: np.ndarray,
+    groups: np.ndarray | None = None,
+    mask: np.int64 | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """The entries of :func:`accumulate`'s slices in slice order: ``(target, scale * weight,
+    group)`` (``target & mask`` with ``mask``; group None without ``groups``)."""
     lens = (ends - starts).astype(np.int64)
     total = int(lens.sum())
     if total == 0:
-        return np.zeros(0, np.int64), np.zeros(0, np.float64)
+        return np.zeros(0, np.int64), np.zeros(0, np.float64), (
+            None if groups is None else np.zeros(0, np.int64))
     # the positions of all slices in one array: a running index restarted at each slice
     offsets = np.repeat(starts.astype(np.int64) - np.cumsum(lens) + lens, lens)
     idx = offsets + np.arange(total, dtype=np.int64)
     vals = weights[idx] * np.repeat(scale, lens)
     found = targets[idx].astype(np.int64)
+    if mask is not None:
+        found &= mask
     group_of = None if groups is None else np.repeat(np.asarray(groups, np.int64), lens)
+    return found, vals, group_of
+
+
+def _sum_entries(
+    found: np.ndarray, vals: np.ndarray, group_of: np.ndarray | None, n_targets: int | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`accumulate`'s sums of gathered entries (:func:`_gather`), added in entry order."""
+    if found.size == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.float64)
     n_groups = 1 if group_of is None else int(group_of.max()) + 1
-    if n_targets is not None and n_groups * n_targets <= min(DENSE_MAX, DENSE_RATIO * total):
+    if n_targets is not None and n_groups * n_targets <= min(DENSE_MAX, DENSE_RATIO * found.size):
         flat = found if group_of is None else group_of * n_targets + found
         size = n_groups * int(n_targets)
         hits = np.flatnonzero(np.bincount(flat, minlength=size))
         sums = np.bincount(flat, vals, minlength=size)[hits]
         return (hits // n_targets) << 32 | hits % n_targets, sums
     if group_of is not None:
-        found |= group_of << 32
+        found = found | group_of << 32
     uniq, inv = np.unique(found, return_inverse=True)
     return uniq, np.bincount(inv, vals)
+
+
+def _add_sorted(
+    codes: np.ndarray,
+    weights: np.ndarray,
+    new_codes: np.ndarray,
+    new_weights: np.ndarray,
+    distinct: bool = False,
+) -> tuple[np.ndarray, np.ndarray]:
+    """``codes``/``weights`` (sorted, distinct) with ``new_weights`` added at ``new_codes``
+    (unsorted, repeats allowed; sorted and distinct already if ``distinct``): existing codes
+    in place, new ones inserted in order."""
+    if distinct:
+        uniq, sums = new_codes, new_weights
+    else:
+        uniq, inv = np.unique(new_codes, return_inverse=True)
+        sums = np.bincount(inv, new_weights)
+    pos = np.asarray(np.searchsorted(codes, uniq), np.int64)
+    hit: np.ndarray = pos < codes.size
+    hit[hit] = codes[pos[hit]] == uniq[hit]
+    weights[pos[hit]] += sums[hit]
+    miss = ~hit
+    if miss.any():
+        codes = np.insert(codes, pos[miss], uniq[miss])
+        weights = np.insert(weights, pos[miss], sums[miss])
+    return codes, weights
 
 
 def term(sums: np.ndarray, weight: float) -> np.ndarray:
@@ -121,9 +178,13 @@ class CoVisitation:
         self._sorted = np.zeros(0, np.int64)  # the keys, ascending
         self._sorted_ids = np.zeros(0, np.int64)  # dense id of each sorted key
         self.codes = np.zeros(0, np.int64)  # sorted pair codes a << 32 | b
-        self.weights = np.zeros(0, np.float64)  # weight of each code at ``samples``
+        self.weights = np.zeros(0, np.float64)  # weight of each code at ``_base`` samples
         self.samples = 0  # positive samples learnt
         self._base = 0  # ``samples`` at which ``weights`` are exact
+        # updates since the last merge, folded by reads: sorted distinct codes, weights at
+        # ``_base`` (a read adds them to ``codes``' sums instead of merging the whole state)
+        self._recent_codes = np.zeros(0, np.int64)
+        self._recent_weights = np.zeros(0, np.float64)
         self._pend_codes: list[np.ndarray] = []
         self._pend_weights: list[np.ndarray] = []
         self._pending = 0
@@ -174,32 +235,36 @@ class CoVisitation:
         self._pend_codes.append((a << 32) | b)
         self._pend_weights.append(vals)
         self._pending += int(rows.size)
-        if self._pending >= self.merge_every:
+        if self._pending + self._recent_codes.size >= self.merge_every:
             self.merge()
 
+    def _fold(self) -> None:
+        """Fold the buffered updates into the recent pairs (a few thousand per batch: no
+        pass over the whole state)."""
+        if self._pending:
+            codes = np.concatenate(self._pend_codes)
+            vals = np.concatenate(self._pend_weights)
+            self._pend_codes, self._pend_weights, self._pending = [], [], 0
+            self._recent_codes, self._recent_weights = _add_sorted(
+                self._recent_codes, self._recent_weights, codes, vals)
+
     def merge(self) -> None:
-        """Fold the buffered updates and the decay since the last merge into the arrays."""
-        if self.samples == self._base and not self._pending:
+        """Fold the buffered updates, the recent pairs and the decay since the last merge
+        into the arrays (``codes`` and ``weights`` are then exact at ``samples``)."""
+        self._fold()
+        if self.samples == self._base and not self._recent_codes.size:
             return
         shrink = math.exp(-self._rate * (self.samples - self._base))
         self._base = self.samples
         if shrink != 1.0:
             self.weights *= shrink
-        if not self._pending:
+        if not self._recent_codes.size:
             return
-        codes = np.concatenate(self._pend_codes)
-        vals = np.concatenate(self._pend_weights) * shrink
-        self._pend_codes, self._pend_weights, self._pending = [], [], 0
-        uniq, inv = np.unique(codes, return_inverse=True)
-        sums = np.bincount(inv, vals)
-        pos = np.asarray(np.searchsorted(self.codes, uniq), np.int64)
-        hit: np.ndarray = pos < self.codes.size
-        hit[hit] = self.codes[pos[hit]] == uniq[hit]
-        self.weights[pos[hit]] += sums[hit]
-        miss = ~hit
-        if miss.any():
-            self.codes = np.insert(self.codes, pos[miss], uniq[miss])
-            self.weights = np.insert(self.weights, pos[miss], sums[miss])
+        codes, vals = self._recent_codes, self._recent_weights * shrink
+        self._recent_codes = np.zeros(0, np.int64)
+        self._recent_weights = np.zeros(0, np.float64)
+        self.codes, self.weights = _add_sorted(self.codes, self.weights, codes, vals,
+                                               distinct=True)
         if self.codes.size > self.max_pairs:
             keep = np.sort(np.argpartition(self.weights, -self.max_pairs)[-self.max_pairs :])
             self.codes, self.weights = self.codes[keep], self.weights[keep]
@@ -207,18 +272,50 @@ class CoVisitation:
     # -- reading -------------------------------------------------------------------------------
     def row_sums(self, history: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The non-zero ``s`` of each history row (item keys ``[B, L]``, most recent first) as
-        ``(row, dense id of the item, s)`` triples (sorted by row, then id)."""
-        self.merge()
+        ``(row, dense id of the item, s)`` triples (sorted by row, then id).
+
+        Reads the merged pairs and the recent ones side by side and applies the decay since
+        the last merge as one factor, so a read costs what its rows name, not a pass over
+        every pair (the live evaluation reads a head every few batches)."""
+        return self.row_sums_and_last(history, last=False)[0]
+
+    def row_sums_and_last(
+        self, history: np.ndarray, last: bool = True
+    ) -> tuple[Triples, Triples | None]:
+        """:meth:`row_sums` of ``history`` and, with ``last``, of its first column alone (the
+        most recent item's own term) from the same gathered entries: equal to
+        ``row_sums(history[:, :1])`` bit for bit."""
+        self._fold()
         ids = self.ids(np.asarray(history, np.int64)[:, : self.window])
         rows, pos = np.nonzero(ids >= 0)
-        if not self.codes.size or not rows.size:
-            return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float64)
+        empty = np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float64)
+        if not rows.size:
+            return empty, empty if last else None
         first = ids[rows, pos]
-        starts = np.searchsorted(self.codes, first << 32)
-        ends = np.searchsorted(self.codes, (first + 1) << 32)
-        found, s = accumulate(starts, ends, self._scale[pos], self.codes & _LOW, self.weights, rows,
-                              n_targets=self.keys.size)
-        return found >> 32, found & _LOW, s
+        lo, hi, scale = first << 32, (first + 1) << 32, self._scale[pos]
+        parts = []
+        for codes, weights in ((self.codes, self.weights),
+                               (self._recent_codes, self._recent_weights)):
+            if codes.size:
+                starts, ends = np.searchsorted(codes, lo), np.searchsorted(codes, hi)
+                found, vals, group = _gather(starts, ends, scale, codes, weights, rows, mask=_LOW)
+                newest = np.repeat(pos == 0, ends - starts) if last else None
+                parts.append((found, vals, group, newest))
+        if not parts:
+            return empty, empty if last else None
+        found = np.concatenate([p[0] for p in parts])
+        vals = np.concatenate([p[1] for p in parts])
+        group = np.concatenate([p[2] for p in parts if p[2] is not None])
+        factor = (math.exp(-self._rate * (self.samples - self._base))
+                  if self.samples != self._base else None)
+        out: list[Triples] = []
+        for keep in (None, np.concatenate([p[3] for p in parts])) if last else (None,):
+            t, s = (_sum_entries(found, vals, group, self.keys.size) if keep is None else
+                    _sum_entries(found[keep], vals[keep], group[keep], self.keys.size))
+            if factor is not None:
+                s *= factor
+            out.append((t >> 32, t & _LOW, s))
+        return out[0], out[1] if last else None
 
     def sums(self, history: np.ndarray, candidates: np.ndarray) -> np.ndarray:
         """``[B, N]`` float64: ``s`` of each history row (item keys ``[B, L]``, most recent
@@ -250,7 +347,7 @@ class CoVisitation:
         a, b = row_of[self.codes >> 32], row_of[self.codes & _LOW]
         keep = (a >= 0) & (b >= 0)
         a, b, w = a[keep], b[keep], self.weights[keep]
-        order = np.lexsort((b, a))
+        order = np.argsort(a << 32 | b)  # (a, b) pairs are distinct: no ties
         indptr = np.zeros(n + 1, np.int64)
         np.cumsum(np.bincount(a, minlength=n), out=indptr[1:])
         return indptr, b[order].astype(np.int32), w[order].astype(np.float32)
@@ -277,6 +374,8 @@ class CoVisitation:
         samples = arrays.get("covisit_samples", np.zeros(1, np.int64))
         self.samples = self._base = int(samples[0]) if len(samples) else 0
         self._pend_codes, self._pend_weights, self._pending = [], [], 0
+        self._recent_codes = np.zeros(0, np.int64)
+        self._recent_weights = np.zeros(0, np.float64)
 
 
 def history_rows(index: Mapping[str, int], history: Sequence[str], window: int) -> list[int]:

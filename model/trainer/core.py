@@ -606,9 +606,7 @@ class Trainer:
         item2item = None
         if self.covisit is not None:
             where = self._covisit_columns(keys)
-            sparse.append(self._covisit_sparse(history, where))
-            if "covisit_last" in w:
-                sparse.append(self._covisit_sparse(history[:, :1], where))
+            sparse.extend(self._covisit_sparse(history, where, "covisit_last" in w))
             for (r, c, v), name in zip(sparse, ("covisit", "covisit_last"), strict=False):
                 score[r, c] += np.float32(w[name]) * v
             r, c, v = sparse[0]
@@ -649,15 +647,21 @@ class Trainer:
         return cached[3]
 
     def _covisit_sparse(
-        self, history: np.ndarray, where: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(row, candidate column, ``log1p`` of the co-visitation sum) of the non-zeros;
-        ``where`` maps the state's dense ids to candidate columns (``positions``)."""
+        self, history: np.ndarray, where: np.ndarray, last: bool
+    ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """(row, candidate column, ``log1p`` of the co-visitation sum) of the non-zeros of
+        ``history``, and with ``last`` of its most recent items' own term; ``where`` maps the
+        state's dense ids to candidate columns (``positions``)."""
         assert self.covisit is not None
-        rows, ids, s = self.covisit.row_sums(history)
-        col = where[ids]
-        ok = col >= 0
-        return rows[ok], col[ok], np.log1p(s[ok]).astype(np.float32)
+        out = []
+        for triples in self.covisit.row_sums_and_last(history, last):
+            if triples is None:
+                continue
+            rows, ids, s = triples
+            col = where[ids]
+            ok = col >= 0
+            out.append((rows[ok], col[ok], np.log1p(s[ok]).astype(np.float32)))
+        return out
 
     def fit_batch(self, batch: Batch, prepared: Prepared | None = None) -> float:
         """Test-then-train: score the first ``eval_rows`` rows of every ``eval_every``-th

@@ -264,7 +264,9 @@ def _diff_pairs(
     hit = old_codes[pos] == codes
     old = old_values[pos]
     moved = np.abs(values - old) > PAIR_RTOL * np.abs(old)
-    gone = old_codes[~np.isin(old_codes, codes, assume_unique=True)]
+    # both sorted: where each old code would go among the codes now tells whether it is there
+    at = np.minimum(np.searchsorted(codes, old_codes), max(codes.size - 1, 0))
+    gone = old_codes[codes[at] != old_codes] if codes.size else old_codes
     return ~hit | moved, gone
 
 

@@ -77,6 +77,53 @@ def test_sums_equal_the_reference(merge_every: int) -> None:
     assert cv.samples == sum(int((w > 0).sum()) for _, _, w in batches)
 
 
+@pytest.mark.parametrize("merge_every", [1, 64, 1 << 20])
+def test_reads_between_batches_equal_the_reference_and_merge_nothing(merge_every: int) -> None:
+    """A read folds the new pairs beside the merged ones and decays by one factor: every
+    read equals the reference at that point, and reads alone never merge (the merged
+    arrays are untouched unless ``merge_every`` pairs came in)."""
+    keys, batches = stream(3, batches=10)
+    queries, _, _ = stream(4, batches=1)[1][0]
+    cv = CoVisitation(WINDOW, DECAY, HALF_LIFE, max_pairs=10_000, merge_every=merge_every)
+    merges = 0
+    for i, b in enumerate(batches):
+        before = cv.codes, cv.weights.copy()
+        cv.learn(*b)
+        merged = cv.codes is not before[0] or not np.array_equal(cv.weights, before[1])
+        merges += merged
+        state = cv.codes, cv.weights.copy()
+        got = cv.sums(queries, keys)
+        np.testing.assert_allclose(got, ref_sums(reference(batches[: i + 1]), queries, keys),
+                                   rtol=1e-9, atol=1e-12)
+        assert cv.codes is state[0] and np.array_equal(cv.weights, state[1])  # no merge
+    assert (merges > 0) == (merge_every < 1 << 20)
+    whole = CoVisitation(WINDOW, DECAY, HALF_LIFE, max_pairs=10_000, merge_every=1 << 20)
+    for b in batches:
+        whole.learn(*b)
+    cv.merge()
+    whole.merge()
+    assert cv.codes.tolist() == whole.codes.tolist()
+    np.testing.assert_allclose(cv.weights, whole.weights, rtol=1e-12)
+
+
+@pytest.mark.parametrize("merge_every", [64, 1 << 20])
+def test_the_last_items_term_comes_from_the_same_read(merge_every: int) -> None:
+    """``row_sums_and_last`` gives ``row_sums`` of the history and of its first column, bit
+    for bit (the trainer reads both terms of a head in one gather)."""
+    _, batches = stream(5, batches=8)
+    queries, _, _ = stream(6, batches=1)[1][0]
+    cv = CoVisitation(WINDOW, DECAY, HALF_LIFE, max_pairs=10_000, merge_every=merge_every)
+    for b in batches:
+        cv.learn(*b)
+        full, last = cv.row_sums_and_last(queries)
+        assert last is not None
+        for got, want in ((full, cv.row_sums(queries)), (last, cv.row_sums(queries[:, :1]))):
+            for g, w in zip(got, want, strict=True):
+                assert g.tolist() == w.tolist()
+    assert last is not None and last[0].size and last[0].size < full[0].size
+    assert cv.row_sums_and_last(queries, last=False)[1] is None
+
+
 def test_csr_holds_the_pairs_among_the_exported_items() -> None:
     keys, batches = stream(3)
     cv = CoVisitation(WINDOW, DECAY, HALF_LIFE)

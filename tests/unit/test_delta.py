@@ -277,3 +277,28 @@ def test_the_published_checksum_is_the_state_serving_receives_in_any_codec(
     assert publisher.status(checksum=True)["state_checksum"] == state_checksum(served)
     # float32 is the trainer's state itself; a lossy codec's is not
     assert (state_checksum(served) == state_checksum(raw)) == (codec == "float32")
+
+
+def test_pairs_gone_and_moved_by_their_definition() -> None:
+    """``_diff_pairs`` against its definition with sets: a pair is new or moved if its code
+    is new or its value moved beyond the tolerance; gone if its code is no longer there."""
+    from model.trainer.deltas import PAIR_RTOL, _diff_pairs
+
+    rng = np.random.default_rng(7)
+    for trial in range(30):
+        old = np.unique(rng.integers(0, 400, rng.integers(0, 60)))
+        now = np.unique(np.concatenate([rng.choice(old, old.size // 2, replace=False)
+                                        if old.size else old.astype(np.int64),
+                                        rng.integers(0, 400, rng.integers(0, 60))]))
+        old_v = rng.random(old.size) + 0.5
+        now_v = rng.random(now.size) + 0.5
+        for i, c in enumerate(now):  # about half of the kept pairs keep their value
+            j = np.searchsorted(old, c)
+            if j < old.size and old[j] == c and rng.random() < 0.5:
+                now_v[i] = old_v[j] * (1 + PAIR_RTOL / 10)
+        changed, gone = _diff_pairs(old, old_v, now, now_v)
+        was = dict(zip(old.tolist(), old_v.tolist(), strict=True))
+        want = [c not in was or abs(v - was[c]) > PAIR_RTOL * abs(was[c])
+                for c, v in zip(now.tolist(), now_v.tolist(), strict=True)]
+        assert changed.tolist() == want, trial
+        assert gone.tolist() == sorted(set(old.tolist()) - set(now.tolist())), trial
