@@ -21,7 +21,7 @@ every worker converges to the same state). Its thread reads the updates topic's 
 The follower shares its worker's CPU with the requests: a delta's apply is paced
 (:class:`Pacer`, ``serving.delta_apply_share``), so its ~30 ms of CPU at ~100k items
 spreads over a few times that and requests in flight keep most of the worker instead of
-half of it while the delta applies (figures: ``docs/decisions.md#delta-apply-pacing``).
+half of it while the delta applies (figures: ``docs/decisions.md#delta-stream``).
 
 On start it seeks to the lineage of the current version the same way. ``status()`` is what
 ``/model`` shows under ``delta``.
