@@ -287,6 +287,13 @@ class ServingSettings(BaseModel):
         description="Worker processes of `streamrec serve` (default: one per core, for the "
         "lowest tail latency; each loads and swaps versions itself; /metrics sums them all).",
     )
+    delta_apply_share: float = Field(
+        0.25, gt=0, le=1,
+        description="Share of a core a worker's delta follower may take while it applies a "
+        "delta: it sleeps between the apply's steps, so a delta's CPU ms spread over about "
+        "ms / share of wall time and the requests in flight keep the rest of the worker "
+        "(1 = no pauses).",
+    )
 
 
 class PrometheusSettings(BaseModel):

@@ -149,7 +149,8 @@ class ServingState:
         self.pubsub_factory = pubsub_factory
         self.deltas: DeltaFollower | None = None
         if settings.trainer.delta_every_s > 0:
-            self.deltas = DeltaFollower(self.loader, registry, settings.kafka, clock)
+            self.deltas = DeltaFollower(self.loader, registry, settings.kafka, clock,
+                                        apply_share=settings.serving.delta_apply_share)
 
     async def recommend(self, user_id: str, k: int, exclude_seen: bool) -> dict[str, Any]:
         start = time.perf_counter()

@@ -18,6 +18,11 @@ every worker converges to the same state). Its thread reads the updates topic's 
   artifact patched where the delta changed it, equal to a full compose), checked, and
   swapped in as one reference.
 
+The follower shares its worker's CPU with the requests: a delta's apply is paced
+(:class:`Pacer`, ``serving.delta_apply_share``), so its ~30 ms of CPU at ~100k items
+spreads over a few times that and requests in flight keep most of the worker instead of
+half of it while the delta applies (figures: ``docs/decisions.md#delta-stream``).
+
 On start it seeks to the lineage of the current version the same way. ``status()`` is what
 ``/model`` shows under ``delta``.
 """
@@ -53,6 +58,35 @@ log = logging.getLogger(__name__)
 SEEK_MARGIN_MS = 5_000
 
 
+class Pacer:
+    """Holds a thread to ``share`` of a core while it works: each call sleeps the thread's
+    CPU time since the last call (or :meth:`start`) times ``1 / share - 1``. CPU time, not
+    wall time: time spent waiting for the interpreter or a core is not the thread's work.
+    ``share`` 1: never sleeps."""
+
+    def __init__(self, share: float, sleep: Callable[[float], None] = time.sleep,
+                 cpu: Callable[[], float] = time.thread_time) -> None:
+        if not 0.0 < share <= 1.0:
+            raise ValueError(f"share must be in (0, 1], got {share}")
+        self.factor = 1.0 / share - 1.0
+        self.sleep, self.cpu = sleep, cpu
+        self._mark = cpu()
+        #: Seconds slept since :meth:`start`.
+        self.slept = 0.0
+
+    def start(self) -> Pacer:
+        self._mark, self.slept = self.cpu(), 0.0
+        return self
+
+    def __call__(self) -> None:
+        used = self.cpu() - self._mark
+        if self.factor and used > 0.0:
+            wait = used * self.factor
+            self.sleep(wait)
+            self.slept += wait
+        self._mark = self.cpu()
+
+
 class DeltaFollower:
     """Follows ``kafka.updates_topic`` for one serving process (see the module doc)."""
 
@@ -63,9 +97,12 @@ class DeltaFollower:
         kafka: KafkaSettings,
         clock: Callable[[], datetime],
         consumer_factory: Callable[[], Any] | None = None,
+        apply_share: float = 1.0,
     ) -> None:
         self.loader, self.registry, self.kafka, self.clock = loader, registry, kafka, clock
         self._factory = consumer_factory
+        #: Paces each delta's apply to ``apply_share`` of a core (module doc).
+        self.pacer = Pacer(apply_share)
         self.state: ModelState | None = None
         self.applied = 0
         self.resyncs = 0
@@ -149,10 +186,13 @@ class DeltaFollower:
             self._resync(consumer, base)
             return True
         started, cpu = time.perf_counter(), time.thread_time()
+        pause = self.pacer.start()
         try:
             delta = decode(value)
-            new = apply(state, delta)
-            artifact = self.composer.compose(new, delta)
+            pause()
+            new = apply(state, delta, pause)
+            artifact = self.composer.compose(new, delta, pause)
+            pause()
             smoke_check(artifact)
         except (DeltaError, VersionRefused, ValueError) as exc:
             log.error("delta %d of %s at offset %d refused: %s", seq, base, offset, exc)

@@ -12,7 +12,7 @@ with ``seq = n > 0`` applies to the state of the same ``base_version`` at ``n - 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -213,8 +213,11 @@ def from_snapshot(snapshot: Delta) -> ModelState:
     return apply(empty, snapshot)
 
 
-def apply(state: ModelState, delta: Delta) -> ModelState:
-    """The state after ``delta`` (module doc for the sequence rules); ``state`` is untouched."""
+def apply(state: ModelState, delta: Delta, pause: Callable[[], None] | None = None) -> ModelState:
+    """The state after ``delta`` (module doc for the sequence rules); ``state`` is untouched.
+    ``pause``: called between the steps (each a few copies of one table), so a caller that
+    shares its CPU with requests can yield there (``serving.deltas.Pacer``)."""
+    pause = pause or _no_pause
     if delta.base_version != state.base_version:
         raise UnknownBase(f"delta of base {delta.base_version}, state of {state.base_version}")
     if delta.seq <= state.seq:
@@ -223,6 +226,7 @@ def apply(state: ModelState, delta: Delta) -> ModelState:
         raise DeltaGap(f"delta {delta.seq} after {state.seq} of {state.base_version}")
     users = _upsert(state.user_keys, state.user_rows, delta.user_keys, delta.user_rows,
                     delta.removed_users)
+    pause()
     hist = _upsert(state.hist_keys, state.hist_rows, delta.hist_keys, delta.hist_rows,
                    delta.removed_hist)
     item_keys, item_ids = state.item_keys, state.item_ids
@@ -243,6 +247,7 @@ def apply(state: ModelState, delta: Delta) -> ModelState:
     if added.size and not _all_in(hist[0], added) or (
             delta.removed_hist.size and np.isin(delta.removed_hist, item_keys).any()):
         raise DeltaError(f"delta {delta.seq}: a catalog item has no history row")
+    pause()
     prior = _upsert(state.prior_buckets, state.prior_base, delta.prior_buckets,
                     delta.prior_base, _I64)
     covisit_keys = state.covisit_keys
@@ -253,6 +258,7 @@ def apply(state: ModelState, delta: Delta) -> ModelState:
                 f"state has {covisit_keys.size}"
             )
         covisit_keys = np.concatenate([covisit_keys, delta.covisit_new_keys])
+    pause()
     codes = _upsert(state.covisit_codes, state.covisit_values, delta.covisit_codes,
                     delta.covisit_values, delta.covisit_removed)
     new = replace(
@@ -273,6 +279,10 @@ def apply(state: ModelState, delta: Delta) -> ModelState:
     if not removed:
         seed_catalog_index(new, state, added)
     return new
+
+
+def _no_pause() -> None:
+    """The default ``pause`` of :func:`apply`: none."""
 
 
 def _all_in(sorted_keys: np.ndarray, keys: np.ndarray) -> bool:

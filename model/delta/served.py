@@ -31,7 +31,7 @@ scratch, as are the first state of a lineage and any state not the successor of 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
@@ -54,9 +54,11 @@ class Composer:
         #: How the last artifact was built: "full" or "patched".
         self.last = ""
 
-    def compose(self, state: ModelState, delta: Delta | None = None) -> ServingArtifact:
+    def compose(self, state: ModelState, delta: Delta | None = None,
+                pause: Callable[[], None] | None = None) -> ServingArtifact:
         """The artifact of ``state``; patched from the last one when ``state`` is the
-        result of applying ``delta`` (no removed items) to the last state composed."""
+        result of applying ``delta`` (no removed items) to the last state composed.
+        ``pause``: called between the steps of a patch (as ``model.delta.apply``'s)."""
         prev, self._state = self._state, None  # a failure below leaves nothing half-patched
         if (prev is None or delta is None or delta.removed_items.size
                 or delta.base_version != prev.base_version or state.base_version != prev.base_version
@@ -66,7 +68,7 @@ class Composer:
             artifact = self._full(state)
             self.last = "full"
         else:
-            artifact = self._patched(prev, state, delta, self._artifact)
+            artifact = self._patched(prev, state, delta, self._artifact, pause or _no_pause)
             self.last = "patched"
         self._state, self._artifact = state, artifact
         return artifact
@@ -85,7 +87,7 @@ class Composer:
 
     # -- per delta -----------------------------------------------------------------------------
     def _patched(self, prev: ModelState, state: ModelState, delta: Delta,
-                 previous: ServingArtifact) -> ServingArtifact:
+                 previous: ServingArtifact, pause: Callable[[], None]) -> ServingArtifact:
         c = state.constants
         n_prev, n = prev.item_keys.size, state.item_keys.size
         added = np.arange(n_prev, n, dtype=np.int64)
@@ -95,12 +97,14 @@ class Composer:
             at = np.searchsorted(self._buckets, buckets[order])
             self._buckets = np.insert(self._buckets, at, buckets[order])
             self._bucket_rows = np.insert(self._bucket_rows, at, added[order])
+        pause()
         touched = state.catalog_rows(delta.hist_keys)
         touched = np.union1d(touched[touched >= 0], added)
         self._rows = _grown(self._rows, n)
         if touched.size:
             rows = state.catalog_hist_rows(touched)
             self._rows[touched] = normalized_rows(rows) if c.normalize else rows
+        pause()
         if c.score_bias:
             self._base = _grown(self._base, n)
             lo = np.searchsorted(self._buckets, delta.prior_buckets, side="left")
@@ -109,6 +113,7 @@ class Composer:
             rebased = np.union1d(moved, added)
             if rebased.size:
                 self._base[rebased] = state.prior_base_of(state.item_keys[rebased])
+        pause()
         item_rows = self._rows[:n]
         log_q = state.log_q_of_base(self._base[:n]) if c.score_bias else None
         vectors = served_item_vectors(item_rows, log_q, normalize=False,
@@ -116,8 +121,14 @@ class Composer:
                                       prior_weight=state.weights[1], temperature=c.temperature)
         if np.shares_memory(vectors, self._rows):
             vectors = vectors.copy()  # the cache is rewritten next delta; the served is not
-        covisit = state.covisit_csr() if c.covisit_window is not None else None
+        pause()
+        covisit = state.covisit_csr(pause) if c.covisit_window is not None else None
+        pause()
         return servable(state, vectors, covisit, _grown_index(previous.item_index, state, n_prev))
+
+
+def _no_pause() -> None:
+    """The default ``pause`` of :meth:`Composer.compose`: none."""
 
 
 def _grown(arr: np.ndarray, n: int) -> np.ndarray:

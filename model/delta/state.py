@@ -24,7 +24,7 @@ hashes a state in a canonical order (replicas that applied the same deltas hash 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -144,15 +144,19 @@ class ModelState:
                                    tower_weight=self.weights[0], prior_weight=self.weights[1],
                                    temperature=c.temperature)
 
-    def covisit_csr(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def covisit_csr(self, pause: Callable[[], None] | None = None
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The pairs among the catalog as CSR arrays over its rows (``CoVisitation.csr``):
-        O(pairs log pairs + catalog), the catalog's keys found by :attr:`catalog_index`."""
+        O(pairs log pairs + catalog), the catalog's keys found by :attr:`catalog_index`.
+        ``pause``: called once, before the sort (as ``model.delta.apply``'s)."""
         n = self.item_keys.size
         row_of = self.catalog_rows(self.covisit_keys)
         a, b = row_of[self.covisit_codes >> 32], row_of[self.covisit_codes & _LOW]
         keep = (a >= 0) & (b >= 0)
         a, b = a[keep], b[keep]
         w = self.covisit_values[keep] * self.covisit_scale
+        if pause is not None:
+            pause()
         order = np.argsort(a * np.int64(max(n, 1)) + b, kind="stable")  # by (a, b)
         indptr = np.zeros(n + 1, np.int64)
         np.cumsum(np.bincount(a, minlength=n), out=indptr[1:])

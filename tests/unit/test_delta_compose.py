@@ -90,11 +90,19 @@ def test_a_real_lineage_composes_equal_and_eviction_starts_afresh() -> None:
     state = from_snapshot(deltas[0])
     composer = Composer()
     composer.compose(state)
+    pauses = [0]
+
+    def pause() -> None:  # a paced caller's hook: called between steps, changes nothing
+        pauses[0] += 1
+
     for delta in deltas[1:]:
-        state = apply(state, delta)
-        art = composer.compose(state, delta)
+        state = apply(state, delta, pause)
+        art = composer.compose(state, delta, pause)
         assert composer.last == ("full" if delta.removed_items.size else "patched")
         _assert_same(art, compose(state))
+        if composer.last == "patched":
+            assert pauses[0] >= 3 + 5  # apply's steps, then the patch's
+        pauses[0] = 0
     assert any(d.removed_items.size for d in deltas[1:]), "no eviction: the fallback is untested"
 
 

@@ -13,7 +13,7 @@ from feature_store.settings import load_settings
 from model.artifact.files import write_artifact
 from model.artifact.registry import Registry
 from model.delta import SNAPSHOT_FILE, ModelState, decode, encode, from_snapshot, state_checksum
-from serving.deltas import DeltaFollower
+from serving.deltas import DeltaFollower, Pacer
 from serving.loader import ModelLoader
 from serving.metrics import ServingMetrics
 from tests.unit.test_delta import CREATED, shared_lineage
@@ -93,6 +93,39 @@ def test_follows_a_lineage_in_order_and_replays_after_a_gap(
     bad[-1] ^= 1
     follower.handle(seeks, 13, bytes(bad))
     assert follower.errors == 1 and follower.state.seq == 3
+
+
+def test_a_pacer_sleeps_in_proportion_to_the_work_between_calls() -> None:
+    now, slept = [0.0], []
+    pacer = Pacer(0.25, sleep=slept.append, cpu=lambda: now[0])
+    pacer.start()
+    now[0] += 0.004
+    pacer()
+    now[0] += 0.002
+    pacer()
+    pacer()  # no work since the last call: no sleep
+    assert slept == pytest.approx([0.012, 0.006]) and pacer.slept == pytest.approx(0.018)
+    assert pacer.start().slept == 0.0
+    whole = Pacer(1.0, sleep=slept.append, cpu=lambda: now[0])
+    now[0] += 1.0
+    whole()
+    assert len(slept) == 2  # a share of 1 never sleeps
+    for bad in (0.0, -1.0, 1.5):
+        with pytest.raises(ValueError, match="share"):
+            Pacer(bad)
+
+
+def test_a_paced_follower_applies_the_same_state(records: list[bytes], tmp_path: Path) -> None:
+    follower, loader, registry = _follower(tmp_path)
+    slept: list[float] = []
+    follower.pacer = Pacer(0.5, sleep=slept.append)
+    _publish(registry, "v1", records[0])
+    for offset, record in enumerate(records[1:4], start=10):
+        follower.handle(Seeks(), offset, record)
+    assert follower.state is not None and follower.state.seq == 3
+    assert state_checksum(follower.state) == decode(records[3]).state_checksum
+    assert len(slept) >= 3 * 5 and all(s >= 0.0 for s in slept)  # decode, apply, compose
+    assert sum(slept) > 0.0
 
 
 def test_only_the_current_version_is_followed(records: list[bytes], tmp_path: Path) -> None:
