@@ -80,7 +80,8 @@ def app_factory() -> Any:
 
     settings = load_settings()
     balancer = None
-    if settings.serving.balance_connections and os.environ.get(WORKERS_ENV):
+    if (settings.serving.balance_connections and os.environ.get(WORKERS_ENV)
+            and Path("/proc/net/tcp").exists()):  # Linux: counted from /proc
         port, workers = (int(x) for x in os.environ[WORKERS_ENV].split())
         balancer = ConnectionBalancer(port, workers)
     return create_app(settings, metrics_dir=os.environ.get(MULTIPROC_ENV), balancer=balancer)
