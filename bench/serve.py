@@ -49,12 +49,16 @@ async def _worker(host: str, port: int, users: list[str], k: int, stop_at: float
                   warm_until: float, lat: list[float], counts: dict[str, int], seed: int) -> None:
     rng = np.random.default_rng(seed)
     reader, writer = await asyncio.open_connection(host, port)
+    closed = False
     try:
         while True:
             now = time.perf_counter()
             if now >= stop_at:
                 return
             user = users[int(rng.integers(len(users)))]
+            if closed:
+                reader, writer = await asyncio.open_connection(host, port)
+                closed = False
             writer.write(f"GET /recommend?user_id={user}&k={k} HTTP/1.1\r\n"
                          f"Host: {host}\r\n\r\n".encode())
             try:
@@ -71,6 +75,10 @@ async def _worker(host: str, port: int, users: list[str], k: int, stop_at: float
                 continue
             done = time.perf_counter()
             counts["answered"] += 1
+            if b"\r\nconnection: close" in head.lower():  # HTTP/1.1: the server closes it
+                counts["closed_by_server"] += 1
+                writer.close()
+                closed = True  # the next request connects anew, within its latency
             if now < warm_until:
                 continue
             lat.append(done - now)
@@ -86,7 +94,9 @@ async def _loadgen(url: str, concurrency: int, duration: float, warmup: float,
                    users: list[str], k: int) -> dict[str, Any]:
     host, port = url.split("//", 1)[1].rsplit(":", 1)
     lat: list[float] = []
-    counts = {"errors": 0, "non_model": 0, "answered": 0}  # answered: warm-up included
+    # answered: warm-up included; closed_by_server: answers with Connection: close (the
+    # next request goes on a new connection, as an HTTP client's pool does)
+    counts = {"errors": 0, "non_model": 0, "answered": 0, "closed_by_server": 0}
     start = time.perf_counter()
     warm_until = start + warmup
     stop_at = warm_until + duration

@@ -331,7 +331,7 @@ def _phase(args: argparse.Namespace, name: str, deltas: bool, url: str, server_p
     print(f"{name:<20} deltas={deltas!s:5} c={args.concurrency} p50={row['p50_ms']}ms "
           f"p99={row['p99_ms']}ms rps={row['rps']} errors={row['errors']} "
           f"cpu/request={row['cpu_ms_per_request']}ms conns={row['connections_per_worker']} "
-          f"sent={sent[0]} "
+          f"sent={sent[0]} closed={row.get('closed_by_server')} "
           f"applied={row['worker_applied']} load={row['loadavg_1m']}", flush=True)
     return row
 

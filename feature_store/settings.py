@@ -287,6 +287,11 @@ class ServingSettings(BaseModel):
         description="Worker processes of `streamrec serve` (default: one per core, for the "
         "lowest tail latency; each loads and swaps versions itself; /metrics sums them all).",
     )
+    balance_connections: bool = Field(
+        True, description="With several workers, a worker holding more than its share of "
+        "the port's keep-alive connections closes the excess after their next answer "
+        "(Connection: close), so the kernel's random split evens out (serving/balance.py).",
+    )
     delta_apply_share: float = Field(
         0.25, gt=0, le=1,
         description="Share of a core a worker's delta follower may take while it applies a "

@@ -35,6 +35,7 @@ from model.artifact.registry import Registry, RegistryError
 from serving import errors
 from serving import metrics as m
 from serving import retrieval as r
+from serving.balance import ConnectionBalancer
 from serving.dashboard import collector_from_settings, dashboard_router
 from serving.deltas import DeltaFollower
 from serving.errors import Forbidden, NotFound, Unauthorized
@@ -262,13 +263,15 @@ def create_app(
     stats: StatsCollector | None = None,
     max_body_bytes: int | None = None,
     metrics_dir: str | None = None,
+    balancer: ConnectionBalancer | None = None,
 ) -> FastAPI:
     """Build the serving app. ``store`` defaults to ``feature_store.open_store(settings)``,
     ``registry``/``pubsub_factory`` to the Redis-backed ones from ``settings``; ``watch=False``
     skips the background tasks; ``stats`` (the dashboard's collector) defaults to one scraping
     the sources in ``settings``; ``max_body_bytes`` caps request bodies (413 beyond);
     ``metrics_dir`` is the multiprocess metrics folder shared by the workers of one server
-    (``/metrics`` then answers for all of them, see ``serving.metrics``). Errors
+    (``/metrics`` then answers for all of them, see ``serving.metrics``); ``balancer``
+    evens keep-alive connections out over those workers (``serving.balance``). Errors
     of the routes reach HTTP through ``serving.errors.install`` only."""
     if registry is None:
         import redis
@@ -307,6 +310,8 @@ def create_app(
                 tasks.append(asyncio.create_task(
                     state.loader.listen(state.pubsub_factory), name="model-pubsub"))
             tasks.append(asyncio.create_task(stats.run(), name="dashboard-stats"))
+            if balancer is not None:
+                tasks.append(asyncio.create_task(balancer.run(), name="connection-balance"))
             if state.deltas is not None:
                 state.deltas.start()
         try:
@@ -327,7 +332,8 @@ def create_app(
     )
     # outermost of ours: a well-formed GET /recommend skips the routing (serving.fastpath)
     app.add_middleware(RecommendFastPath, answer=state.recommend,
-                       default_k=settings.serving.default_k, max_k=MAX_K)
+                       default_k=settings.serving.default_k, max_k=MAX_K,
+                       close=balancer.should_close if balancer is not None else None)
     app.state.serving = state
     app.state.stats = stats
     app.include_router(features_router(store, state.store_guard.health))

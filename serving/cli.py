@@ -17,6 +17,9 @@ log = logging.getLogger(__name__)
 
 #: The environment variable ``prometheus_client`` reads for its multiprocess mode.
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+#: How the workers of ``serve --workers N`` learn the port and N they serve with (the
+#: command line may override the settings'): ``"<port> <workers>"``.
+WORKERS_ENV = "SERVE_PORT_AND_WORKERS"
 
 
 def register(sub: Any) -> None:
@@ -54,6 +57,7 @@ def _serve(args: argparse.Namespace) -> int:
         # Set before the workers start (and so before they import prometheus_client).
         metrics_dir = fresh_metrics_dir(settings.stack.run_dir / "metrics" / f"serving-{port}")
         os.environ[MULTIPROC_ENV] = str(metrics_dir)
+        os.environ[WORKERS_ENV] = f"{port} {workers}"
     options: dict[str, Any] = {
         "host": args.host or settings.serving.host, "port": port, "loop": "uvloop",
         "http": "httptools", "log_level": args.log_level, "access_log": False}
@@ -72,8 +76,15 @@ def app_factory() -> Any:
     """App of one worker process when ``serve --workers N`` (N > 1) forks several."""
     from feature_store.settings import load_settings
     from serving.app import create_app
+    from serving.balance import ConnectionBalancer
 
-    return create_app(load_settings(), metrics_dir=os.environ.get(MULTIPROC_ENV))
+    settings = load_settings()
+    balancer = None
+    if (settings.serving.balance_connections and os.environ.get(WORKERS_ENV)
+            and Path("/proc/net/tcp").exists()):  # Linux: counted from /proc
+        port, workers = (int(x) for x in os.environ[WORKERS_ENV].split())
+        balancer = ConnectionBalancer(port, workers)
+    return create_app(settings, metrics_dir=os.environ.get(MULTIPROC_ENV), balancer=balancer)
 
 
 def fresh_metrics_dir(path: Path) -> Path:

@@ -20,6 +20,8 @@ import orjson
 
 #: ``(user_id, k, exclude_seen) -> answer`` (the JSON object of ``GET /recommend``).
 Answerer = Callable[[str, int, bool], Awaitable[dict[str, Any]]]
+#: Whether a response closes its connection (``serving.balance``).
+Closer = Callable[[], bool]
 
 #: Longest ``user_id`` of ``GET /recommend`` (the route's own limit too; an event's ids have
 #: the same bound, ``stream.rules.MAX_ID_LEN``).
@@ -28,6 +30,7 @@ MAX_USER_ID = 128
 _BOOLS = {"true": True, "1": True, "false": False, "0": False}
 _BODY_HEADERS = (b"content-length", b"transfer-encoding")
 _JSON = (b"content-type", b"application/json")
+_CLOSE = (b"connection", b"close")
 
 
 def parse_recommend(query_string: bytes, default_k: int, max_k: int,
@@ -57,13 +60,16 @@ def parse_recommend(query_string: bytes, default_k: int, max_k: int,
 
 
 class RecommendFastPath:
-    """ASGI middleware: well-formed ``GET /recommend`` straight to ``answer``."""
+    """ASGI middleware: well-formed ``GET /recommend`` straight to ``answer``; ``close``:
+    asked per answer, True adds ``Connection: close`` (``serving.balance``)."""
 
-    def __init__(self, app: Any, answer: Answerer, default_k: int, max_k: int) -> None:
+    def __init__(self, app: Any, answer: Answerer, default_k: int, max_k: int,
+                 close: Closer | None = None) -> None:
         self.app = app
         self.answer = answer
         self.default_k = default_k
         self.max_k = max_k
+        self.close = close
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if (scope["type"] == "http" and scope["path"] == "/recommend"
@@ -72,8 +78,10 @@ class RecommendFastPath:
             params = parse_recommend(scope["query_string"], self.default_k, self.max_k)
             if params is not None:
                 body = orjson.dumps(await self.answer(*params))
-                await send({"type": "http.response.start", "status": 200, "headers": [
-                    (b"content-length", str(len(body)).encode("latin-1")), _JSON]})
+                headers = [(b"content-length", str(len(body)).encode("latin-1")), _JSON]
+                if self.close is not None and self.close():
+                    headers.append(_CLOSE)
+                await send({"type": "http.response.start", "status": 200, "headers": headers})
                 await send({"type": "http.response.body", "body": body})
                 return
         await self.app(scope, receive, send)

@@ -27,6 +27,7 @@ from feature_store.settings import Settings
 from feature_store.store import HistoryEntry, Trending, UserFeatures, open_store
 from model.artifact.files import write_artifact
 from model.artifact.registry import Registry, published_channel
+from serving.balance import established_inodes, own_socket_inodes, read_tables
 from tests.support import free_port, repo_root, stop_process, wait_until
 
 pytestmark = pytest.mark.integration
@@ -299,3 +300,40 @@ def test_two_workers_one_metrics_truth(settings: Settings, serve, tmp_path: Path
                60, "a replacement worker")
     burst(40)
     assert _served_total(server) == sent
+
+
+def _split(server: Server) -> list[int]:
+    """The established connections to ``server``'s port per worker process, sorted."""
+    port = int(server.url.rsplit(":", 1)[1])
+    everyone = established_inodes(port, read_tables())
+    workers = [int(pid) for task in Path(f"/proc/{server.proc.pid}/task").iterdir()
+               for pid in (task / "children").read_text().split()]
+    counts = []
+    for pid in workers:
+        with contextlib.suppress(OSError):  # not a worker (the resource tracker) or gone
+            counts.append(len(everyone & own_socket_inodes(Path(f"/proc/{pid}/fd"))))
+    return sorted(c for c in counts if c)
+
+
+def test_keep_alive_connections_even_out_over_two_workers(settings: Settings, serve) -> None:
+    """16 clients on keep-alive connections: whatever the kernel's split, the workers close
+    their excess after an answer until it is 8/8 (serving.balance), and every request of
+    the clients is answered (a closed connection is reopened by the client, not an error)."""
+    seed_store(settings)
+    reg = make_registry(settings)
+    reg.publish("A", lambda d: write_random(d, "A", 1))
+    server = serve(settings, workers=2)
+    clients = [Client(server.url) for _ in range(16)]
+    for client in clients:
+        client.start()
+    try:
+        wait_until(lambda: _split(server) == [8, 8], 60, "16 connections split 8/8",
+                   interval_s=0.5)
+    finally:
+        for client in clients:
+            client.stop.set()
+        for client in clients:
+            client.join(10)
+    results = [r for client in clients for r in client.results]
+    assert len(results) > 16 and all(code == 200 for _, code, _, _ in results), [
+        r for r in results if r[1] != 200][:3]
