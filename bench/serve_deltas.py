@@ -307,7 +307,7 @@ def _phase(args: argparse.Namespace, name: str, deltas: bool, url: str, server_p
         stdout=subprocess.PIPE, text=True)
     # the keep-alive connections per worker, half way through the measured seconds
     stop.wait(1.0 + args.duration / 2)
-    split = connections(int(url.rsplit(":", 1)[1]))
+    split = connections(int(url.rsplit(":", 1)[1]), server_pid)
     stdout, _ = loadgen.communicate()
     cpu = cpu_seconds(pids) - cpu0
     stop.set()

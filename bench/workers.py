@@ -1,5 +1,5 @@
 """What the serving workers of a benchmark spend (Linux ``/proc``): CPU seconds of a
-server's worker processes, and how its keep-alive connections are split over them (``ss``).
+server's worker processes, and how its keep-alive connections are split over them (``serving.balance``).
 
 CPU seconds per request move far less with the load of a shared machine than p99 does, so
 the serving benchmarks report them beside the latencies.
@@ -8,8 +8,6 @@ the serving benchmarks report them beside the latencies.
 from __future__ import annotations
 
 import os
-import re
-import subprocess
 from pathlib import Path
 
 _TICKS = os.sysconf("SC_CLK_TCK")
@@ -42,11 +40,9 @@ def cpu_seconds(pids: list[int]) -> float:
     return total / _TICKS
 
 
-def connections(port: int) -> dict[int, int]:
-    """Established connections to local ``port`` per owning pid."""
-    out = subprocess.run(["ss", "-tnpH", "state", "established", f"( sport = :{port} )"],
-                         capture_output=True, text=True, check=False).stdout
-    split: dict[int, int] = {}
-    for pid in re.findall(r"pid=(\d+)", out):
-        split[int(pid)] = split.get(int(pid), 0) + 1
-    return split
+def connections(port: int, server_pid: int) -> dict[int, int]:
+    """Established connections to local ``port`` per worker of ``server_pid`` (the count
+    the workers themselves balance by: ``serving.balance``)."""
+    from serving.balance import connections_by_pid
+
+    return connections_by_pid(port, worker_pids(server_pid))

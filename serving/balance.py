@@ -71,6 +71,19 @@ def own_socket_inodes(fd_dir: Path = Path("/proc/self/fd")) -> set[int]:
     return out
 
 
+def connections_by_pid(port: int, pids: Iterable[int], proc: Path = Path("/proc")) -> dict[int, int]:
+    """Established connections to local ``port`` held by each of ``pids`` (a process gone
+    or not readable counts 0)."""
+    everyone = established_inodes(port, read_tables(proc))
+    out = {}
+    for pid in pids:
+        try:
+            out[pid] = len(everyone & own_socket_inodes(proc / str(pid) / "fd"))
+        except OSError:
+            out[pid] = 0
+    return out
+
+
 class ConnectionBalancer:
     """One worker's side of the evening out (module doc). :meth:`should_close` is asked per
     response on the request path (one integer test); :meth:`refresh` counts, off it."""

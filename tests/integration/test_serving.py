@@ -22,12 +22,12 @@ import orjson
 import pytest
 import redis
 
+from bench.workers import connections
 from feature_store.ids import item_keys, user_key
 from feature_store.settings import Settings
 from feature_store.store import HistoryEntry, Trending, UserFeatures, open_store
 from model.artifact.files import write_artifact
 from model.artifact.registry import Registry, published_channel
-from serving.balance import established_inodes, own_socket_inodes, read_tables
 from tests.support import free_port, repo_root, stop_process, wait_until
 
 pytestmark = pytest.mark.integration
@@ -304,15 +304,8 @@ def test_two_workers_one_metrics_truth(settings: Settings, serve, tmp_path: Path
 
 def _split(server: Server) -> list[int]:
     """The established connections to ``server``'s port per worker process, sorted."""
-    port = int(server.url.rsplit(":", 1)[1])
-    everyone = established_inodes(port, read_tables())
-    workers = [int(pid) for task in Path(f"/proc/{server.proc.pid}/task").iterdir()
-               for pid in (task / "children").read_text().split()]
-    counts = []
-    for pid in workers:
-        with contextlib.suppress(OSError):  # not a worker (the resource tracker) or gone
-            counts.append(len(everyone & own_socket_inodes(Path(f"/proc/{pid}/fd"))))
-    return sorted(c for c in counts if c)
+    split = connections(int(server.url.rsplit(":", 1)[1]), server.proc.pid)
+    return sorted(c for c in split.values() if c)
 
 
 def test_keep_alive_connections_even_out_over_two_workers(settings: Settings, serve) -> None:

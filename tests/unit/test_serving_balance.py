@@ -12,6 +12,7 @@ import pytest
 
 from serving.balance import (
     ConnectionBalancer,
+    connections_by_pid,
     established_inodes,
     own_socket_inodes,
     read_tables,
@@ -79,6 +80,8 @@ def test_counts_this_process_s_real_connections() -> None:
         balancer = ConnectionBalancer(port, 2)
         assert balancer.refresh() == 1 and balancer.last == (3, 3)  # share 2 of 3
         assert ConnectionBalancer(port, 1).refresh() == 0
+        assert connections_by_pid(port, [os.getpid(), 2**22 + 7]) == {
+            os.getpid(): 3, 2**22 + 7: 0}  # a pid that does not exist holds none
     finally:
         for s in clients + accepted + [server]:
             s.close()
