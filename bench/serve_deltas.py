@@ -10,7 +10,8 @@ A trainer (the live defaults, as ``bench.deltas``) is warmed on the synthetic st
 tables filled with ``--fill`` random named rows (so the catalog is ~``fill`` + the stream's
 items), and a full version with its delta snapshot is published into a throwaway registry;
 then the deltas of ``--rate`` samples each are built ahead (the trainer's cost is not the
-point here: it runs in another process in production). A throwaway Kafka and Redis
+point here: it runs in another process in production), encoded as the trainer publishes
+them (``trainer.delta_codec``, int8 rows by default; ``--codec``). A throwaway Kafka and Redis
 (``deploy.stack``, own run dir and ports) carry the deltas and the users' histories;
 ``streamrec serve --workers N`` follows the updates topic. The load generator
 (``bench/serve.py loadgen``, its own process, closed loop) runs ``--rounds`` pairs of
@@ -83,10 +84,11 @@ def _lineage(args: argparse.Namespace, registry: Any) -> tuple[bytes, list[bytes
     for _ in range(args.deltas):
         train(args.rate)
         delta = builder.delta({**meta, "created_at": datetime.now(UTC).isoformat()})
-        records.append(encode(delta))
+        records.append(encode(delta, args.codec, compress=args.compress))
         rows.append(delta.rows_changed)
     print(f"version {version}: catalog {snap.new_item_keys.size} items, "
-          f"{len(records)} deltas built", flush=True)
+          f"{len(records)} deltas built ({args.codec}, "
+          f"{int(np.median([len(r) for r in records]))} bytes each)", flush=True)
     return snapshot, records, rows
 
 
@@ -159,6 +161,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warm-samples", type=int, default=40_000)
     p.add_argument("--fill", type=int, default=100_000)
     p.add_argument("--rate", type=int, default=2000, help="samples per delta")
+    p.add_argument("--codec", choices=("float32", "float16", "bfloat16", "int8"),
+                   help="row codec of the deltas sent (default: trainer.delta_codec, what "
+                   "the trainer publishes; trainer.delta_compress is followed too)")
     p.add_argument("--baseline", metavar="REV",
                    help="also serve with git revision REV's code, alternating with this tree's "
                    "each round (before/after in one run)")
@@ -192,6 +197,8 @@ def main(argv: list[str] | None = None) -> int:
             "trainer": base.trainer.model_copy(update={
                 "registry_dir": work / "models", "model_name": "bench", "keep_versions": 3}),
         })
+        args.codec = args.codec or settings.trainer.delta_codec
+        args.compress = settings.trainer.delta_compress
         stack = Stack(settings)
         stack.up(["kafka", "redis"])
         proc: subprocess.Popen[bytes] | None = None
@@ -246,7 +253,8 @@ def main(argv: list[str] | None = None) -> int:
             if proc is not None:
                 stop_process(proc, 10)
             stack.down(["kafka", "redis"])
-    results.update(rows_per_delta=_pct([float(x) for x in rows]), load_avg=list(os.getloadavg()))
+    results.update(codec=args.codec, compress=args.compress,
+                   rows_per_delta=_pct([float(x) for x in rows]), load_avg=list(os.getloadavg()))
     summary: dict[str, Any] = {}
     for name, _ in servers:
         for phase in (False, True):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from feature_store.settings import KafkaSettings
 from stream.errors import StreamError
@@ -310,12 +310,19 @@ def updates_producer(kafka: KafkaSettings) -> Any:
     return make_producer(kafka, **_IDEMPOTENT, max_request_size=UPDATES_MAX_BYTES, linger_ms=0)
 
 
-def updates_consumer(kafka: KafkaSettings) -> Any:
+def updates_consumer(kafka: KafkaSettings, backend: str = "auto") -> Any:
     """A consumer of the updates topic's one partition (assigned: no group, no commits),
-    able to fetch its largest records. The broker answers a fetch as soon as a record
-    arrives, so its longest wait only sets how often an idle consumer asks again: 500 ms
-    costs a serving worker ~10 ms of CPU per second against ~32 at 50 ms, with the same
-    delivery latency (``docs/decisions.md#delta-stream``)."""
+    able to fetch its largest records, with kafka-python's calls (``poll``,
+    ``offsets_for_times``, ``seek``, ``seek_to_end``, ``close``; :func:`seek_to_time`).
+
+    ``backend`` (:func:`consumer_backend`): "confluent" is librdkafka behind
+    :class:`UpdatesConsumer` — it fetches and checks records in C threads, ~1.7 ms of a
+    serving worker's CPU per 345 kB delta against ~8.5 ms for kafka-python's Python client
+    (``docs/decisions.md#delta-stream``). Either way the broker answers a fetch as soon as
+    a record arrives, so the longest wait (500 ms) only sets how often an idle consumer asks
+    again: kafka-python's costs a worker ~10 ms of CPU per second against ~32 at 50 ms."""
+    if consumer_backend(backend) == "confluent":
+        return UpdatesConsumer(kafka)
     from kafka import KafkaConsumer, TopicPartition
 
     consumer = KafkaConsumer(
@@ -325,6 +332,89 @@ def updates_consumer(kafka: KafkaSettings) -> Any:
     )
     consumer.assign([TopicPartition(kafka.updates_topic, 0)])
     return consumer
+
+
+class UpdateRecord(NamedTuple):
+    """A record of the updates topic as :class:`UpdatesConsumer` returns it."""
+
+    offset: int
+    value: bytes
+
+
+class UpdatesConsumer:
+    """The updates topic's partition 0 through ``confluent_kafka.Consumer``, with the calls
+    of kafka-python's consumer that serving's follower makes (:func:`updates_consumer`).
+    Positions are set by assigning the partition at an absolute offset (librdkafka's
+    ``seek`` needs a partition already being fetched). A fatal client error raises ``KafkaException``; a
+    transient one (the broker restarting, say) is logged and the client retries."""
+
+    def __init__(self, kafka: KafkaSettings, timeout_s: float = 10.0) -> None:
+        from confluent_kafka import Consumer
+
+        self.topic, self.timeout_s = kafka.updates_topic, timeout_s
+        self._consumer = Consumer({
+            "bootstrap.servers": kafka.bootstrap,
+            # required by the client; never used: assigned, nothing committed
+            "group.id": "streamrec-updates-follower",
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "fetch.wait.max.ms": 500,
+            "fetch.max.bytes": 2 * UPDATES_MAX_BYTES,
+            "max.partition.fetch.bytes": UPDATES_MAX_BYTES,
+            "receive.message.max.bytes": 2 * UPDATES_MAX_BYTES + 1024 * 1024,
+        })
+        try:
+            self.seek_to_end(None)
+        except BaseException:
+            self._consumer.close()
+            raise
+
+    def _tp(self, offset: int) -> Any:
+        from confluent_kafka import TopicPartition
+
+        return TopicPartition(self.topic, 0, offset)
+
+    def poll(self, timeout_ms: int = 0) -> dict[int, list[UpdateRecord]]:
+        """The records fetched within ``timeout_ms``, by partition (kafka-python's shape):
+        back as soon as one is there (``consume`` would wait out its timeout for a full
+        batch), with those queued behind it."""
+        first = self._consumer.poll(timeout_ms / 1000.0)
+        if first is None:
+            return {}
+        out: list[UpdateRecord] = []
+        for message in [first, *self._consumer.consume(num_messages=63, timeout=0)]:
+            err = message.error()
+            if err is None:
+                offset, value = message.offset(), message.value()
+                if offset is not None and value is not None:
+                    out.append(UpdateRecord(offset, value))
+            elif err.fatal():
+                from confluent_kafka import KafkaException
+
+                raise KafkaException(err)
+            else:
+                log.warning("updates consumer: %s", err)
+        return {0: out} if out else {}
+
+    def offsets_for_times(self, query: Mapping[Any, int]) -> dict[Any, Any]:
+        """For each partition of ``query`` (its ``.partition``) at time ``ms``: an object
+        with the ``.offset`` of its first record at or after it, or None (kafka-python's)."""
+        found = self._consumer.offsets_for_times(
+            [self._tp(int(ms)) for ms in query.values()], timeout=self.timeout_s)
+        return {tp: (UpdateRecord(f.offset, b"") if f.offset >= 0 else None)
+                for tp, f in zip(query, found, strict=True)}
+
+    def seek(self, tp: Any, offset: int) -> None:
+        self._consumer.assign([self._tp(int(offset))])
+
+    def seek_to_end(self, tp: Any) -> None:
+        """To the partition's end offset as the broker has it now (an absolute offset:
+        librdkafka leaves a partition re-assigned at its logical end unresolved)."""
+        _, high = self._consumer.get_watermark_offsets(self._tp(0), timeout=self.timeout_s)
+        self._consumer.assign([self._tp(int(high))])
+
+    def close(self) -> None:
+        self._consumer.close()
 
 
 def seek_to_time(consumer: Any, topic: str, at_ms: int, partition: int = 0) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from model.delta.codec import DeltaError, decode_rows, encode_rows, pack, unpack
-from model.delta.state import Constants, Layer, ModelState, seed_catalog_index
+from model.delta.state import Constants, Layer, ModelState, insert_sorted, seed_catalog_index
 
 _I64 = np.zeros(0, np.int64)
 
@@ -180,8 +180,7 @@ def _upsert(
     hit[inside] = k[pos[inside]] == new_keys[inside]
     miss = ~hit
     if miss.any():  # one copy: insert the new keys, then overwrite the hits where they moved
-        k = np.insert(k, pos[miss], new_keys[miss])
-        v = np.insert(v, pos[miss], new_values[miss], axis=0)
+        k, v = insert_sorted(k, v, pos[miss], new_keys[miss], new_values[miss])
         if hit.any():
             v[np.searchsorted(k, new_keys[hit])] = new_values[hit]
     elif hit.any():

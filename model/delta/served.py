@@ -37,7 +37,7 @@ import numpy as np
 
 from model.artifact.files import ServingArtifact
 from model.delta.apply import Delta
-from model.delta.state import ModelState, compose, servable
+from model.delta.state import ModelState, compose, insert_sorted, servable
 from model.scoring.prior import normalized_rows, served_item_vectors
 
 
@@ -95,8 +95,8 @@ class Composer:
             buckets = np.mod(state.item_keys[added], np.int64(c.prior_buckets))
             order = np.argsort(buckets, kind="stable")
             at = np.searchsorted(self._buckets, buckets[order])
-            self._buckets = np.insert(self._buckets, at, buckets[order])
-            self._bucket_rows = np.insert(self._bucket_rows, at, added[order])
+            self._buckets, self._bucket_rows = insert_sorted(
+                self._buckets, self._bucket_rows, at, buckets[order], added[order])
         pause()
         touched = state.catalog_rows(delta.hist_keys)
         touched = np.union1d(touched[touched >= 0], added)

@@ -238,6 +238,32 @@ def servable(
     )
 
 
+def insert_sorted(
+    keys: np.ndarray, values: np.ndarray, at: np.ndarray, new_keys: np.ndarray,
+    new_values: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """``np.insert(keys, at, new_keys)`` and ``np.insert(values, at, new_values, axis=0)``
+    for non-decreasing ``at``. Rows of ``values`` (2-D) are copied as the runs between
+    insertion points, one slice copy each: ``np.insert`` goes through a boolean mask over
+    every row, 4.0 against 2.9 ms per delta for ~115k rows of 32 floats and ~200 new keys.
+    A 1-D table keeps ``np.insert`` (its mask is cheap; a run per key was 3x slower at
+    ~2.5k new keys)."""
+    if values.ndim == 1:
+        return np.insert(keys, at, new_keys), np.insert(values, at, new_values)
+    m, n = at.size, keys.shape[0]
+    out_k = np.empty(n + m, keys.dtype)
+    out_v = np.empty((n + m, *values.shape[1:]), values.dtype)
+    dest = at + np.arange(m, dtype=np.int64)
+    out_k[dest], out_v[dest] = new_keys, new_values
+    bounds = [0, *at.tolist(), n]
+    for i in range(m + 1):
+        lo, hi = bounds[i], bounds[i + 1]
+        if hi > lo:
+            out_k[lo + i:hi + i] = keys[lo:hi]
+            out_v[lo + i:hi + i] = values[lo:hi]
+    return out_k, out_v
+
+
 def seed_catalog_index(state: ModelState, previous: ModelState, added: np.ndarray) -> None:
     """Give ``state`` (whose catalog is ``previous``'s with ``added`` keys appended, none
     removed) its :attr:`ModelState.catalog_index` from ``previous``'s: one merge, no sort."""
@@ -247,8 +273,8 @@ def seed_catalog_index(state: ModelState, previous: ModelState, added: np.ndarra
     if added.size:
         order = np.argsort(added, kind="stable")
         at = np.searchsorted(keys, added[order])
-        keys = np.insert(keys, at, added[order])
-        rows = np.insert(rows, at, previous.item_keys.size + order.astype(np.int64))
+        keys, rows = insert_sorted(keys, rows, at, added[order],
+                                   previous.item_keys.size + order.astype(np.int64))
     state.__dict__["catalog_index"] = (keys, rows)
 
 

@@ -302,3 +302,21 @@ def test_pairs_gone_and_moved_by_their_definition() -> None:
                 for c, v in zip(now.tolist(), now_v.tolist(), strict=True)]
         assert changed.tolist() == want, trial
         assert gone.tolist() == sorted(set(old.tolist()) - set(now.tolist())), trial
+
+
+@pytest.mark.parametrize("n, m", [(0, 3), (5, 0), (40, 1), (40, 7), (40, 60), (41, 9)])
+def test_insert_sorted_is_np_insert(n: int, m: int) -> None:
+    from model.delta.state import insert_sorted
+
+    rng = np.random.default_rng(n * 100 + m)
+    keys = np.sort(rng.choice(10_000, n, replace=False)).astype(np.int64)
+    values = rng.standard_normal((n, 3) if n % 2 == 0 else n).astype(np.float32)
+    new = np.sort(rng.choice(10_000, m)).astype(np.int64)  # repeats: equal positions
+    at = np.searchsorted(keys, new)
+    at[:1] = 0  # the front and the back too
+    at[-1:] = n
+    at = np.sort(at)
+    new_values = rng.standard_normal((m, *values.shape[1:])).astype(np.float32)
+    k, v = insert_sorted(keys, values, at, new, new_values)
+    np.testing.assert_array_equal(k, np.insert(keys, at, new))
+    np.testing.assert_array_equal(v, np.insert(values, at, new_values, axis=0))

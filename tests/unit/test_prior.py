@@ -10,6 +10,7 @@ from model.scoring.prior import (
     export_fields,
     exported_layers,
     item_scoring_vectors,
+    served_item_vectors,
     user_scoring_vectors,
 )
 
@@ -101,3 +102,27 @@ def test_export_fields_without_prior_write_format_1() -> None:
     fields = export_fields([], 0.0, normalize_user_vector=True)
     assert fields["score_bias"] is False and fields["normalize"] is True
     assert fields["history_len"] is None
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("tower_weight", [1.0, 0.73])
+@pytest.mark.parametrize("prior_weight", [0.0, 1.3])
+def test_served_item_vectors_are_the_plain_formula_bit_for_bit(
+    dtype: type, tower_weight: float, prior_weight: float
+) -> None:
+    rng = np.random.default_rng(3)
+    rows = rng.standard_normal((50, 8)).astype(dtype)
+    log_q = rng.standard_normal(50)
+    got = served_item_vectors(rows, log_q, normalize=True, tower_weight=tower_weight,
+                              prior_weight=prior_weight, temperature=0.07)
+    # the rule written out: normalise, weigh (in the rows' dtype), float32, divide by T,
+    # then the prior's column (0 when the mix switched it off)
+    r = rows / np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-12)
+    r = np.asarray(r * tower_weight if tower_weight != 1.0 else r, np.float32)
+    want = np.concatenate([
+        r / np.float32(0.07),
+        ((prior_weight or 1.0) * (log_q.astype(np.float32) if prior_weight
+                                  else np.zeros(50, np.float32)))[:, None],
+    ], axis=1).astype(np.float32)
+    np.testing.assert_array_equal(got, want)
+    assert got.dtype == np.float32 and got.flags.c_contiguous
