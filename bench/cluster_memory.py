@@ -11,13 +11,17 @@ rule, applied to the shards), so the user table must stay within N rows.
 
 Every ``--report-every`` users it records the rows per table and PS, the RSS of every
 process (``/proc/PID/status`` VmRSS: chief, ps0, ps1, worker0, worker1), the CPU seconds
-each used so far and the users inserted per second. At the end, the consistent cut's copy of the shards into the chief
-(``ClusterTrainer.sync``, what a checkpoint and an export read) is timed and the chief's RSS
-measured again: that copy is the chief's share of the memory wall.
+each used so far and the users inserted per second. At the end it takes the consistent
+cut (``ClusterTrainer.sync``: every step joined; the rows stay on the PS), saves a
+checkpoint of the trainer (each PS writes its shards' data file) and reads the user rows
+as an export does (``ClusterTrainer.known_rows``, one shard at a time), timing each and
+measuring the chief's RSS after it: the chief's share of the memory wall.
 
 JSON: ``points`` (one per report), ``final`` (sizes and RSS before the cut), ``after_cut``
-(chief RSS, seconds, the users in the chief's copy and their key range: user ``k`` is the
-``k``-th user trained), ``load_avg_*``.
+(chief RSS, seconds, rows of the chief's own user table), ``checkpoint`` (seconds, RSS of every role, the data files' MiB: one per process that
+holds variables),
+``export_read`` (seconds, chief RSS holding the rows, their MiB, the users read and their
+key range: user ``k`` is the ``k``-th user trained), ``load_avg_*``.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -120,14 +125,33 @@ def main(argv: list[str] | None = None) -> int:
         result["final"] = points[-1]
         result["evicted_rows"] = trainer.evicted_rows
         t0 = time.perf_counter()
-        trainer.sync()  # the consistent cut: every shard copied into the chief
-        keys = trainer.model.users.params.export()[0].numpy()
-        keys = keys[keys > 0]  # the users (DEFAULT_KEY aside)
+        trainer.sync()  # the consistent cut: every step joined, the rows stay on the PS
         result["after_cut"] = {"seconds": round(time.perf_counter() - t0, 1),
                                "chief_rss_mb": round(rss_mb(os.getpid()), 1),
-                               "user_keys": int(keys.size), "user_key_min": int(keys.min()),
-                               "user_key_max": int(keys.max())}
-        print(json.dumps({"after_cut": result["after_cut"]}), flush=True)
+                               # rows in the chief's own user table (its default row only)
+                               "chief_user_rows": int(trainer.model.users.params.size())}
+        with tempfile.TemporaryDirectory(prefix="bench-cluster-memory-") as tmp:
+            from model.towers.tf_env import tf
+
+            t0 = time.perf_counter()
+            tf.train.Checkpoint(**trainer.trackables()).save(str(Path(tmp) / "ckpt"))
+            files = {f.name: f.stat().st_size for f in Path(tmp).iterdir() if ".data-" in f.name}
+            result["checkpoint"] = {
+                "seconds": round(time.perf_counter() - t0, 1),
+                "chief_rss_mb": round(rss_mb(os.getpid()), 1),
+                "rss_mb": {role: round(rss_mb(pid), 1) for role, pid in pids.items()},
+                "data_files_mb": {k: round(v / 2**20, 1) for k, v in sorted(files.items())},
+            }
+        t0 = time.perf_counter()
+        keys, rows = trainer.known_rows(trainer.model.users)  # what an export reads
+        result["export_read"] = {"seconds": round(time.perf_counter() - t0, 1),
+                                 "chief_rss_mb": round(rss_mb(os.getpid()), 1),
+                                 "rows_mb": round(rows.nbytes / 2**20, 1),
+                                 "user_keys": int(keys.size), "user_key_min": int(keys.min()),
+                                 "user_key_max": int(keys.max())}
+        del rows
+        for name in ("after_cut", "checkpoint", "export_read"):
+            print(json.dumps({name: result[name]}), flush=True)
     finally:
         cluster.stop()
     result["load_avg_end"] = os.getloadavg()[0]

@@ -21,10 +21,14 @@ evaluation thread fetches it, ``head_lag_steps`` batches later and in training o
 (:meth:`ClusterTrainer._evaluation`). Both functions are traced once, without autograph,
 before the first step (:meth:`ClusterTrainer.warm`).
 
-:meth:`sync` waits for every scheduled step, then copies the sharded rows and dense
-weights into the chief's local model, so checkpoints (one consistent cut: shards, dense
-weights, chief state and the Kafka offsets of exactly the scheduled batches) and exports
-(``model.trainer.export`` unchanged) read one state.
+:meth:`sync` waits for every scheduled step and copies the dense weights into the chief's
+local model; the rows never leave the parameter servers for a cut. A checkpoint (one
+consistent cut: shards, dense weights, chief state and the Kafka offsets of exactly the
+scheduled batches) saves each shard from its server — TF's checkpoint writes a variable's
+data on its device, so every PS writes its own data file beside the chief's (they share
+the checkpoint directory: one file system, as TF's parameter-server training requires) —
+and restores it there. Exports (``model.trainer.export``) read the rows through
+:meth:`known_rows`, one shard at a time.
 
 Failures: a lost server ends the chief (``model.cluster.liveness``) and its restart
 resumes from the last cut, so a step is never re-run on the live state. As a second line,
@@ -160,7 +164,7 @@ class ClusterTrainer(Trainer):
         self.conn = conn
         self.metrics = metrics
         self.monotonic = monotonic
-        self.rows_local = False  # the shards are copied in by sync() only: no deltas yet
+        self.rows_local = False  # the rows live on the parameter servers: no deltas yet
         self.cluster_options = cluster or ClusterOptions()
         e, devices, sfx = config.embedding_dim, conn.layout.ps_devices(), f"_{tag}" if tag else ""
         wire = self.cluster_options.wire_dtype
@@ -227,8 +231,10 @@ class ClusterTrainer(Trainer):
         return out
 
     def sync(self) -> None:
-        """Wait for every scheduled step, check none began twice, and copy the shards and
-        dense weights into the local model (checkpoints and exports read it)."""
+        """Wait for every scheduled step, check none began twice, and copy the dense weights
+        into the local model (exports read its layers). The rows stay on the parameter
+        servers: a checkpoint saves each shard from its server, and exports read them
+        through :meth:`known_rows` (module doc)."""
         self._join()
         begun = int(self.begun.numpy())
         if begun != self.scheduled:
@@ -236,12 +242,49 @@ class ClusterTrainer(Trainer):
                 f"{begun} steps began on the workers for {self.scheduled} scheduled: a worker "
                 "failed mid-step; resume from the last checkpoint"
             )
-        for sharded, local in ((self.users_ps, self.model.users), (self.items_ps, self.model.items)):
-            keys, rows = sharded.export()
-            local.params.clear()
-            local.params.upsert(keys, rows)
         for v_local, v_ps in zip(self.model.dense_variables, self.dense_ps, strict=True):
             v_local.assign(v_ps.read_value())
+
+    def _sharded(self, table: Any) -> ShardedTable:
+        """The sharded table of the local ``model.users`` or ``model.items``."""
+        return self.users_ps if table is self.model.users else self.items_ps
+
+    def known_rows(self, table: Any) -> tuple[np.ndarray, np.ndarray]:
+        """(keys, rows) of the ids with an own row, read from the shards one parameter
+        server at a time into arrays sized by the shards (the chief holds the result and
+        one shard's export, not a copy of each), admission filtered by the chief's stats
+        as one process filters its table. Steps may be in flight: :meth:`sync` first for
+        the rows of a cut."""
+        shards = self._sharded(table).params.tables
+        threshold = self.model.threshold(table)
+        size = sum(int(t.size()) for t in shards)
+        keys_out = np.empty(size, np.int64)
+        rows_out = np.empty((size, self.config.embedding_dim), np.float32)
+        n = 0
+        for shard in shards:
+            keys, rows = (t.numpy() for t in shard.export())
+            keep = keys != DEFAULT_KEY
+            if threshold > 1 and keys.size:
+                keep &= table.sightings(tf.constant(keys)).numpy() >= threshold
+            m = int(keep.sum())
+            if n + m > keys_out.size:  # a step in flight grew the shard since its size
+                keys_out = np.resize(keys_out, n + m)
+                rows_out = np.resize(rows_out, (n + m, rows_out.shape[1]))
+            np.compress(keep, keys, out=keys_out[n:n + m])
+            np.compress(keep, rows, axis=0, out=rows_out[n:n + m])
+            n += m
+            del keys, rows
+        return keys_out[:n], rows_out[:n]
+
+    def known_keys(self, table: Any) -> np.ndarray:
+        """The admitted keys by the chief's stats: the shards hold a row for each once its
+        step ran (no round trip to the parameter servers)."""
+        return self._admitted(table)[0]
+
+    def default_row(self, table: Any) -> np.ndarray:
+        """The shared row of ids without one, as its shard holds it."""
+        key = tf.constant([DEFAULT_KEY], tf.int64)
+        return np.asarray(self._sharded(table).params.lookup(key).numpy()[0], np.float32)
 
     def _join(self) -> None:
         """Wait for every scheduled step (timed: the chief's ``join`` wait)."""
@@ -303,7 +346,6 @@ class ClusterTrainer(Trainer):
                 drop = tf.constant(keys[np.argsort(last, kind="stable")[: keys.size - cap]])
                 sharded.remove(drop)
                 local.stats.remove(drop)
-                local.params.remove(drop)  # the chief's copy of the last cut
                 removed += keys.size - cap
                 log.info("evicted %d rows from %s (max %d)", keys.size - cap, sharded.name, cap)
             self.model.trim_stats(local, cap)
@@ -317,19 +359,6 @@ class ClusterTrainer(Trainer):
         keys, vals = (t.numpy() for t in table.stats.export())
         keep = (vals[:, 0] >= self.model.threshold(table)) & (keys != DEFAULT_KEY)
         return keys[keep], vals[keep, 1]
-
-    def _item_rows(self) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-        """The known items' rows read from the shards (steps may still be in flight: the
-        evaluation's candidates; :meth:`sync` first for an exact state)."""
-        keys, rows = (t.numpy() for t in self.items_ps.export())
-        keep = keys != DEFAULT_KEY
-        if self.model.threshold(self.model.items) > 1 and keys.size:
-            counts = self.model.items.sightings(tf.constant(keys)).numpy()
-            keep &= counts >= self.model.threshold(self.model.items)
-        keys, rows = keys[keep], rows[keep]
-        if not self.config.prior_weight:
-            return keys, rows, None
-        return keys, rows, self.freq.log_q(tf.constant(keys, tf.int64)).numpy()
 
     # -- the step -----------------------------------------------------------------------------
     def warm(self) -> None:

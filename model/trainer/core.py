@@ -445,7 +445,7 @@ class Trainer:
     def _draw_negatives(self, batch: Batch) -> tuple[np.ndarray, tf.Tensor, tf.Tensor]:
         """The negatives of one step on ``batch`` (keys, keys and log q as tensors)."""
         if self.negatives.count and not self.negatives.ready:
-            self.negatives.reset(self.model.known_rows(self.model.items)[0])
+            self.negatives.reset(self.known_keys(self.model.items))
         self.negatives.add(batch.item_keys)
         neg, neg_lq = self.negatives.draw()
         return neg, tf.constant(neg, tf.int64), tf.constant(neg_lq, tf.float32)
@@ -500,9 +500,23 @@ class Trainer:
         the popularity prior when ``ModelConfig.prior_weight`` (``model.scoring.prior``)."""
         return self._scoring_items(*self._item_rows())
 
+    def known_rows(self, table: Any) -> tuple[np.ndarray, np.ndarray]:
+        """(keys, rows) of the ids of ``table`` (``model.users`` or ``model.items``) with an
+        own row: what exports and deltas read (``TwoTower.known_rows``; the cluster
+        trainer reads its parameter servers' shards instead)."""
+        return self.model.known_rows(table)
+
+    def known_keys(self, table: Any) -> np.ndarray:
+        """The keys of :meth:`known_rows` (the negatives' candidates, the live item ids)."""
+        return self.known_rows(table)[0]
+
+    def default_row(self, table: Any) -> np.ndarray:
+        """The shared row of ``table``'s ids without one (``TwoTower.default_row``)."""
+        return self.model.default_row(table)
+
     def _item_rows(self) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """What :meth:`item_vectors` reads of the model now: (keys, rows, log q or None)."""
-        keys, rows = self.model.known_rows(self.model.items)
+        keys, rows = self.known_rows(self.model.items)
         if not self.config.prior_weight:
             return keys, rows, None
         return keys, rows, self.freq.log_q(tf.constant(keys, tf.int64)).numpy()
@@ -766,7 +780,7 @@ class Trainer:
             removed += self.model.evict(table, cap, self._slot_tables(opt, table))
         self.evicted_rows += removed
         if removed and self.negatives.count:
-            self.negatives.reset(self.model.known_rows(self.model.items)[0])
+            self.negatives.reset(self.known_keys(self.model.items))
         return removed
 
     @staticmethod

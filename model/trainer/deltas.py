@@ -151,7 +151,7 @@ class DeltaBuilder:
         return {
             "weights": (w[0], w[1], w[2], tr.last_weight()),
             "layers": tuple(tower["layers"]),
-            "default_user_row": tr.model.default_row(tr.model.users),
+            "default_user_row": tr.default_row(tr.model.users),
         }
 
     def _constants(self) -> Constants:
@@ -177,8 +177,8 @@ class DeltaBuilder:
         tr.wait_evaluation()  # the co-visitation learns on the evaluation thread
         self._take()
         self._evicted_seen = tr.evicted_rows
-        ukeys, urows = tr.model.known_rows(tr.model.users)
-        hkeys, hrows = tr.model.known_rows(tr.model.items)
+        ukeys, urows = tr.known_rows(tr.model.users)
+        hkeys, hrows = tr.known_rows(tr.model.items)
         names = self.item_ids()
         named = np.fromiter((int(k) in names for k in hkeys), bool, hkeys.size)
         cat = hkeys[named]

@@ -50,8 +50,8 @@ def artifact_arrays(trainer: Trainer, item_ids: Mapping[int, str]) -> dict[str, 
     """Keyword arguments of :func:`model.artifact.files.write_artifact` for the current state."""
     trainer.wait_evaluation()  # the co-visitation term learns on the evaluation thread
     model = trainer.model
-    ukeys, urows = model.known_rows(model.users)
-    hkeys, hrows = model.known_rows(model.items)
+    ukeys, urows = trainer.known_rows(model.users)
+    hkeys, hrows = trainer.known_rows(model.items)
     vkeys, vecs = trainer.item_vectors()
     named = np.fromiter((int(k) in item_ids for k in vkeys), bool, vkeys.size)
     config = model.config
@@ -85,7 +85,7 @@ def artifact_arrays(trainer: Trainer, item_ids: Mapping[int, str]) -> dict[str, 
         "item_hist_rows": hrows,
         "user_keys": ukeys,
         "user_rows": urows,
-        "default_user_row": model.default_row(model.users),
+        "default_user_row": trainer.default_row(model.users),
         **tower,
     }
 

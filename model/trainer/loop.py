@@ -511,7 +511,7 @@ class TrainerService:
         st.last_version = version
         sizes = self.trainer.table_sizes()
         if len(self.item_ids) > 2 * sizes["item_rows"] + 1000:  # rows were evicted
-            live = set(self.trainer.model.known_rows(self.trainer.model.items)[0].tolist())
+            live = set(self.trainer.known_keys(self.trainer.model.items).tolist())
             self.item_ids = {k: v for k, v in self.item_ids.items() if k in live}
         self.checkpoint()
         summary = self.trainer.quality()

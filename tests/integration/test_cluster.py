@@ -84,8 +84,13 @@ def test_eviction_keeps_the_most_recent_rows_of_the_sharded_tables(tmp_path: Pat
     assert half["user_rows"] == final["user_rows"] == 4096 + 1  # + DEFAULT_KEY's row
     assert final["user_accumulators"] == 4096  # evicted with their rows
     assert min(final["user_rows_ps0"], final["user_rows_ps1"]) > 1000
-    cut = r["after_cut"]
-    assert (cut["user_keys"], cut["user_key_min"], cut["user_key_max"]) == (4096, 12289, 16384)
+    # the cut leaves the rows on the PS: the chief's table keeps its default row only, the
+    # checkpoint has a data file per process holding variables (chief, ps0, ps1) and an
+    # export reads exactly the users of the last 4 steps from the shards
+    assert r["after_cut"]["chief_user_rows"] == 1
+    assert len(r["checkpoint"]["data_files_mb"]) == 3
+    read = r["export_read"]
+    assert (read["user_keys"], read["user_key_min"], read["user_key_max"]) == (4096, 12289, 16384)
 
 
 def test_evaluate_on_the_cluster_scores_like_one_process(tmp_path: Path) -> None:
