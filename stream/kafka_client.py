@@ -345,8 +345,10 @@ class UpdatesConsumer:
     """The updates topic's partition 0 through ``confluent_kafka.Consumer``, with the calls
     of kafka-python's consumer that serving's follower makes (:func:`updates_consumer`).
     Positions are set by assigning the partition at an absolute offset (librdkafka's
-    ``seek`` needs a partition already being fetched). A fatal client error raises ``KafkaException``; a
-    transient one (the broker restarting, say) is logged and the client retries."""
+    ``seek`` needs a partition already being fetched). A fatal client error raises
+    ``KafkaException``; a transient one (the broker restarting, say) is logged and the
+    client retries, fetching on from its position once the broker is back. librdkafka's
+    own log goes to the ``stream.kafka_client.librdkafka`` logger."""
 
     def __init__(self, kafka: KafkaSettings, timeout_s: float = 10.0) -> None:
         from confluent_kafka import Consumer
@@ -362,7 +364,10 @@ class UpdatesConsumer:
             "fetch.max.bytes": 2 * UPDATES_MAX_BYTES,
             "max.partition.fetch.bytes": UPDATES_MAX_BYTES,
             "receive.message.max.bytes": 2 * UPDATES_MAX_BYTES + 1024 * 1024,
-        })
+            # a broker that is gone: retried from 1 s on, doubling up to 10 s (the default
+            # 100 ms logged ~20 failed connects a second, for every worker)
+            "reconnect.backoff.ms": 1000,
+        }, logger=logging.getLogger(f"{__name__}.librdkafka"))  # its log, not raw stderr
         try:
             self.seek_to_end(None)
         except BaseException:
