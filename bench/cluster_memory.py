@@ -11,7 +11,8 @@ rule, applied to the shards), so the user table must stay within N rows.
 
 Every ``--report-every`` users it records the rows per table and PS, the RSS of every
 process (``/proc/PID/status`` VmRSS: chief, ps0, ps1, worker0, worker1), the CPU seconds
-each used so far and the users inserted per second. At the end it takes the consistent
+each used so far and the users trained per second (timed after the steps scheduled so far
+have run). At the end it takes the consistent
 cut (``ClusterTrainer.sync``: every step joined; the rows stay on the PS), saves a
 checkpoint of the trainer (each PS writes its shards' data file) and reads the user rows
 as an export does (``ClusterTrainer.known_rows``, one shard at a time), timing each and
@@ -95,8 +96,9 @@ def main(argv: list[str] | None = None) -> int:
         hist = config.window
         points: list[dict[str, Any]] = []
 
-        def point(users: int, seconds: float) -> dict[str, Any]:
-            trainer.conn.coordinator.join()
+        def point(users: int) -> dict[str, Any]:
+            trainer.conn.coordinator.join()  # the users scheduled so far are trained
+            seconds = time.perf_counter() - started
             out = {"users_trained": users, "seconds": round(seconds, 1),
                    "users_per_s": round(users / seconds, 1),
                    **trainer.table_sizes(),
@@ -119,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
             trainer.train_step(batch, covisit=False)
             users += n
             if users >= next_report or users >= args.rows:
-                points.append(point(users, time.perf_counter() - started))
+                points.append(point(users))
                 next_report += args.report_every
         result["points"] = points
         result["final"] = points[-1]

@@ -137,6 +137,16 @@ def replay_producer_options() -> dict[str, Any]:
     }
 
 
+#: Where every librdkafka client of ours sends its own log (``confluent_kafka``'s ``logger``
+#: option): Python logging, leveled and formatted like the rest, not raw stderr.
+LIBRDKAFKA_LOGGER = f"{__name__}.librdkafka"
+
+
+def librdkafka_logger() -> logging.Logger:
+    """The logger given to each ``confluent_kafka`` client (:data:`LIBRDKAFKA_LOGGER`)."""
+    return logging.getLogger(LIBRDKAFKA_LOGGER)
+
+
 #: librdkafka settings of the replay producer (:class:`ReplayProducer`): the same delivery
 #: contract as :func:`replay_producer_options` (idempotent, so acks=all and no reordering or
 #: duplicate on retry; records given up after 120 s) and Java's keyed partitioning.
@@ -208,7 +218,8 @@ class ReplayProducer:
         from confluent_kafka import Producer
 
         self._producer = Producer({"bootstrap.servers": kafka.bootstrap,
-                                   **REPLAY_PRODUCER_CONFIG, **config})
+                                   **REPLAY_PRODUCER_CONFIG, **config},
+                                  logger=librdkafka_logger())
         self._max_block_s = max_block_s
         self._sent = 0
 
@@ -367,7 +378,7 @@ class UpdatesConsumer:
             # a broker that is gone: retried from 1 s on, doubling up to 10 s (the default
             # 100 ms logged ~20 failed connects a second, for every worker)
             "reconnect.backoff.ms": 1000,
-        }, logger=logging.getLogger(f"{__name__}.librdkafka"))  # its log, not raw stderr
+        }, logger=librdkafka_logger())
         try:
             self.seek_to_end(None)
         except BaseException:
@@ -583,7 +594,7 @@ def assigned_consumer(
             "enable.auto.offset.store": False,
             "auto.offset.reset": "earliest",
             "client.id": client_id,
-        })
+        }, logger=librdkafka_logger())
 
         def lookup() -> list[int]:
             meta = consumer.list_topics(topic, timeout=5.0).topics.get(topic)

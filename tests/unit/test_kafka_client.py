@@ -103,3 +103,40 @@ def test_replay_producer_deliveries_call_back_as_kafka_python_futures() -> None:
     assert REPLAY_PRODUCER_CONFIG["enable.idempotence"] is True
     assert REPLAY_PRODUCER_CONFIG["acks"] == "all"
     assert REPLAY_PRODUCER_CONFIG["partitioner"] == "murmur2_random"  # Java's keyed partitions
+
+
+def test_librdkafka_clients_log_through_python_logging() -> None:
+    """With no broker at the address, the replay producer's and the trainer's consumer's
+    librdkafka log reaches the ``stream.kafka_client.librdkafka`` logger, and nothing is
+    printed to the process's stderr (a child process: librdkafka writes to fd 2)."""
+    pytest.importorskip("confluent_kafka")
+    code = """
+import logging, time
+from feature_store.settings import KafkaSettings
+from stream.kafka_client import LIBRDKAFKA_LOGGER, ReplayProducer, assigned_consumer
+got = []
+class Keep(logging.Handler):
+    def emit(self, record):
+        got.append(record.getMessage())
+logging.getLogger(LIBRDKAFKA_LOGGER).addHandler(Keep())
+kafka = KafkaSettings(host="127.0.0.1", port=1)  # nothing listens there
+producer = ReplayProducer(kafka, max_block_s=1.0)
+producer.send("t", b"v")
+deadline = time.monotonic() + 20
+while not got and time.monotonic() < deadline:
+    producer._producer.poll(0.1)
+from_producer = len(got)
+try:
+    assigned_consumer(kafka, "t", {}, backend="confluent", group_id="g", client_id="c",
+                      max_records=10, monotonic=time.monotonic, wait=time.sleep,
+                      timeout_s=1.0)
+except Exception:
+    pass  # no partitions without a broker; its log was served while it waited
+print(from_producer, len(got) - from_producer)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    from_producer, from_consumer = map(int, out.stdout.split())
+    assert from_producer > 0 and from_consumer > 0, out.stdout
+    assert "rdkafka" not in out.stderr, out.stderr
