@@ -5,6 +5,9 @@ TFRA 0.8.1 is built against TF 2.16.2 and the Keras 2 API (``tf_keras``), so
 ``model`` that needs TensorFlow imports it from here::
 
     from model.towers.tf_env import de, tf, tf_keras
+
+It also sets TensorFlow's process defaults, each overridable by its environment variable:
+one intra-op thread (``TF_NUM_INTRAOP_THREADS``), errors-only C++ logging.
 """
 
 from __future__ import annotations
@@ -13,6 +16,13 @@ import os
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# One intra-op thread per process unless TF_NUM_INTRAOP_THREADS says otherwise (TF reads it
+# when its runtime starts, so it is set before the import). A training process already keeps
+# the cores busy with other threads and processes (the fetch process, the evaluation thread,
+# the cluster's other roles), and TF's intra-op pool spin-waits between ops, taking their
+# CPU; independent ops still run in parallel on the inter-op pool
+# (docs/decisions.md#tensorflow-threads).
+os.environ.setdefault("TF_NUM_INTRAOP_THREADS", "1")
 
 import tensorflow as tf
 import tensorflow_recommenders_addons as tfra
