@@ -24,12 +24,15 @@ log = logging.getLogger(__name__)
 
 
 def serve(layout: ClusterLayout, job: str, index: int, threads: int = 0) -> None:
-    """Run the server of ``job:index`` in this process until it is killed (blocks)."""
+    """Run the server of ``job:index`` in this process until it is killed (blocks).
+
+    ``threads``: TF intra-op threads (0 = ``TF_NUM_INTRAOP_THREADS``, 1 unless set:
+    ``model.towers.tf_env``). The inter-op pool keeps TF's default: with one thread a
+    worker's step waits on its reads from the parameter servers holding the only one."""
     from model.towers.tf_env import tf
 
     config = tf.compat.v1.ConfigProto()
     if threads:
-        config.inter_op_parallelism_threads = threads
         config.intra_op_parallelism_threads = threads
     server = tf.distribute.Server(
         tf.train.ClusterSpec(layout.as_dict()), job_name=job, task_index=index,
@@ -140,7 +143,8 @@ def main(args: list[str] | None = None) -> int:
     p.add_argument("--cluster", required=True, help="the ClusterLayout as JSON")
     p.add_argument("--job", required=True, choices=["ps", "worker"])
     p.add_argument("--index", type=int, required=True)
-    p.add_argument("--threads", type=int, default=0, help="TF op threads (0 = TF's default)")
+    p.add_argument("--threads", type=int, default=0,
+                   help="TF intra-op threads (0 = TF_NUM_INTRAOP_THREADS, 1 unless set)")
     ns = p.parse_args(args)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     serve(ClusterLayout.from_json(ns.cluster), ns.job, ns.index, ns.threads)
