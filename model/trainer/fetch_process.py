@@ -12,6 +12,12 @@ after a restart: the exactly-once contract is unchanged. The child exits when as
 the parent is gone (checked 20 times a second, so a ``kill -9`` of the trainer leaves no
 consumer behind), or on an error, which it reports through the queue. It imports no
 TensorFlow (``spawn`` start: nothing of the parent's TF runtime is forked).
+
+It ignores SIGINT and SIGTERM: a Ctrl-C in a terminal and ``streamrec down`` signal the
+trainer's whole process group, and a child that died of the signal would fail the parent's
+next fetch (an error traceback in an orderly stop, or chunks lost mid-drain). The parent
+stops it through the stop flag; the parent gone is noticed within ``_CHECK_S``. The signals
+are blocked from before the spawn until the child ignores them, so none lands in between.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import logging
 import multiprocessing as mp
 import os
 import queue
+import signal
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +43,10 @@ log = logging.getLogger(__name__)
 _CHECK_S = 0.05
 #: How long the parent waits for a report a child sent just before exiting.
 _REPORT_S = 0.5
+
+
+#: What a terminal's Ctrl-C and ``streamrec down`` send to the trainer's process group.
+_STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 
 
 class _Failure(tuple):  # (message,): what the child sends instead of a chunk when it fails
@@ -62,6 +73,9 @@ FetchArgs = tuple[int, int, float, int]
 def _child(out: Any, stop: Any, parent: int, source_args: SourceArgs,
            fetch_args: FetchArgs) -> None:
     failure = None
+    for sig in _STOP_SIGNALS:  # the parent stops this process (module doc)
+        signal.signal(sig, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
     tune_gc()  # this process only decodes (stream.gc_tuning: what the collector cost)
     try:
         source = open_source(*source_args, time.monotonic, stop.wait)
@@ -131,7 +145,12 @@ class ProcessFetcher:
         )
 
     def start(self) -> None:
-        self._process.start()
+        # the child inherits the blocked mask until it ignores the signals (module doc)
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+        try:
+            self._process.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
     def get(self, timeout_s: float) -> Chunk | None:
         """The next chunk, or None after ``timeout_s``; raises if the child failed or died."""

@@ -134,18 +134,21 @@ def _env(settings: Settings, port: int) -> dict[str, str]:
 def trainer_proc(settings: Settings, tmp_path: Path) -> Iterator[dict[str, Any]]:
     port = free_port()
     procs: list[subprocess.Popen[bytes]] = []
+    logs: list[Path] = []
 
     def start() -> subprocess.Popen[bytes]:
-        log = (tmp_path / f"trainer-{len(procs)}.log").open("wb")
+        logs.append(tmp_path / f"trainer-{len(procs)}.log")
+        # its own process group, which `streamrec down` signals as a whole
         proc = subprocess.Popen(
             [sys.executable, "-m", "deploy.cli", "train", "--batch-size", "256",
              "--export-every-s", "1", "--eval-rows", "64"],
-            cwd=repo_root(), env=_env(settings, port), stdout=log, stderr=subprocess.STDOUT,
+            cwd=repo_root(), env=_env(settings, port), stdout=logs[-1].open("wb"),
+            stderr=subprocess.STDOUT, start_new_session=True,
         )
         procs.append(proc)
         return proc
 
-    yield {"start": start, "port": port}
+    yield {"start": start, "port": port, "logs": logs}
     for proc in procs:
         if proc.poll() is None:
             proc.kill()
@@ -197,8 +200,11 @@ def test_kill_9_mid_stream_trains_every_sample_exactly_once(
     metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2.0).text
     assert f"streamrec_trainer_samples_trained_lifetime {float(total)}" in metrics
     assert 'streamrec_trainer_quality_rolling{metric="recall@10"}' in metrics
-    proc.send_signal(signal.SIGTERM)
+    os.killpg(proc.pid, signal.SIGTERM)  # the whole group, as `streamrec down` stops it
     assert proc.wait(timeout=60) == 0
+    # an orderly stop: the fetch child ignored the signal and was stopped by its parent
+    log = trainer_proc["logs"][-1].read_text()
+    assert "Traceback" not in log and "sample fetch" not in log, log[-3000:]
     # Stopping gracefully trained nothing more (the topic is drained).
     final = registry.show(registry.current())
     assert final["samples_trained"] == total
