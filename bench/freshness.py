@@ -28,6 +28,12 @@ With deltas on (``trainer.delta_every_s``), (b) is the served delta's trained-th
 and the run also reports the delta stream's bytes/s as the trainer sent it (its
 ``GET /delta``, ``--trainer``) and the serving worker's last apply cost (``GET /model``).
 
+Before the first probe the background load runs ``--warmup`` seconds, and then until the
+served model is trained through events at most ``--steady-lag`` seconds old (deadline
+``--warmup-timeout``; past it the run goes on and says so): a stack just started, or a
+trainer still working off a backlog, would otherwise time its catching up rather than its
+freshness.
+
 Prints p50/p95/p99 of each in seconds; ``--json FILE`` writes ``feature_s``, ``model_s`` and
 ``recommendation_s`` each with ``p50``, ``p95``, ``p99`` (and the raw values); ``--png FILE``
 draws their distributions (matplotlib, if installed).
@@ -158,6 +164,28 @@ def new_item_probe(client: Client, serving: str, user: str, item: str, timeout_s
         out.setdefault("new_item_s_timeouts", []).append(timeout_s)
 
 
+def warm_up(client: Client, seconds: float, steady_lag_s: float, timeout_s: float) -> float | None:
+    """Let the background load run ``seconds``, then wait until the served model's
+    trained-through age is at most ``steady_lag_s`` (or ``timeout_s`` passed); returns the
+    last age seen (None: the model reported none)."""
+    if seconds > 0:
+        print(f"warm-up: {seconds:.0f} s of background load", flush=True)
+        time.sleep(seconds)  # the load itself is the warm-up
+    deadline = time.monotonic() + timeout_s
+    age = client.model().get("trained_through_age_s")
+    while age is None or age > steady_lag_s:
+        if time.monotonic() >= deadline:
+            shown = "none" if age is None else f"{age:.1f} s"
+            print(f"warning: the served model is still {shown} behind the events after "
+                  f"{timeout_s:.0f} s: the figures include its catching up", flush=True)
+            break
+        time.sleep(0.5)  # polling cadence of the warm-up
+        age = client.model().get("trained_through_age_s")
+    else:
+        print(f"steady: the served model is trained through events {age:.1f} s old", flush=True)
+    return age
+
+
 def _delta_figures(trainer: str) -> dict[str, Any] | None:
     import httpx
 
@@ -186,6 +214,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--trainer", default=f"http://{s.stack.bind_host}:{s.trainer.metrics_port}")
     p.add_argument("--new-items", type=int, default=0,
                    help="probes clicking a never-seen item, timed until it is recommendable")
+    p.add_argument("--warmup", type=float, default=20.0,
+                   help="seconds of background load before the first probe (default 20)")
+    p.add_argument("--steady-lag", type=float, default=2.0,
+                   help="then wait until the served model's trained-through age is at most "
+                        "this many seconds (default 2)")
+    p.add_argument("--warmup-timeout", type=float, default=120.0,
+                   help="deadline of that wait, s (default 120): past it the probes start "
+                        "anyway, with a warning")
     p.add_argument("--json", type=Path)
     p.add_argument("--png", type=Path)
     args = p.parse_args(argv)
@@ -208,6 +244,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     threads = []
     client = Client(args.ingest, args.serving, timeout_s=30.0)
+    lag_at_start = warm_up(client, args.warmup, args.steady_lag, args.warmup_timeout)
     print(f"freshness: {args.probes} probes every {args.interval}s under {args.rate:.0f} "
           f"events/s of background load")
     stream_start = (_delta_figures(args.trainer), time.monotonic())
@@ -251,6 +288,8 @@ def main(argv: list[str] | None = None) -> int:
         "unknown": _pct(out["recommendation_s_unknown"])}
     result["timeouts"] = {k: len(v) for k, v in out.items() if k.endswith("_timeouts")}
     result["probes"] = args.probes
+    result["warmup"] = {"seconds": args.warmup, "steady_lag_s": args.steady_lag,
+                        "lag_at_start_s": lag_at_start}
     result["probe_items"] = args.probe_items
     result["background_rate"] = args.rate
     for name in ("feature_s", "model_s", "recommendation_s", "new_item_s"):
