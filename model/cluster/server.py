@@ -60,6 +60,20 @@ def die_with_parent() -> None:
         pass  # not Linux: the servers then outlive a killed chief
 
 
+def chief_child() -> None:
+    """In a server the chief starts, before exec: :func:`die_with_parent`, and SIGINT and
+    SIGTERM ignored. ``streamrec down`` and a terminal's Ctrl-C signal the chief's whole
+    process group; a server dying of it would take its shard before the chief's orderly
+    stop writes its last checkpoint (the stop would fail like a lost server). The chief
+    stops its servers itself once that is done (:meth:`LocalCluster.stop`); a chief that
+    does not stop in time is killed with its group by SIGKILL, which no process ignores."""
+    import signal
+
+    die_with_parent()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)  # kept across exec (ignored stays ignored)
+
+
 def listening(address: str, timeout_s: float = 0.5) -> bool:
     host, port = address.rsplit(":", 1)
     try:
@@ -82,14 +96,14 @@ class LocalCluster:
         if self.log_dir is None:
             proc = subprocess.Popen(
                 argv(self.layout, job, index), env={**os.environ, **self.env},
-                stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, preexec_fn=die_with_parent,
+                stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, preexec_fn=chief_child,
             )
         else:
             self.log_dir.mkdir(parents=True, exist_ok=True)
             with open(self.log_dir / f"{job}-{index}.log", "ab") as out:
                 proc = subprocess.Popen(
                     argv(self.layout, job, index), env={**os.environ, **self.env},
-                    stdout=out, stderr=subprocess.STDOUT, preexec_fn=die_with_parent,
+                    stdout=out, stderr=subprocess.STDOUT, preexec_fn=chief_child,
                 )
         self.procs[(job, index)] = proc
         return proc
