@@ -30,7 +30,9 @@ JSON keys: ``by_variant`` {variant: {step_steps_per_s, step_examples_per_s,
 e2e_examples_per_s (medians) and their ``*_runs``, wire_bytes_per_step, wire_bytes_per_example,
 wire_all_bytes_per_step, cpu_ms_per_step {role: ms}, rows_per_step, ps_cpu_us_per_row,
 e2e_startup_s, e2e_finish_s, e2e_train_examples_per_s, e2e_cpu_us_per_example {role: us}}},
-``cluster_vs_single_step`` (ratio of medians), ``load_avg_*``.
+``cluster_vs_single_step`` (ratio of medians), ``e2e_vs_single`` {cluster variant: its
+e2e examples/s over one process's, ratio of medians: the host's speed, which can move by
+half within an hour on a shared machine, cancels out of it}, ``load_avg_*``.
 """
 
 from __future__ import annotations
@@ -298,6 +300,10 @@ def main(argv: list[str] | None = None) -> int:
     if "single" in by and "cluster" in by:
         result["cluster_vs_single_step"] = round(
             by["cluster"]["step_steps_per_s"] / by["single"]["step_steps_per_s"], 3)
+    if "single" in by:
+        result["e2e_vs_single"] = {
+            v: round(by[v]["e2e_examples_per_s"] / by["single"]["e2e_examples_per_s"], 3)
+            for v in by if v != "single"}
     if "cluster" in by and "cluster_bf16" in by:
         result["bf16_wire_ratio"] = round(
             by["cluster_bf16"]["wire_bytes_per_step"] / by["cluster"]["wire_bytes_per_step"], 3)
