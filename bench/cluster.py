@@ -53,6 +53,8 @@ from typing import Any
 
 import numpy as np
 
+from bench.train import time_fits
+
 VARIANTS = ("single", "cluster", "cluster_bf16")
 BATCH = 512
 
@@ -88,23 +90,6 @@ def _reaped_cpu_s() -> float:
     """CPU seconds of this process's children that have exited and been waited for."""
     t = os.times()
     return t.children_user + t.children_system
-
-
-def _time_fits(trainer: Any) -> list[float]:
-    """Wrap ``trainer.fit_batch`` (this instance only) to record when the first batch
-    began and the last one returned: ``[first start, last end]``, filled as it trains."""
-    marks: list[float] = []
-    fit = trainer.fit_batch
-
-    def timed(batch: Any, *args: Any) -> float:
-        if not marks:
-            marks.extend([time.perf_counter()] * 2)
-        loss = fit(batch, *args)
-        marks[-1] = time.perf_counter()
-        return float(loss)
-
-    trainer.fit_batch = timed
-    return marks
 
 
 def _distinct_rows(batch: Any, window: int) -> int:
@@ -201,7 +186,7 @@ def run_variant(variant: str, topic: str, e2e_samples: int, seconds: float, warm
                             max_samples=e2e_samples),
                 clock=lambda: datetime.now(UTC),
             )
-            fits = _time_fits(service.trainer)
+            fits = time_fits(service.trainer)
             cpu_before = _cpu(stack)
             reaped = _reaped_cpu_s()
             started = time.perf_counter()

@@ -23,8 +23,11 @@ the step look faster than it runs in steady state).
   live model defaults, e.g. its history window; decode, evaluate 128 rows/batch,
   train, checkpoint + export at the default cadence) drains them, starting empty; rate =
   samples / wall time of ``run()`` (the step is traced before the clock starts; connecting
-  and the final export are inside it). ``--e2e-consumer confluent,kafka-python
-  --e2e-rounds 3`` times both samples consumers in alternating order.
+  and the final export are inside it), and the rate while training: samples / wall time
+  from the first batch's start to the last one's end (what a running trainer sustains, the exports at
+  the default cadence inside it; the startup and the final export, fixed costs that weigh
+  ~1/10 of a 300k-sample run, are reported beside it). ``--e2e-consumer
+  confluent,kafka-python --e2e-rounds 3`` times both samples consumers in alternating order.
 * export: tables filled with N users and N items (random rows), time to write the artifact
   (``model.trainer.export.write_version``), its size on disk, and the time to load and verify it
   (``model.artifact.files.load_artifact``, what serving does).
@@ -39,7 +42,9 @@ JSON keys: ``step_examples_per_s`` (batch 512), ``step_examples_per_s_by_batch``
 ``step_examples_per_s_frozen_history``, ``step_compare_512`` (with ``--compare-rounds``: the
 deduplicated and the reference step, median and rounds) (and ``*_per_cpu_s*``: examples per CPU second of the
 process, steadier than wall time on a shared machine), ``e2e_examples_per_s`` (and
-``e2e_examples_per_cpu_s``; ``e2e_by_consumer`` with several consumers or rounds),
+``e2e_examples_per_cpu_s``, ``e2e_examples_per_s_steady``: the rate while training;
+``e2e_by_consumer`` with several consumers or rounds: medians, the startup's and the final
+export's seconds, and each run),
 ``export`` (list),
 ``model_freshness_s`` {p50, p95, n}, ``load_avg`` (the machine is shared: read figures with it).
 """
@@ -189,14 +194,35 @@ def _service(settings: Any, consumer: str = "auto", **loop: Any) -> Any:
     return service
 
 
+def time_fits(trainer: Any) -> list[float]:
+    """Wrap ``trainer.fit_batch`` (this instance only) to record when the first batch
+    began and the last one returned: ``[first start, last end]``, filled as it trains."""
+    marks: list[float] = []
+    fit = trainer.fit_batch
+
+    def timed(batch: Any, *args: Any) -> float:
+        if not marks:
+            marks.extend([time.perf_counter()] * 2)
+        loss = fit(batch, *args)
+        marks[-1] = time.perf_counter()
+        return float(loss)
+
+    trainer.fit_batch = timed
+    return marks
+
+
 def bench_e2e(
     n: int, root: Path, consumer: str = "auto", warm: int = WARM_SAMPLES, **loop: Any
-) -> tuple[float, float]:
-    """(examples per wall second, examples per CPU second of this process: the samples fetch
-    process is not counted) of ``run()``,
-    with the samples consumer ``consumer`` (``LoopOptions.consumer``), on the ``n`` samples
-    after the first ``warm`` of the synthetic stream (full histories; the trainer starts
-    empty)."""
+) -> dict[str, float]:
+    """Figures of ``run()`` with the samples consumer ``consumer`` (``LoopOptions.consumer``)
+    on the ``n`` samples after the first ``warm`` of the synthetic stream (full histories;
+    the trainer starts empty): ``wall`` (examples per wall second of the whole run),
+    ``cpu`` (examples per CPU second of this process: the samples fetch process is not
+    counted), ``steady`` (examples per wall second from the first batch's start to the last
+    one's end: the rate of a running trainer, exports at the default cadence included),
+    ``startup_s`` (run start to the first batch: consumer start and partition assignment)
+    and ``tail_s`` (the last batch's end to the run's end: the final checkpoint and
+    export)."""
     from model.evaluation.synthetic import SyntheticConfig, SyntheticStream
     from model.trainer.samples import encode_sample
     from stream.kafka_client import make_producer
@@ -213,11 +239,13 @@ def bench_e2e(
     producer.close()
     service = _service(settings, consumer, **loop)
     service.loop = replace(service.loop, max_samples=n)
+    fits = time_fits(service.trainer)
     started, cpu = time.perf_counter(), time.process_time()
     state = service.run()
-    elapsed, cpu_s = time.perf_counter() - started, time.process_time() - cpu
+    ended, cpu_s = time.perf_counter(), time.process_time() - cpu
     assert state.samples_trained == n, state
-    return n / elapsed, n / cpu_s
+    return {"wall": n / (ended - started), "cpu": n / cpu_s, "steady": n / (fits[1] - fits[0]),
+            "startup_s": fits[0] - started, "tail_s": ended - fits[1]}
 
 
 def bench_export(n_ids: int, root: Path) -> dict[str, Any]:
@@ -389,20 +417,31 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"step batch 512 {name}: median {fig['median']:,} examples/s, rounds {fig['runs']}")
         if "e2e" not in skip:
             consumers = args.e2e_consumer.split(",")
-            runs: dict[str, list[tuple[float, float]]] = {c: [] for c in consumers}
+            runs: dict[str, list[dict[str, float]]] = {c: [] for c in consumers}
             for r in range(args.e2e_rounds):
                 for c in consumers if r % 2 == 0 else consumers[::-1]:
-                    wall, cpu = bench_e2e(args.e2e_samples, root, c, args.warm_samples)
-                    runs[c].append((wall, cpu))
-                    print(f"end to end from Kafka ({c}): {wall:,.0f} examples/s "
-                          f"({cpu:,.0f} per CPU second), load {os.getloadavg()[0]:.2f}")
-            by = {c: {"median": round(float(np.median([w for w, _ in v]))),
-                      "median_per_cpu_s": round(float(np.median([x for _, x in v]))),
-                      "runs": [round(w) for w, _ in v], "runs_per_cpu_s": [round(x) for _, x in v]}
+                    fig = bench_e2e(args.e2e_samples, root, c, args.warm_samples)
+                    runs[c].append(fig)
+                    print(f"end to end from Kafka ({c}): {fig['wall']:,.0f} examples/s "
+                          f"({fig['cpu']:,.0f} per CPU second); while training "
+                          f"{fig['steady']:,.0f} examples/s (startup {fig['startup_s']:.2f} s, "
+                          f"final export {fig['tail_s']:.2f} s), load {os.getloadavg()[0]:.2f}")
+
+            def med(v: list[dict[str, float]], key: str, nd: int = 0) -> float:
+                return round(float(np.median([f[key] for f in v])), nd)
+
+            by = {c: {"median": med(v, "wall"), "median_per_cpu_s": med(v, "cpu"),
+                      "median_steady": med(v, "steady"),
+                      "median_startup_s": med(v, "startup_s", 2),
+                      "median_tail_s": med(v, "tail_s", 2),
+                      "runs": [round(f["wall"]) for f in v],
+                      "runs_per_cpu_s": [round(f["cpu"]) for f in v],
+                      "runs_steady": [round(f["steady"]) for f in v]}
                   for c, v in runs.items()}
             first = by[consumers[0]]
             result["e2e_examples_per_s"] = first["median"]
             result["e2e_examples_per_cpu_s"] = first["median_per_cpu_s"]
+            result["e2e_examples_per_s_steady"] = first["median_steady"]
             if len(consumers) > 1 or args.e2e_rounds > 1:
                 result["e2e_by_consumer"] = by
         if "export" not in skip:

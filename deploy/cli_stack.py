@@ -206,5 +206,7 @@ def _bench(args: argparse.Namespace) -> int:
     if not path.exists():
         print(f"streamrec: benchmark {path} is missing from this checkout", file=sys.stderr)
         return 2
+    if str(REPO_ROOT) not in sys.path:  # a benchmark imports its siblings as bench.*
+        sys.path.insert(0, str(REPO_ROOT))
     namespace = runpy.run_path(str(path), run_name="streamrec_bench")
     return int(namespace["main"](args.args) or 0)
