@@ -70,26 +70,27 @@ class ScoreMixer:
         rows = np.flatnonzero(target_pos >= 0)
         if rows.size == 0:
             return None
-        feats = [np.asarray(f, np.float64)[rows] for f in parts]
-        valid = np.isfinite(feats[0])
-        feats = [np.where(valid & np.isfinite(f), f, 0.0) for f in feats]
         cols = target_pos[rows]
+        valid = np.isfinite(np.asarray(parts[0])[rows])
         keep = valid[np.arange(rows.size), cols]
         if not keep.any():
             return None
-        feats = [f[keep] for f in feats]
-        valid, cols = valid[keep], cols[keep]
+        rows, cols, valid = rows[keep], cols[keep], valid[keep]
+        # the parts as one [K, B, N] array: one gather per part, then whole-array passes
+        feats = np.empty((len(parts), rows.size, valid.shape[1]))
+        for k, f in enumerate(parts):
+            feats[k] = np.asarray(f)[rows]
+        np.copyto(feats, 0.0, where=~(np.isfinite(feats) & valid))
         r = np.arange(cols.size)
-        logits = np.zeros(valid.shape)
-        for w, f in zip(self.weights, feats, strict=True):
-            logits += w * f
-        logits = np.where(valid, logits, -np.inf)
+        logits = np.tensordot(self.weights, feats, axes=1)
+        logits[~valid] = -np.inf
         top = logits.max(axis=1, keepdims=True)
         e = np.exp(logits - top)
         z = e.sum(axis=1, keepdims=True)
         p = e / z
         loss = float(np.mean(np.log(z[:, 0]) + top[:, 0] - logits[r, cols]))
-        grad = np.array([np.mean((p * f).sum(axis=1) - f[r, cols]) for f in feats])
+        flat = feats.reshape(len(parts), -1)
+        grad = (flat @ p.reshape(-1) - feats[:, r, cols].sum(axis=1)) / cols.size
         grad = np.where(self.learn_mask, grad, 0.0)
         self.accum += grad * grad
         self.weights = np.clip(self.weights - self.lr * grad / np.sqrt(self.accum),
