@@ -22,8 +22,9 @@ The live model (``ModelConfig()``), batch 512, eviction off (the cluster does no
   server (``/proc/PID/stat``) over the timed steps, and the PS' CPU per row a step reads
   and writes (distinct users + distinct targets and history items of the batch); for e2e,
   microseconds per example of each role and of the samples fetch process.
-* e2e phases: ``e2e_startup_s`` from ``run()`` to the first batch (restore, the fetch
-  process's start, the step's trace), ``e2e_finish_s`` from the last batch to the end (the
+* e2e phases (the step and the evaluation are traced on two batches before the clock
+  starts, as in ``bench train``): ``e2e_startup_s`` from ``run()`` to the first batch
+  (restore, the fetch process's start), ``e2e_finish_s`` from the last batch to the end (the
   final checkpoint and export), ``e2e_train_examples_per_s`` over the batches in between.
 
 JSON keys: ``by_variant`` {variant: {step_steps_per_s, step_examples_per_s,
@@ -186,6 +187,11 @@ def run_variant(variant: str, topic: str, e2e_samples: int, seconds: float, warm
                             max_samples=e2e_samples),
                 clock=lambda: datetime.now(UTC),
             )
+            # trace the step and the evaluation before the clock starts, as bench train does
+            for b in _batches(2, BATCH, seed=99, hist=config.window):
+                service.trainer.fit_batch(b)
+            service.trainer.wait_evaluation()
+            service.trainer.sync()
             fits = time_fits(service.trainer)
             cpu_before = _cpu(stack)
             reaped = _reaped_cpu_s()
