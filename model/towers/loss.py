@@ -24,6 +24,8 @@ The numpy functions (``*_np``) are the references the TF code is tested against.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from model.towers.tf_env import tf
@@ -164,6 +166,86 @@ def in_batch_softmax_loss(
     if reduce == "sum":
         return total
     return total / tf.maximum(tf.reduce_sum(weights), 1e-12)
+
+
+#: XLA-compiled forward and backward passes of :func:`in_batch_softmax_loss`, one per
+#: (temperature, num_groups, reduce, own-user mask, sampled negatives) (see
+#: :func:`fused_softmax_loss`).
+_FUSED: dict[tuple[float, int, str, bool, bool], Any] = {}
+
+
+def _fused_fn(temperature: float, num_groups: int, reduce: str, same_user: bool,
+              negatives: bool) -> Any:
+    key = (temperature, num_groups, reduce, same_user, negatives)
+    if key not in _FUSED:
+
+        def loss_and_grads(uv: tf.Tensor, iv: tf.Tensor, nv: tf.Tensor,
+                           consts: tuple[tf.Tensor, ...]) -> tuple[tf.Tensor, ...]:
+            item_keys, log_q, weights, user_keys, neg_keys, neg_log_q, neg_valid = consts
+            with tf.GradientTape() as tape:
+                tape.watch([uv, iv, nv])
+                extra = {"user_keys": user_keys} if same_user else {}
+                if negatives:
+                    extra.update(neg_vecs=nv, neg_keys=neg_keys, neg_log_q=neg_log_q,
+                                 neg_valid=neg_valid)
+                loss = in_batch_softmax_loss(uv, iv, item_keys, log_q, weights, temperature,
+                                             num_groups, reduce, **extra)
+            gu, gi, gn = tape.gradient(loss, [uv, iv, nv],
+                                       unconnected_gradients=tf.UnconnectedGradients.ZERO)
+            return loss, gu, gi, gn
+
+        _FUSED[key] = tf.function(loss_and_grads, jit_compile=True, autograph=False)
+    return _FUSED[key]
+
+
+def fused_softmax_loss(
+    user_vecs: tf.Tensor,
+    item_vecs: tf.Tensor,
+    item_keys: tf.Tensor,
+    log_q: tf.Tensor,
+    weights: tf.Tensor,
+    temperature: float = 1.0,
+    num_groups: int = 1,
+    reduce: str = "mean",
+    *,
+    user_keys: tf.Tensor | None = None,
+    neg_vecs: tf.Tensor | None = None,
+    neg_keys: tf.Tensor | None = None,
+    neg_log_q: tf.Tensor | None = None,
+    neg_valid: tf.Tensor | None = None,
+) -> tf.Tensor:
+    """:func:`in_batch_softmax_loss` (same arguments, the same loss to float rounding) with
+    its forward and backward pass compiled together by XLA: the elementwise passes over the
+    ``[rows, columns]`` logits (bias, logsumexp, its gradient) run fused instead of one op
+    and one temporary each. Gradients reach the vectors only (``user_vecs``, ``item_vecs``,
+    ``neg_vecs``); keys, log q and weights are constants of the loss (none of them is
+    trained). XLA compiles once per distinct input shape, so callers use it on batches of
+    one fixed size (``model.trainer.core``: full batches) and
+    :func:`in_batch_softmax_loss` on the others."""
+    negatives = neg_vecs is not None
+    if negatives and (neg_keys is None or neg_log_q is None):
+        raise ValueError("neg_vecs needs neg_keys and neg_log_q")
+    fn = _fused_fn(float(temperature), int(num_groups), reduce, user_keys is not None,
+                   negatives)
+    nv = neg_vecs if negatives else tf.zeros([0, 1], user_vecs.dtype)
+    zeros_i64, zeros_f32 = tf.zeros([0], tf.int64), tf.zeros([0], tf.float32)
+    consts = (item_keys, log_q, weights,
+              user_keys if user_keys is not None else zeros_i64,
+              neg_keys if negatives else zeros_i64,
+              neg_log_q if negatives else zeros_f32,
+              neg_valid if neg_valid is not None else tf.ones(tf.shape(nv)[:1], tf.bool))
+
+    @tf.custom_gradient
+    def fused(uv: tf.Tensor, iv: tf.Tensor, nv_: tf.Tensor) -> Any:
+        loss, gu, gi, gn = fn(uv, iv, nv_, consts)
+
+        def grad(dy: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+            return (tf.cast(dy, gu.dtype) * gu, tf.cast(dy, gi.dtype) * gi,
+                    tf.cast(dy, gn.dtype) * gn)
+
+        return loss, grad
+
+    return fused(user_vecs, item_vecs, nv)
 
 
 def history_pool_query(

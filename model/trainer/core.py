@@ -24,6 +24,7 @@ from model.scoring.prior import served_item_vectors, user_scoring_vectors
 from model.towers.frequency import CountFrequencyEstimator
 from model.towers.loss import (
     FrequencyEstimator,
+    fused_softmax_loss,
     group_ids,
     history_pool_query,
     in_batch_softmax_loss,
@@ -227,8 +228,15 @@ class Trainer:
             uv = tf.concat([uv, query], axis=0)
             w = tf.concat([tf.cast(w, tf.float32), self.options.aux_weight * w_aux], axis=0)
         temp = self.config.temperature
-        loss = in_batch_softmax_loss(uv, iv, ik, log_q, w, temp, groups, "sum", **kwargs) / total
-        return loss
+        args = (uv, iv, ik, log_q, w, temp, groups, "sum")
+        if accum or not self.options.fused_loss:
+            return in_batch_softmax_loss(*args, **kwargs) / total
+        # XLA compiles per shape: the fused loss on full batches (one shape), the op-by-op
+        # one on the partial batches of a slow stream
+        full = tf.equal(tf.shape(iv)[0], self.options.batch_size)
+        loss = tf.cond(full, lambda: fused_softmax_loss(*args, **kwargs),
+                       lambda: in_batch_softmax_loss(*args, **kwargs))
+        return loss / total
 
     def _single_step(
         self,

@@ -295,6 +295,35 @@ def test_deduplicated_step_equals_the_reference_step(
     assert unknown not in after
 
 
+@pytest.mark.parametrize(("dedup", "aux", "negatives"), [(True, 8.0, 8), (False, 1.5, 0)])
+def test_fused_loss_trains_as_the_op_by_op_loss(dedup: bool, aux: float, negatives: int) -> None:
+    """Full batches take the XLA-compiled loss, partial ones the op-by-op loss: every step
+    (a partial batch last) leaves the same rows, accumulators and dense weights as the
+    op-by-op loss everywhere, to float rounding."""
+    batches = _batches(3, 24, seed=7)
+    batches.append(batches[0].rows(slice(0, 17)))  # a partial batch: the op-by-op loss
+    opts = TrainOptions(batch_size=24, eval_rows=4, learning_rate=0.3, aux_weight=aux,
+                        sampled_negatives=negatives, dedup_lookups=dedup)
+    trainers = [Trainer(CFG, replace(opts, fused_loss=f), tag=f"fused{int(f)}{int(dedup)}")
+                for f in (False, True)]
+    for t in trainers:
+        _seed_state(t, batches[0])
+    before = _table(trainers[0], "item")
+    losses = [[t.train_step(b) for b in batches] for t in trainers]
+    np.testing.assert_allclose(losses[0], losses[1], rtol=1e-5)
+    np.testing.assert_allclose(trainers[0]._head_vectors, trainers[1]._head_vectors, atol=1e-6)
+    for which in ("user", "item"):
+        for read in (_table, _slot):
+            ref, new = read(trainers[0], which), read(trainers[1], which)
+            assert ref.keys() == new.keys()
+            for k, row in ref.items():
+                np.testing.assert_allclose(new[k], row, rtol=1e-5, atol=1e-5, err_msg=f"{which} {k}")
+    for va, vb in zip(trainers[0].model.dense_variables, trainers[1].model.dense_variables, strict=True):
+        np.testing.assert_allclose(va.numpy(), vb.numpy(), rtol=1e-5, atol=1e-6)
+    after = _table(trainers[1], "item")
+    assert max(np.abs(after[k] - before[k]).max() for k in before) > 1e-3  # it trained
+
+
 def test_sampled_negatives_are_trained_and_repeats_count_once() -> None:
     batches = _batches(2, 24, seed=5)
     opts = TrainOptions(eval_rows=0, learning_rate=0.3, sampled_negatives=8)
