@@ -199,19 +199,10 @@ def _fused_fn(temperature: float, num_groups: int, reduce: str, same_user: bool,
 
 
 def fused_softmax_loss(
-    user_vecs: tf.Tensor,
-    item_vecs: tf.Tensor,
-    item_keys: tf.Tensor,
-    log_q: tf.Tensor,
-    weights: tf.Tensor,
-    temperature: float = 1.0,
-    num_groups: int = 1,
-    reduce: str = "mean",
-    *,
-    user_keys: tf.Tensor | None = None,
-    neg_vecs: tf.Tensor | None = None,
-    neg_keys: tf.Tensor | None = None,
-    neg_log_q: tf.Tensor | None = None,
+    user_vecs: tf.Tensor, item_vecs: tf.Tensor, item_keys: tf.Tensor, log_q: tf.Tensor,
+    weights: tf.Tensor, temperature: float = 1.0, num_groups: int = 1, reduce: str = "mean",
+    *, user_keys: tf.Tensor | None = None, neg_vecs: tf.Tensor | None = None,
+    neg_keys: tf.Tensor | None = None, neg_log_q: tf.Tensor | None = None,
     neg_valid: tf.Tensor | None = None,
 ) -> tf.Tensor:
     """:func:`in_batch_softmax_loss` (same arguments, the same loss to float rounding) with

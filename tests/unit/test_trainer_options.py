@@ -247,6 +247,22 @@ def _slot(trainer: Trainer, which: str) -> dict[int, np.ndarray]:
     return {int(k): r for k, r in zip(keys.numpy(), rows.numpy(), strict=True) if k != DEFAULT_KEY}
 
 
+def _assert_train_alike(trainers: list[Trainer], batches: list[Batch]) -> None:
+    """Train both ``trainers`` on ``batches``: the same losses, head vectors, rows,
+    accumulators and dense weights, to float rounding."""
+    losses = [[t.train_step(b) for b in batches] for t in trainers]
+    np.testing.assert_allclose(losses[0], losses[1], rtol=1e-5)
+    np.testing.assert_allclose(trainers[0]._head_vectors, trainers[1]._head_vectors, atol=1e-6)
+    for which in ("user", "item"):
+        for read in (_table, _slot):
+            ref, new = read(trainers[0], which), read(trainers[1], which)
+            assert ref.keys() == new.keys()
+            for k, row in ref.items():
+                np.testing.assert_allclose(new[k], row, rtol=1e-5, atol=1e-5, err_msg=f"{which} {k}")
+    for va, vb in zip(trainers[0].model.dense_variables, trainers[1].model.dense_variables, strict=True):
+        np.testing.assert_allclose(va.numpy(), vb.numpy(), atol=1e-5)
+
+
 @pytest.mark.parametrize(
     ("train_history", "decay", "aux"),
     [
@@ -279,17 +295,7 @@ def test_deduplicated_step_equals_the_reference_step(
         b.history[::3, -1] = unknown
         b.history[1::4, 0] = unknown  # the most recent entry unknown: the pool starts later
     before = _table(trainers[0], "item")
-    losses = [[t.train_step(b) for b in batches] for t in trainers]
-    np.testing.assert_allclose(losses[0], losses[1], rtol=1e-5)
-    np.testing.assert_allclose(trainers[0]._head_vectors, trainers[1]._head_vectors, atol=1e-6)
-    for which in ("user", "item"):
-        for read in (_table, _slot):
-            ref, new = read(trainers[0], which), read(trainers[1], which)
-            assert ref.keys() == new.keys()
-            for k, row in ref.items():
-                np.testing.assert_allclose(new[k], row, rtol=1e-5, atol=1e-5, err_msg=f"{which} {k}")
-    for va, vb in zip(trainers[0].model.dense_variables, trainers[1].model.dense_variables, strict=True):
-        np.testing.assert_allclose(va.numpy(), vb.numpy(), atol=1e-5)
+    _assert_train_alike(trainers, batches)
     after = _table(trainers[1], "item")
     assert max(np.abs(after[k] - before[k]).max() for k in before) > 1e-3  # it trained
     assert unknown not in after
@@ -309,17 +315,7 @@ def test_fused_loss_trains_as_the_op_by_op_loss(dedup: bool, aux: float, negativ
     for t in trainers:
         _seed_state(t, batches[0])
     before = _table(trainers[0], "item")
-    losses = [[t.train_step(b) for b in batches] for t in trainers]
-    np.testing.assert_allclose(losses[0], losses[1], rtol=1e-5)
-    np.testing.assert_allclose(trainers[0]._head_vectors, trainers[1]._head_vectors, atol=1e-6)
-    for which in ("user", "item"):
-        for read in (_table, _slot):
-            ref, new = read(trainers[0], which), read(trainers[1], which)
-            assert ref.keys() == new.keys()
-            for k, row in ref.items():
-                np.testing.assert_allclose(new[k], row, rtol=1e-5, atol=1e-5, err_msg=f"{which} {k}")
-    for va, vb in zip(trainers[0].model.dense_variables, trainers[1].model.dense_variables, strict=True):
-        np.testing.assert_allclose(va.numpy(), vb.numpy(), rtol=1e-5, atol=1e-6)
+    _assert_train_alike(trainers, batches)
     after = _table(trainers[1], "item")
     assert max(np.abs(after[k] - before[k]).max() for k in before) > 1e-3  # it trained
 
