@@ -6,7 +6,8 @@ Every variant runs in a child process of its own (a chief joins its cluster for 
 alternating order each round: ``single`` (one process, ``model.trainer.core.Trainer``),
 ``cluster`` (``model.cluster.trainer.ClusterTrainer`` on 2 PS + 2 workers started on free
 ports, float32 on the wire) and ``cluster_bf16`` (rows and deltas bfloat16 on the wire).
-The live model (``ModelConfig()``), batch 512, eviction off (the cluster does not evict yet).
+The live model (``ModelConfig()``), batch 512, eviction off (the cluster does not evict yet);
+``--no-fused-loss``: every trainer's loss op by op (``TrainOptions.fused_loss``).
 
 * step: pre-built batches of the synthetic stream (10k users, 20k items, after its first
   ``--warm-samples``), test-then-train off; steps/s and examples/s from the first timed
@@ -33,7 +34,7 @@ wire_all_bytes_per_step, cpu_ms_per_step {role: ms}, rows_per_step, ps_cpu_us_pe
 e2e_startup_s, e2e_finish_s, e2e_train_examples_per_s, e2e_cpu_us_per_example {role: us}}},
 ``cluster_vs_single_step`` (ratio of medians), ``e2e_vs_single`` {cluster variant: its
 e2e examples/s over one process's, ratio of medians: the host's speed, which can move by
-half within an hour on a shared machine, cancels out of it}, ``load_avg_*``.
+half within an hour on a shared machine, cancels out of it}, ``fused_loss``, ``load_avg_*``.
 """
 
 from __future__ import annotations
@@ -116,8 +117,10 @@ def _settings(topic: str, root: Path) -> Any:
     })
 
 
-def run_variant(variant: str, topic: str, e2e_samples: int, seconds: float, warm: int) -> dict[str, Any]:
-    """One variant's figures (runs in its own process)."""
+def run_variant(variant: str, topic: str, e2e_samples: int, seconds: float, warm: int,
+                fused_loss: bool = True) -> dict[str, Any]:
+    """One variant's figures (runs in its own process); ``fused_loss``:
+    ``TrainOptions.fused_loss`` of its trainers."""
     from bench.train import _batches
     from model.towers.two_tower import ModelConfig
     from model.trainer.core import Trainer, TrainOptions
@@ -148,7 +151,8 @@ def run_variant(variant: str, topic: str, e2e_samples: int, seconds: float, warm
         all_ports = ps_ports | {int(a.rsplit(":", 1)[1]) for a in layout.workers}
     try:
         out: dict[str, Any] = {"variant": variant}
-        t = trainer(TrainOptions(batch_size=BATCH, eval_rows=0, evict_every_steps=0), "step")
+        t = trainer(TrainOptions(batch_size=BATCH, eval_rows=0, evict_every_steps=0,
+                                  fused_loss=fused_loss), "step")
         n = max(12, int(seconds * 40_000 / BATCH) + 4)
         batches = _batches(n, BATCH, hist=config.window, warm=warm)
         for b in batches[:4]:
@@ -182,7 +186,8 @@ def run_variant(variant: str, topic: str, e2e_samples: int, seconds: float, warm
         try:
             settings = _settings(topic, root)
             service = TrainerService(
-                settings, trainer(TrainOptions(batch_size=BATCH, evict_every_steps=0), "e2e"),
+                settings, trainer(TrainOptions(batch_size=BATCH, evict_every_steps=0,
+                                          fused_loss=fused_loss), "e2e"),
                 LoopOptions(export_every_s=3600.0, export_every_samples=10_000_000,
                             max_samples=e2e_samples),
                 clock=lambda: datetime.now(UTC),
@@ -245,16 +250,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--e2e-samples", type=int, default=150_000)
     p.add_argument("--warm-samples", type=int, default=50_000)
     p.add_argument("--variants", default=",".join(VARIANTS))
+    p.add_argument("--no-fused-loss", action="store_true",
+                   help="every trainer's loss op by op (streamrec train --no-fused-loss)")
     p.add_argument("--run", choices=VARIANTS, help=argparse.SUPPRESS)
     p.add_argument("--topic", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.run:  # a child: one variant
         fig = run_variant(args.run, args.topic, args.e2e_samples, args.step_seconds,
-                          args.warm_samples)
+                          args.warm_samples, fused_loss=not args.no_fused_loss)
         Path(args.json).write_text(json.dumps(fig))
         return 0
     variants = args.variants.split(",")
-    result: dict[str, Any] = {"load_avg_start": os.getloadavg()[0], "batch": BATCH}
+    result: dict[str, Any] = {"load_avg_start": os.getloadavg()[0], "batch": BATCH,
+                              "fused_loss": not args.no_fused_loss}
     topic = _produce(args.e2e_samples, args.warm_samples)
     runs: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
     with tempfile.TemporaryDirectory() as tmp:
@@ -265,7 +273,8 @@ def main(argv: list[str] | None = None) -> int:
                     [sys.executable, "-m", "bench.cluster", "--run", v, "--topic", topic,
                      "--json", str(out), "--e2e-samples", str(args.e2e_samples),
                      "--step-seconds", str(args.step_seconds),
-                     "--warm-samples", str(args.warm_samples)],
+                     "--warm-samples", str(args.warm_samples)]
+                    + (["--no-fused-loss"] if args.no_fused_loss else []),
                     check=True, timeout=1800,
                 )
                 fig = json.loads(out.read_text())

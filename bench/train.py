@@ -27,7 +27,8 @@ the step look faster than it runs in steady state).
   from the first batch's start to the last one's end (what a running trainer sustains, the exports at
   the default cadence inside it; the startup and the final export, fixed costs that weigh
   ~1/10 of a 300k-sample run, are reported beside it). ``--e2e-consumer
-  confluent,kafka-python --e2e-rounds 3`` times both samples consumers in alternating order.
+  confluent,kafka-python --e2e-rounds 3`` times both samples consumers in alternating order;
+  ``--no-fused-loss`` runs the trainer with its loss op by op (``TrainOptions.fused_loss``).
 * export: tables filled with N users and N items (random rows), time to write the artifact
   (``model.trainer.export.write_version``), its size on disk, and the time to load and verify it
   (``model.artifact.files.load_artifact``, what serving does).
@@ -43,6 +44,7 @@ JSON keys: ``step_examples_per_s`` (batch 512), ``step_examples_per_s_by_batch``
 deduplicated and the reference step, median and rounds) (and ``*_per_cpu_s*``: examples per CPU second of the
 process, steadier than wall time on a shared machine), ``e2e_examples_per_s`` (and
 ``e2e_examples_per_cpu_s``, ``e2e_examples_per_s_steady``: the rate while training;
+``e2e_fused_loss``;
 ``e2e_by_consumer`` with several consumers or rounds: medians, the startup's and the final
 export's seconds, and each run),
 ``export`` (list),
@@ -172,9 +174,10 @@ def _settings(root: Path) -> Any:
     return s
 
 
-def _service(settings: Any, consumer: str = "auto", **loop: Any) -> Any:
+def _service(settings: Any, consumer: str = "auto", fused_loss: bool = True, **loop: Any) -> Any:
     """The trainer service as ``streamrec train`` builds it: the live model defaults
-    (``ModelConfig()``), the settings' batch size and export cadence."""
+    (``ModelConfig()``), the settings' batch size and export cadence (``fused_loss=False``:
+    as ``streamrec train --no-fused-loss``)."""
     from model.towers.two_tower import ModelConfig
     from model.trainer.core import TrainOptions
     from model.trainer.loop import LoopOptions, build_service
@@ -182,7 +185,7 @@ def _service(settings: Any, consumer: str = "auto", **loop: Any) -> Any:
     service = build_service(
         settings,
         ModelConfig(),
-        TrainOptions(batch_size=settings.trainer.batch_size),
+        TrainOptions(batch_size=settings.trainer.batch_size, fused_loss=fused_loss),
         LoopOptions(export_every_s=settings.trainer.export_every_s,
                     export_every_samples=settings.trainer.export_every_samples,
                     consumer=consumer, **loop),
@@ -212,7 +215,8 @@ def time_fits(trainer: Any) -> list[float]:
 
 
 def bench_e2e(
-    n: int, root: Path, consumer: str = "auto", warm: int = WARM_SAMPLES, **loop: Any
+    n: int, root: Path, consumer: str = "auto", warm: int = WARM_SAMPLES,
+    fused_loss: bool = True, **loop: Any
 ) -> dict[str, float]:
     """Figures of ``run()`` with the samples consumer ``consumer`` (``LoopOptions.consumer``)
     on the ``n`` samples after the first ``warm`` of the synthetic stream (full histories;
@@ -237,7 +241,7 @@ def bench_e2e(
         producer.send(settings.kafka.samples_topic, key=s.user_id.encode(), value=encode_sample(s))
     producer.flush(timeout=300)
     producer.close()
-    service = _service(settings, consumer, **loop)
+    service = _service(settings, consumer, fused_loss, **loop)
     service.loop = replace(service.loop, max_samples=n)
     fits = time_fits(service.trainer)
     started, cpu = time.perf_counter(), time.process_time()
@@ -369,6 +373,8 @@ def main(argv: list[str] | None = None) -> int:
                              "e2e figures are the first one's")
     parser.add_argument("--e2e-rounds", type=int, default=1,
                         help="rounds of the e2e run per consumer (medians reported)")
+    parser.add_argument("--no-fused-loss", action="store_true",
+                        help="e2e: the trainer's loss op by op (streamrec train --no-fused-loss)")
     parser.add_argument("--freshness-s", type=float, default=75.0)
     parser.add_argument("--freshness-rate", type=float, default=2000.0)
     parser.add_argument("--skip", default="", help="comma list of step,e2e,export,freshness")
@@ -420,7 +426,8 @@ def main(argv: list[str] | None = None) -> int:
             runs: dict[str, list[dict[str, float]]] = {c: [] for c in consumers}
             for r in range(args.e2e_rounds):
                 for c in consumers if r % 2 == 0 else consumers[::-1]:
-                    fig = bench_e2e(args.e2e_samples, root, c, args.warm_samples)
+                    fig = bench_e2e(args.e2e_samples, root, c, args.warm_samples,
+                                    fused_loss=not args.no_fused_loss)
                     runs[c].append(fig)
                     print(f"end to end from Kafka ({c}): {fig['wall']:,.0f} examples/s "
                           f"({fig['cpu']:,.0f} per CPU second); while training "
@@ -439,6 +446,7 @@ def main(argv: list[str] | None = None) -> int:
                       "runs_steady": [round(f["steady"]) for f in v]}
                   for c, v in runs.items()}
             first = by[consumers[0]]
+            result["e2e_fused_loss"] = not args.no_fused_loss
             result["e2e_examples_per_s"] = first["median"]
             result["e2e_examples_per_cpu_s"] = first["median_per_cpu_s"]
             result["e2e_examples_per_s_steady"] = first["median_steady"]

@@ -73,6 +73,9 @@ def register(sub: Any) -> None:
     p.add_argument("--aux-weight", type=float,
                    help="weight of the item-to-item history-pool term of the loss (0 = off, "
                         "faster steps; default: TrainOptions.aux_weight)")
+    p.add_argument("--no-fused-loss", action="store_true",
+                   help="the loss op by op instead of compiled by XLA (the same loss; no "
+                        "compile at start-up, ~10%% slower steps)")
     p.add_argument("--eval-rows", type=int, default=TrainOptions.eval_rows,
                    help="rows per batch scored test-then-train (0 = off; default "
                    f"{TrainOptions.eval_rows})")
@@ -147,6 +150,7 @@ def run_train(args: argparse.Namespace) -> int:
             eval_rows=args.eval_rows,
             eval_every=args.eval_every,
             spare_epochs=tcfg.spare_epochs,
+            fused_loss=not args.no_fused_loss,
             **({} if args.aux_weight is None else {"aux_weight": args.aux_weight}),
         )
         loop = LoopOptions.from_settings(
