@@ -20,8 +20,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
-
 from feature_store.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -95,14 +93,18 @@ def _wait(what: str, lag: Callable[[], int], total: int, timeout_s: float,
         time.sleep(0.5)  # polling interval
 
 
-def _trainer(settings: Settings) -> dict[str, Any]:
-    url = f"http://127.0.0.1:{settings.trainer.metrics_port}/health"
+def _get_json(url: str) -> dict[str, Any]:
+    import httpx  # here, not at the top: every ``streamrec`` command imports this module
+
     return dict(httpx.get(url, timeout=5.0).json())
+
+
+def _trainer(settings: Settings) -> dict[str, Any]:
+    return _get_json(f"http://127.0.0.1:{settings.trainer.metrics_port}/health")
 
 
 def _served(settings: Settings) -> dict[str, Any]:
-    url = f"http://127.0.0.1:{settings.serving.port}/model"
-    return dict(httpx.get(url, timeout=5.0).json())
+    return _get_json(f"http://127.0.0.1:{settings.serving.port}/model")
 
 
 def _trainer_offsets(status: dict[str, Any], topic: str) -> dict[int, int]:

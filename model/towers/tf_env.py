@@ -13,6 +13,8 @@ one intra-op thread (``TF_NUM_INTRAOP_THREADS``), errors-only C++ logging.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from typing import Any
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -29,4 +31,24 @@ import tensorflow_recommenders_addons as tfra
 import tf_keras
 from tensorflow_recommenders_addons import dynamic_embedding as de
 
-__all__ = ["de", "tf", "tf_keras", "tfra"]
+__all__ = ["de", "flat_caller", "tf", "tf_keras", "tfra"]
+
+
+def flat_caller(concrete: Any) -> Callable[..., list[Any]]:
+    """A caller of the traced ``concrete`` function with its flat tensor arguments, in
+    order, that returns its flat outputs (a tuple ``(a, b)`` comes back as ``[a, b]``).
+
+    ``concrete(*args)`` binds the arguments to the function's structured signature on every
+    call: for the train step's eight tensors about 0.3 ms of interpreter time per call
+    (0.82 against 0.53 ms of the calling thread's CPU, measured side by side), held under
+    the GIL that the trainer's evaluation and preparation threads want. This calls TF 2.16's
+    flat entry point below ``__call__`` (the function's ``AtomicFunction.call_flat`` with the
+    captured inputs appended, read anew each call), which also skips the gradient-tape
+    bookkeeping: no tape may be recording around the call.
+    """
+    atomic = concrete._inference_function  # noqa: SLF001 - the flat entry point (doc above)
+
+    def call(*args: Any) -> list[Any]:
+        return atomic.call_flat(*args, *concrete.captured_inputs)
+
+    return call

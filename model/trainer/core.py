@@ -29,7 +29,7 @@ from model.towers.loss import (
     history_pool_query,
     in_batch_softmax_loss,
 )
-from model.towers.tf_env import de, tf, tf_keras
+from model.towers.tf_env import de, flat_caller, tf, tf_keras
 from model.towers.two_tower import DEFAULT_KEY, ModelConfig, TwoTower
 from model.trainer.negatives import NegativeSampler
 from model.trainer.options import TrainOptions
@@ -144,7 +144,7 @@ class Trainer:
         self._mix_rng = np.random.default_rng(config.seed)
         single = self._dedup_step if opts.dedup_lookups else self._single_step
         self._step_fn = tf.function(single, input_signature=_SIG)
-        self._step_concrete: Any = None
+        self._step_call: Any = None
         self._accum_fn = tf.function(self._accum_step, input_signature=_SIG)
         #: Called with (batch, sampled negatives) before each optimizer update: the keys
         #: whose rows it moves (``model.trainer.deltas``); None = nobody listens.
@@ -425,7 +425,7 @@ class Trainer:
             loss = float(self._accum_fn(*args))
         else:
             self.warm()
-            loss_t, head = self._step_concrete(*args)
+            loss_t, head = self._step_call(*args)
             loss = float(loss_t)
             self._head_vectors = head.numpy()
         if count and covisit and self.covisit is not None:
@@ -468,10 +468,11 @@ class Trainer:
 
     def warm(self) -> None:
         """Trace the train step now if not yet (else its first use does: seconds on the
-        2-core machine); calls then skip the ``tf.function`` dispatch. The trainer service
+        2-core machine); calls then skip the ``tf.function`` dispatch and the signature
+        binding (``model.towers.tf_env.flat_caller``). The trainer service
         calls it while its fetch process starts."""
-        if self._step_concrete is None:
-            self._step_concrete = self._step_fn.get_concrete_function()
+        if self._step_call is None:
+            self._step_call = flat_caller(self._step_fn.get_concrete_function())
 
     def _history(self, history: np.ndarray) -> np.ndarray:
         """The model's window of a (most recent first) history: ``ModelConfig.window``."""

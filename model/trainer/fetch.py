@@ -346,6 +346,10 @@ class ChunkFetcher(threading.Thread):
                 raise RuntimeError("sample fetcher failed") from self.error
             return None
 
+    def request_stop(self) -> None:
+        """Stop fetching without waiting (:meth:`stop` waits)."""
+        self.stopping.set()
+
     def stop(self) -> None:
         self.stopping.set()
         self.join(timeout=10)

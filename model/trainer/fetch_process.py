@@ -153,11 +153,12 @@ class ProcessFetcher:
             signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
     def get(self, timeout_s: float) -> Chunk | None:
-        """The next chunk, or None after ``timeout_s``; raises if the child failed or died."""
+        """The next chunk, or None after ``timeout_s`` (or once the child stopped as asked);
+        raises if the child failed or died."""
         try:
             item = self._queue.get(timeout=timeout_s)
         except queue.Empty:
-            if self._process.is_alive():
+            if self._process.is_alive() or (self._stop.is_set() and self._process.exitcode == 0):
                 return None
             try:  # what it sent just before exiting may still be on its way
                 item = self._queue.get(timeout=_REPORT_S)
@@ -168,6 +169,11 @@ class ProcessFetcher:
         if isinstance(item, _Failure):
             raise RuntimeError(f"sample fetcher failed: {item[0]}")
         return item
+
+    def request_stop(self) -> None:
+        """Ask the child to stop without waiting for it (:meth:`stop` waits): its consumer
+        closes meanwhile."""
+        self._stop.set()
 
     def stop(self) -> None:
         self._stop.set()

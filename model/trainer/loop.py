@@ -403,6 +403,11 @@ class TrainerService:
                                 self._publish_delta()
                             last_delta, waited = now, False
                             self._window_newest_ms = None
+                # Nothing more is trained: the fetch winds down (its consumer closes) while
+                # the last export is written, instead of after it.
+                if self._preparer is not None:
+                    self._preparer.request_stop()
+                fetcher.request_stop()
                 if since_export > 0:
                     if self._guarded():
                         self._export_logged()

@@ -135,6 +135,10 @@ class Preparer(threading.Thread):
             ahead = np.concatenate(self._ahead)
         return ids[~np.isin(ids, ahead, assume_unique=True)]
 
+    def request_stop(self) -> None:
+        """Take no more chunks, without waiting for the thread (:meth:`stop` waits)."""
+        self.stopping.set()
+
     def stop(self) -> TrainedIds:
         """Stop the thread; returns the trained set without the ids of the chunks it
         admitted that were not taken (the set itself when there are none)."""

@@ -89,6 +89,36 @@ def test_samples_in_versions_out_with_valid_manifest(in_process_run: InProcessRu
     assert art.item_vectors.shape[0] == len({s.item_id for s in run.samples})
 
 
+def test_a_fetch_process_asked_to_stop_ends_without_an_error(
+    stack: Settings, tmp_path: Path
+) -> None:
+    """``request_stop`` returns at once; the child closes its consumer and exits, and
+    ``get`` then answers None instead of reporting a lost child."""
+    import time
+
+    from model.trainer.fetch_process import ProcessFetcher
+
+    settings = isolated_settings(stack, tmp_path)
+    samples = SyntheticStream(SyntheticConfig(users=50, items=40, seed=5)).take(300)
+    produce(settings, settings.kafka.samples_topic, _encoded(samples))
+    fetcher = ProcessFetcher(settings.kafka, settings.trainer.group_id, {}, "auto", 1000,
+                             100, 10, 0.2, 100)
+    fetcher.start()
+    try:
+        first = wait_until(lambda: fetcher.get(0.2), 60.0, "a first chunk")
+        assert len(first.sample_ids) == 100
+        asked = time.monotonic()
+        fetcher.request_stop()
+        assert time.monotonic() - asked < 0.05
+        process = fetcher._process  # the child itself
+        wait_until(lambda: process.exitcode is not None, 30.0, "the child's exit")
+        assert process.exitcode == 0
+        left = [fetcher.get(0.1) for _ in range(4)]  # what the queue still held, then None
+        assert left[-1] is None and all(len(c.sample_ids) == 100 for c in left if c)
+    finally:
+        fetcher.stop()
+
+
 def test_poison_samples_go_to_the_dlq_with_a_reason(in_process_run: InProcessRun) -> None:
     run = in_process_run
     assert run.state.dlq_records == len(POISON)
