@@ -351,5 +351,5 @@ class ChunkFetcher(threading.Thread):
         self.stopping.set()
 
     def stop(self) -> None:
-        self.stopping.set()
+        self.request_stop()
         self.join(timeout=10)

@@ -176,7 +176,7 @@ class ProcessFetcher:
         self._stop.set()
 
     def stop(self) -> None:
-        self._stop.set()
+        self.request_stop()
         self._process.join(timeout=10)
         if self._process.is_alive():
             log.warning("sample fetch process did not stop in 10 s: terminating it")

@@ -142,7 +142,7 @@ class Preparer(threading.Thread):
     def stop(self) -> TrainedIds:
         """Stop the thread; returns the trained set without the ids of the chunks it
         admitted that were not taken (the set itself when there are none)."""
-        self.stopping.set()
+        self.request_stop()
         self.join(timeout=10)
         with self._lock:
             if not self._ahead:

@@ -92,10 +92,8 @@ def test_samples_in_versions_out_with_valid_manifest(in_process_run: InProcessRu
 def test_a_fetch_process_asked_to_stop_ends_without_an_error(
     stack: Settings, tmp_path: Path
 ) -> None:
-    """``request_stop`` returns at once; the child closes its consumer and exits, and
-    ``get`` then answers None instead of reporting a lost child."""
-    import time
-
+    """After ``request_stop`` the child closes its consumer and exits, and ``get`` then
+    answers None instead of reporting a lost child."""
     from model.trainer.fetch_process import ProcessFetcher
 
     settings = isolated_settings(stack, tmp_path)
@@ -107,9 +105,7 @@ def test_a_fetch_process_asked_to_stop_ends_without_an_error(
     try:
         first = wait_until(lambda: fetcher.get(0.2), 60.0, "a first chunk")
         assert len(first.sample_ids) == 100
-        asked = time.monotonic()
         fetcher.request_stop()
-        assert time.monotonic() - asked < 0.05
         process = fetcher._process  # the child itself
         wait_until(lambda: process.exitcode is not None, 30.0, "the child's exit")
         assert process.exitcode == 0
