@@ -70,11 +70,12 @@ def run_probe(
 
     def replica(keys: tf.Tensor) -> tf.Tensor:
         with tf.control_dependencies([begun.assign_add(1)]), tf.GradientTape() as tape:
-            rows = sgd.read(keys)
+            route = sgd.route(keys)  # the trainer's step reads and writes on one route
+            rows = sgd.read(route)
             tape.watch(rows)
             loss = tf.reduce_sum(rows)
         grads = tape.gradient(loss, rows)
-        with tf.control_dependencies([sgd.sgd(keys, grads, 1.0), ada.adagrad(keys, grads, 0.01)]):
+        with tf.control_dependencies([sgd.sgd(route, grads, 1.0), ada.adagrad(route, grads, 0.01)]):
             return tf.identity(loss)
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.int64)])

@@ -25,6 +25,7 @@ in float32.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from model.towers.tf_env import de, tf
@@ -47,6 +48,19 @@ def key_uniform(keys: tf.Tensor, dim: int, seed: int) -> tf.Tensor:
     x = tf.bitwise.bitwise_xor(x, tf.bitwise.right_shift(x, tf.constant(31, tf.uint64)))
     top = tf.bitwise.right_shift(x, tf.constant(40, tf.uint64))  # 24 bits: exact in float32
     return tf.cast(top, tf.float32) * (1.0 / (1 << 24))
+
+
+@dataclass(frozen=True)
+class Route:
+    """A step's distinct keys split by shard (``key % shards``), computed once on the worker:
+    the read and the write of a step take the same route, so each shard's keys reach its
+    parameter server once per step (TF sends a tensor once to each device that consumes
+    it), not once for the read and again with the gradients."""
+
+    keys: tf.Tensor
+    shard: tf.Tensor  # shard of each key
+    parts: list[tf.Tensor]  # keys per shard
+    pos: list[tf.Tensor]  # their positions in ``keys``
 
 
 class ShardedTable:
@@ -100,13 +114,16 @@ class ShardedTable:
         return out
 
     # -- the shards -------------------------------------------------------------------------
-    def _partition(self, keys: tf.Tensor) -> tuple[tf.Tensor, list[tf.Tensor], list[tf.Tensor]]:
-        """(shard of each key, keys per shard, their positions): TFRA's ``key % shards``."""
+    def route(self, keys: tf.Tensor | Route) -> Route:
+        """The :class:`Route` of distinct ``keys`` (TFRA's ``key % shards``); a route is
+        returned as it is."""
+        if isinstance(keys, Route):
+            return keys
         n = len(self.devices)
         shard = tf.cast(keys % n, tf.int32)
         parts = tf.dynamic_partition(keys, shard, n)
         pos = tf.dynamic_partition(tf.range(tf.size(keys)), shard, n)
-        return shard, parts, pos
+        return Route(keys, shard, parts, pos)
 
     def _read_shard(self, table: Any, keys: tf.Tensor, init: Callable[[tf.Tensor], tf.Tensor]) -> tf.Tensor:
         """Rows of ``keys`` in one shard, run on its parameter server: a missing key's first
@@ -128,35 +145,39 @@ class ShardedTable:
         """Bytes of one row (or gradient) on the wire."""
         return self.dim * self.wire_dtype.size
 
-    def read(self, keys: tf.Tensor, ledger: WireLedger | None = None) -> tf.Tensor:
+    def read(self, keys: tf.Tensor | Route, ledger: WireLedger | None = None) -> tf.Tensor:
         """``[len(keys), dim]`` rows of distinct ``keys`` (each key gets a row); each shard's
-        rows leave their parameter server in the wire dtype (booked in ``ledger``)."""
-        _, parts, pos = self._partition(keys)
+        rows leave their parameter server in the wire dtype (booked in ``ledger``). Pass
+        the step's :meth:`route` here and to the write, so the keys travel once."""
+        route = self.route(keys)
         rows = []
         for i, device in enumerate(self.devices):
             with tf.device(device):
-                r = self._read_shard(self.params.tables[i], parts[i], self.initial_rows)
+                r = self._read_shard(self.params.tables[i], route.parts[i], self.initial_rows)
                 r = tf.cast(r, self.wire_dtype)
             rows.append(tf.cast(r, tf.float32))
             if ledger is not None:
-                ledger.exchange(i, parts[i], self.row_bytes, rows_to_ps=False)
-        return tf.reshape(tf.dynamic_stitch(pos, rows), [tf.size(keys), self.dim])
+                ledger.exchange(i, route.parts[i], self.row_bytes, rows_to_ps=False)
+        return tf.reshape(tf.dynamic_stitch(route.pos, rows), [tf.size(route.keys), self.dim])
 
     # -- writes ----------------------------------------------------------------------------
     def _per_shard(
-        self, keys: tf.Tensor, grads: tf.Tensor,
+        self, keys: tf.Tensor | Route, grads: tf.Tensor,
         apply: Callable[[int, tf.Tensor, tf.Tensor], list[Any]], ledger: WireLedger | None,
     ) -> Any:
         """``apply(shard, keys, grads)`` on each parameter server, the gradients sent in the
-        wire dtype and float32 again on the PS (booked in ``ledger``)."""
-        shard, parts, _ = self._partition(keys)
-        g_parts = tf.dynamic_partition(tf.cast(grads, self.wire_dtype), shard, len(self.devices))
+        wire dtype and float32 again on the PS (booked in ``ledger``; the keys only when
+        they were not routed for the read already)."""
+        route = self.route(keys)
+        g_parts = tf.dynamic_partition(tf.cast(grads, self.wire_dtype), route.shard,
+                                       len(self.devices))
         ops = []
         for i, device in enumerate(self.devices):
             with tf.device(device):
-                ops.extend(apply(i, parts[i], tf.cast(g_parts[i], tf.float32)))
+                ops.extend(apply(i, route.parts[i], tf.cast(g_parts[i], tf.float32)))
             if ledger is not None:
-                ledger.exchange(i, parts[i], self.row_bytes, rows_to_ps=True)
+                ledger.exchange(i, route.parts[i], self.row_bytes, rows_to_ps=True,
+                                keys_sent=not isinstance(keys, Route))
         return tf.group(ops)
 
     @staticmethod
@@ -164,18 +185,19 @@ class ShardedTable:
         """Add ``delta`` to the rows of existing ``keys`` of one shard (on its PS)."""
         return table.accum(keys, delta, tf.ones([tf.size(keys), 1], tf.bool))
 
-    def sgd(self, keys: tf.Tensor, grads: tf.Tensor, lr: float, ledger: WireLedger | None = None) -> Any:
-        """Plain SGD on the rows of distinct ``keys`` (read by :meth:`read` this step)."""
+    def sgd(self, keys: tf.Tensor | Route, grads: tf.Tensor, lr: float, ledger: WireLedger | None = None) -> Any:
+        """Plain SGD on the rows of distinct ``keys`` (read by :meth:`read` this step; pass
+        the same :class:`Route`)."""
         return self._per_shard(
             keys, grads, lambda i, k, g: [self._add(self.params.tables[i], k, -lr * g)], ledger
         )
 
     def adagrad(
-        self, keys: tf.Tensor, grads: tf.Tensor, lr: float, epsilon: float = 1e-7,
+        self, keys: tf.Tensor | Route, grads: tf.Tensor, lr: float, epsilon: float = 1e-7,
         ledger: WireLedger | None = None,
     ) -> Any:
         """Adagrad (Keras' legacy update: ``acc += g^2; row -= lr g / (sqrt(acc) + eps)``) on
-        the rows of distinct ``keys``, computed on the parameter servers: only the gradients
+        the rows of distinct ``keys`` (a :class:`Route` as for :meth:`sgd`), computed on the parameter servers: only the gradients
         travel; the accumulator is read (inserted if absent) and increased where it lives."""
         accumulator = self.accumulator
         if accumulator is None:

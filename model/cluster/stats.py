@@ -90,17 +90,20 @@ class WireLedger:
         self.to_ps: list[Any] = []
         self.from_ps: list[Any] = []
 
-    def exchange(self, shard: int, keys: tf.Tensor, row_bytes: int, rows_to_ps: bool) -> None:
-        """The worker sent ``keys`` to PS ``shard``, and rows of ``row_bytes`` per key went to
-        the PS (gradients) or came back (reads). Call outside any device scope (the worker)."""
+    def exchange(self, shard: int, keys: tf.Tensor, row_bytes: int, rows_to_ps: bool,
+                 keys_sent: bool = True) -> None:
+        """The worker sent ``keys`` to PS ``shard`` (unless ``keys_sent`` is False: the PS has
+        them from this step's read), and rows of ``row_bytes`` per key went to the PS
+        (gradients) or came back (reads). Call outside any device scope (the worker)."""
         zero = tf.constant(0, tf.int64)
+        key_bytes = KEY_BYTES if keys_sent else 0
         with tf.device(self.ps_devices[shard]):
             n = tf.cast(tf.size(keys), tf.int64)  # the PS's copy of the keys
             rows = n * row_bytes
-            self.at_ps[shard].append((n * KEY_BYTES + (rows if rows_to_ps else zero),
+            self.at_ps[shard].append((n * key_bytes + (rows if rows_to_ps else zero),
                                       zero if rows_to_ps else rows))
         n = tf.cast(tf.size(keys), tf.int64)
-        self.to_ps.append(n * KEY_BYTES + (n * row_bytes if rows_to_ps else zero))
+        self.to_ps.append(n * key_bytes + (n * row_bytes if rows_to_ps else zero))
         if not rows_to_ps:
             self.from_ps.append(n * row_bytes)
 

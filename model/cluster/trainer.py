@@ -68,7 +68,7 @@ from model.cluster.sparse import ShardedTable
 from model.cluster.stats import StepStats, WireLedger, nbytes, ps_figures
 from model.errors import ModelError
 from model.towers.config import ModelConfig
-from model.towers.tf_env import tf
+from model.towers.tf_env import flat_caller, tf
 from model.towers.two_tower import DEFAULT_KEY
 from model.trainer.core import Prepared, Trainer
 from model.trainer.options import TrainOptions
@@ -115,6 +115,22 @@ def check_supported(config: ModelConfig, options: TrainOptions) -> None:
         unsupported.append("dedup_lookups=False")
     if unsupported:
         raise ClusterError("the cluster trainer does not support " + ", ".join(unsupported))
+
+
+def layers_from_checkpoint(prefix: str, layers: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """(weights, accumulators) of the dense layers, each flattened and concatenated in
+    layer order, from a checkpoint written with one PS variable per layer
+    (``dense_ps_<i>``, ``dense_acc_<i>``); None for a checkpoint without them."""
+    key = "{}_{}/.ATTRIBUTES/VARIABLE_VALUE"
+    names = {name for name, _ in tf.train.list_variables(prefix)}
+    if key.format("dense_ps", 0) not in names:
+        return None
+    reader = tf.train.load_checkpoint(prefix)
+    weights, accumulators = (
+        np.concatenate([np.ravel(reader.get_tensor(key.format(kind, i))) for i in range(layers)])
+        for kind in ("dense_ps", "dense_acc")
+    )
+    return weights, accumulators
 
 
 def _lr(value: float | None, default: float) -> float:
@@ -177,12 +193,15 @@ class ClusterTrainer(Trainer):
                 f"cluster_item{sfx}", e, devices, config.init_stddev, config.seed + 1,
                 ADAGRAD_INITIAL, wire, config.init_capacity,
             )
+            # the dense layers as one flat variable and its accumulator on one PS: a step
+            # reads it and sends its gradient as one tensor each, not one per layer
             local = self.model.dense_variables
-            self.dense_ps = [tf.Variable(v.numpy(), name=f"ps_{v.name.split(':')[0]}") for v in local]
-            self.dense_acc = [
-                tf.Variable(tf.fill(v.shape, ADAGRAD_INITIAL), name=f"ps_acc{i}")
-                for i, v in enumerate(local)
-            ]
+            self._dense_shapes = [tuple(v.shape) for v in local]
+            flat = np.concatenate([v.numpy().ravel() for v in local]).astype(np.float32)
+            self.dense_ps = tf.Variable(flat, name="ps_dense")
+            with conn.strategy.extended.colocate_vars_with(self.dense_ps):
+                self.dense_acc = tf.Variable(tf.fill(flat.shape, ADAGRAD_INITIAL),
+                                             name="ps_dense_acc")
             #: steps begun on the workers (see the module doc)
             self.begun = tf.Variable(0, dtype=tf.int64, trainable=False, name="steps_begun")
             self.step_stats = StepStats(devices, conn.layout.num_workers)
@@ -196,11 +215,6 @@ class ClusterTrainer(Trainer):
         key = tf.constant([DEFAULT_KEY], tf.int64)
         for table in (self.users_ps, self.items_ps):
             table.params.upsert(key, tf.zeros([1, e]))
-        # the towers' math with the dense layers of the PS (a shallow copy of the model)
-        n = len(self.model.kernels)
-        self.ps_model = copy.copy(self.model)
-        self.ps_model.kernels = self.dense_ps[0 : 2 * n : 2]
-        self.ps_model.biases = self.dense_ps[1 : 2 * n : 2]
         opts = self.options
         self._lrs = (
             _lr(opts.user_lr, opts.learning_rate),
@@ -226,8 +240,7 @@ class ClusterTrainer(Trainer):
         out: dict[str, object] = {"model": self.model, "freq": self.freq, "step": self.step}
         for table in (self.users_ps, self.items_ps):
             out.update(table.trackables())
-        out.update({f"dense_ps_{i}": v for i, v in enumerate(self.dense_ps)})
-        out.update({f"dense_acc_{i}": v for i, v in enumerate(self.dense_acc)})
+        out.update({"dense_ps": self.dense_ps, "dense_acc": self.dense_acc})
         return out
 
     def sync(self) -> None:
@@ -242,8 +255,34 @@ class ClusterTrainer(Trainer):
                 f"{begun} steps began on the workers for {self.scheduled} scheduled: a worker "
                 "failed mid-step; resume from the last checkpoint"
             )
-        for v_local, v_ps in zip(self.model.dense_variables, self.dense_ps, strict=True):
-            v_local.assign(v_ps.read_value())
+        for v_local, value in zip(self.model.dense_variables,
+                                  self._dense_parts(self.dense_ps.read_value()), strict=True):
+            v_local.assign(value)
+
+    def restored(self, prefix: str) -> None:
+        """A checkpoint written while each dense layer was a variable of its own on the
+        PS (``dense_ps_<i>``, ``dense_acc_<i>``) restores them into the flat pair."""
+        flat = layers_from_checkpoint(prefix, len(self._dense_shapes))
+        if flat is not None:
+            self.dense_ps.assign(flat[0])
+            self.dense_acc.assign(flat[1])
+            log.info("restored the dense layers of %s from their earlier per-layer variables",
+                     prefix)
+
+    def _dense_parts(self, flat: tf.Tensor) -> list[tf.Tensor]:
+        """The dense layers' values (``model.dense_variables`` order) from the flat one."""
+        sizes = [int(np.prod(shape)) for shape in self._dense_shapes]
+        return [tf.reshape(part, shape)
+                for part, shape in zip(tf.split(flat, sizes), self._dense_shapes, strict=True)]
+
+    def _ps_model(self, flat: tf.Tensor) -> Any:
+        """The towers' math with the dense layers read from the PS this step (a shallow
+        copy of the local model whose layers are those values)."""
+        parts = self._dense_parts(flat)
+        model = copy.copy(self.model)
+        n = len(self.model.kernels)
+        model.kernels, model.biases = parts[0 : 2 * n : 2], parts[1 : 2 * n : 2]
+        return model
 
     def _sharded(self, table: Any) -> ShardedTable:
         """The sharded table of the local ``model.users`` or ``model.items``."""
@@ -369,7 +408,8 @@ class ClusterTrainer(Trainer):
         its concrete function then skips the per-call signature lookup too."""
         if self._remote_concrete is not None:
             return
-        self._prepare_concrete = self._prepare_fn.get_concrete_function()
+        # called flat, as one process calls its step (model.towers.tf_env.flat_caller)
+        self._prepare_concrete = flat_caller(self._prepare_fn.get_concrete_function())
         strategy = self.conn.strategy
         with strategy.scope():
             strategy.extended._being_scheduled = True  # noqa: SLF001 - as schedule() sets it
@@ -397,7 +437,8 @@ class ClusterTrainer(Trainer):
     ) -> tuple[tf.Tensor, tf.Tensor]:
         """One step on a worker: :meth:`Trainer._dedup_step` with stateless reads/writes."""
         started = tf.timestamp()
-        model = self.ps_model
+        flat = self.dense_ps.read_value()  # the dense layers: one tensor from their PS
+        model = self.model  # plan and widen_pool do not use the dense layers
         ledger = WireLedger(self.conn.layout.ps_devices())
         from_chief = tf.add_n([nbytes(t) for t in (uk, ik, hist, w, u_eff, i_eff, known, log_q,
                                                    neg_keys, neg_valid, neg_log_q)])
@@ -406,30 +447,30 @@ class ClusterTrainer(Trainer):
         plan = model.plan(u_eff, i_eff, hist, known)
         n_plan = tf.size(plan.item_keys)
         all_keys, all_idx = tf.unique(tf.concat([plan.item_keys, neg_keys], 0))
-        u_uniq = self.users_ps.read(plan.user_keys, ledger)
-        i_all = self.items_ps.read(all_keys, ledger)
+        u_route, i_route = self.users_ps.route(plan.user_keys), self.items_ps.route(all_keys)
+        u_uniq = self.users_ps.read(u_route, ledger)
+        i_all = self.items_ps.read(i_route, ledger)
         neg_idx = all_idx[n_plan:]
         plan = model.widen_pool(plan, tf.size(all_keys))
-        dense = self.dense_ps
         with tf.GradientTape() as tape:
-            tape.watch([u_uniq, i_all])
+            tape.watch([u_uniq, i_all, flat])
+            model = self._ps_model(flat)  # the layers' slices, recorded by the tape
             loss, uv = self._planned_loss(model, plan, (u_uniq, i_all, neg_idx), known,
                                           (ik, log_q, w), negs, uk)
-        g_user, g_item, *g_dense = tape.gradient(loss, [u_uniq, i_all, *dense])
+        g_user, g_item, g_dense = tape.gradient(loss, [u_uniq, i_all, flat])
         lr_user, lr_item, lr_dense = self._lrs
         with tf.control_dependencies([begun]):
             updates = [
-                self.users_ps.adagrad(plan.user_keys, tf.convert_to_tensor(g_user), lr_user,
+                self.users_ps.adagrad(u_route, tf.convert_to_tensor(g_user), lr_user,
                                       EPSILON, ledger),
-                self.items_ps.adagrad(all_keys, tf.convert_to_tensor(g_item), lr_item, EPSILON,
+                self.items_ps.adagrad(i_route, tf.convert_to_tensor(g_item), lr_item, EPSILON,
                                       ledger),
             ]
-            for v, acc, g in zip(dense, self.dense_acc, g_dense, strict=True):
-                g = tf.convert_to_tensor(g)
-                ledger.dense(v.device, v.shape.num_elements() * 4)  # float32 weights and grads
-                with tf.device(v.device):  # the update computed where the weights live
-                    acc_now = acc.assign_add(tf.square(g), read_value=True)
-                    updates.append(v.assign_sub(lr_dense * g / (tf.sqrt(acc_now) + EPSILON)))
+            v, g = self.dense_ps, tf.convert_to_tensor(g_dense)
+            ledger.dense(v.device, v.shape.num_elements() * 4)  # float32 weights and grads
+            with tf.device(v.device):  # the update computed where the weights live
+                acc_now = self.dense_acc.assign_add(tf.square(g), read_value=True)
+                updates.append(v.assign_sub(lr_dense * g / (tf.sqrt(acc_now) + EPSILON)))
         with tf.control_dependencies(updates):
             head = tf.cast(uv[: max(self.options.eval_rows, 0)], tf.float32)
             loss = tf.identity(loss)

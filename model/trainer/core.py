@@ -171,6 +171,11 @@ class Trainer:
             "step": self.step,
         }
 
+    def restored(self, prefix: str) -> None:
+        """Called once the trackables are read from the checkpoint at ``prefix`` (a
+        ``tf.train.Checkpoint`` path), before training: state saved in an earlier layout is
+        brought forward here. Nothing to do for one process."""
+
     # -- the compiled steps -------------------------------------------------------------------
     def _apply(self, g_user: tf.Tensor, g_item: tf.Tensor, g_dense: list[tf.Tensor]) -> None:
         self.opt_user.apply_gradients([(g_user, self.model.users.shadow)])

@@ -239,6 +239,7 @@ class TrainerService:
         if restored is None:
             log.info("no checkpoint in %s: starting fresh", self.checkpoints.directory)
             return False
+        self.trainer.restored(str(restored.path / "tf"))
         self.state = LoopState.from_json(restored.state)
         if self.guarding is not None and self.state.guard:
             self.guarding.restore(self.state.guard)

@@ -144,3 +144,26 @@ def test_the_ledger_books_both_sides_of_each_exchange_alike() -> None:
     assert row[1, FROM_CHIEF] == 99
     assert np.flatnonzero(row[1, 5:]).tolist() == [STEP_BUCKETS.index(0.05)]  # 0.025 < 0.03 <= 0.05
     assert not row[0].any()  # worker 0 ran nothing
+
+
+def test_a_step_on_one_route_books_its_keys_once() -> None:
+    """The trainer's step reads and writes a table on one route: the keys reach the PS
+    once (TF sends a tensor once to each device), and the ledger counts them once."""
+    from model.cluster.sparse import ShardedTable
+    from model.cluster.stats import StepStats, WireLedger
+    from model.towers.tf_env import tf
+
+    device = "/job:localhost/replica:0/task:0/device:CPU:0"
+    table = ShardedTable("unit_route", 4, [device], adagrad_initial=0.1)
+    stats = StepStats([device], num_workers=1)
+    ledger = WireLedger([device])
+    route = table.route(tf.constant([3, 5, 8], tf.int64))
+    assert table.route(route) is route
+    table.read(route, ledger)
+    table.adagrad(route, tf.ones([3, 4]), 0.1, ledger=ledger)
+    for op in ledger.book(stats, tf.constant(0.01, tf.float64), tf.constant(0, tf.int64), index=0):
+        del op  # eager: applied already
+    (received, sent), = stats.read()[0]
+    rows_b = 3 * 4 * 4  # 3 rows of 4 float32
+    assert received == 3 * 8 + rows_b  # the keys once, then the gradients
+    assert sent == rows_b

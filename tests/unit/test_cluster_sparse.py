@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -108,3 +110,27 @@ def test_the_watchdog_names_the_server_that_stopped_listening_and_ends_with_the_
         gone = subprocess.Popen([sys.executable, "-c", "pass"])
         gone.wait()
         assert watch(gone.pid, addrs[:1], grace_s=0.3, every_s=0.05) == ""
+
+
+def test_a_checkpoint_with_one_variable_per_dense_layer_restores_into_the_flat_pair(
+    tmp_path: Path,
+) -> None:
+    """The cluster's dense layers are one flat variable (and its accumulator); a checkpoint
+    written with a variable per layer gives the same values, in layer order."""
+    from model.cluster.trainer import layers_from_checkpoint
+    from model.towers.tf_env import tf
+
+    rng = np.random.default_rng(0)
+    shapes = [(3, 4), (4,), (4, 2), (2,)]
+    weights = [rng.normal(size=s).astype(np.float32) for s in shapes]
+    accs = [rng.uniform(0.1, 1, size=s).astype(np.float32) for s in shapes]
+    old = {f"dense_ps_{i}": tf.Variable(w) for i, w in enumerate(weights)}
+    old.update({f"dense_acc_{i}": tf.Variable(a) for i, a in enumerate(accs)})
+    old["step"] = tf.Variable(7, dtype=tf.int64)
+    prefix = tf.train.Checkpoint(**old).write(str(tmp_path / "old" / "tf"))
+    flat = layers_from_checkpoint(prefix, len(shapes))
+    assert flat is not None
+    np.testing.assert_array_equal(flat[0], np.concatenate([w.ravel() for w in weights]))
+    np.testing.assert_array_equal(flat[1], np.concatenate([a.ravel() for a in accs]))
+    new = tf.train.Checkpoint(dense_ps=tf.Variable(flat[0]), dense_acc=tf.Variable(flat[1]))
+    assert layers_from_checkpoint(new.write(str(tmp_path / "new" / "tf")), len(shapes)) is None
