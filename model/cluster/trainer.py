@@ -320,6 +320,21 @@ class ClusterTrainer(Trainer):
         step ran (no round trip to the parameter servers)."""
         return self._admitted(table)[0]
 
+    def tower_users(self, user_keys: np.ndarray, history: np.ndarray) -> np.ndarray:
+        """The user tower of users with their histories on the rows the shards hold now
+        (``streamrec evaluate``'s scoring): the chief keeps no copy of the shards between
+        cuts, so the rows of these users and of their history items are read from the
+        parameter servers into its tables first; the dense layers are the last
+        :meth:`sync`'s. Steps may be in flight: :meth:`sync` first, as evaluate does."""
+        for sharded, local, keys in ((self.users_ps, self.model.users, user_keys),
+                                     (self.items_ps, self.model.items, history)):
+            keys = np.unique(np.asarray(keys, np.int64))
+            rows, exists = sharded.params.lookup(tf.constant(keys), return_exists=True)
+            held = np.asarray(exists).reshape(-1)
+            if held.any():
+                local.params.upsert(tf.constant(keys[held]), tf.boolean_mask(rows, held))
+        return super().tower_users(user_keys, history)
+
     def default_row(self, table: Any) -> np.ndarray:
         """The shared row of ids without one, as its shard holds it."""
         key = tf.constant([DEFAULT_KEY], tf.int64)

@@ -121,6 +121,23 @@ def test_evaluate_on_the_cluster_scores_like_one_process(tmp_path: Path) -> None
     assert abs(cluster["recall@10"] - one["recall@10"]) < 0.06, (cluster, one)
 
 
+def test_the_chiefs_user_tower_reads_the_rows_the_shards_hold(tmp_path: Path) -> None:
+    """``ClusterTrainer.tower_users`` (evaluate's scoring) equals the user vectors a worker
+    step computes for the same rows before its update: the chief reads the rows from the
+    parameter servers, not from its own tables, which no cut fills any more."""
+    out = tmp_path / "heads.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.integration.cluster_heads", "--json", str(out)],
+        cwd=REPO_ROOT, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        capture_output=True, timeout=300, check=False,
+    )
+    assert proc.returncode == 0 and out.is_file(), proc.stderr.decode()[-3000:]
+    r = json.loads(out.read_text())
+    assert r["rows"] == 32
+    assert r["max_abs"] > 0.01  # trained vectors, not zeros
+    assert r["max_abs_diff"] < 1e-4 * max(1.0, r["max_abs"]), r
+
+
 # -- the trainer on the cluster, from Kafka --------------------------------------------------
 
 

@@ -1,0 +1,68 @@
+"""Child of ``test_cluster.py`` (a pytest process must not join a cluster): the chief's user
+tower against the worker step's own head vectors, on 2 PS + 2 workers of its own.
+
+``python -m tests.integration.cluster_heads --json F``: trains a few batches of the
+synthetic stream, joins the steps (``sync``), then, for a batch whose users and history
+items were all trained before, computes ``ClusterTrainer.tower_users`` on the chief and
+trains the batch: its step computes the same rows' user vectors on a worker, from the
+rows the parameter servers hold, before its update. Writes the largest difference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--json", required=True)
+    args = p.parse_args(argv)
+
+    from model.cluster.coordinator import connect
+    from model.cluster.server import launch
+    from model.cluster.spec import ClusterLayout
+    from model.cluster.trainer import ClusterOptions, ClusterTrainer
+    from model.evaluation.synthetic import SyntheticConfig, SyntheticStream
+    from model.towers.two_tower import ModelConfig
+    from model.trainer.options import TrainOptions
+    from model.trainer.samples import KeyCache, to_batch
+
+    config = ModelConfig()
+    stream = SyntheticStream(SyntheticConfig(users=300, items=500, clusters=10, seed=5))
+    keys = KeyCache()
+    batches = [to_batch(stream.take(256), config.window, keys) for _ in range(6)]
+    layout = ClusterLayout.local(2, 2)
+    cluster = launch(layout, timeout_s=240.0)
+    try:
+        trainer = ClusterTrainer(
+            config, TrainOptions(batch_size=256, eval_rows=32, eval_every=1, evict_every_steps=0),
+            connect(layout), ClusterOptions("float32"),
+        )
+        for batch in batches:
+            trainer.fit_batch(batch)
+        trainer.wait_evaluation()
+        trainer.sync()
+        again = batches[0]  # its users and history items are on the shards by now
+        head = again.rows(slice(0, 32))
+        chief = trainer.tower_users(head.user_keys, head.history)
+        trainer.fit_batch(again)
+        fetch = trainer._head_vectors  # noqa: SLF001 - the step's own head (its fetch)
+        assert callable(fetch)
+        worker = fetch()
+        trainer.wait_evaluation()
+        Path(args.json).write_text(json.dumps({
+            "rows": int(chief.shape[0]),
+            "max_abs_diff": float(np.abs(chief - worker).max()),
+            "max_abs": float(np.abs(worker).max()),
+        }))
+    finally:
+        cluster.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
