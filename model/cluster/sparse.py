@@ -197,8 +197,9 @@ class ShardedTable:
         ledger: WireLedger | None = None,
     ) -> Any:
         """Adagrad (Keras' legacy update: ``acc += g^2; row -= lr g / (sqrt(acc) + eps)``) on
-        the rows of distinct ``keys`` (a :class:`Route` as for :meth:`sgd`), computed on the parameter servers: only the gradients
-        travel; the accumulator is read (inserted if absent) and increased where it lives."""
+        the rows of distinct ``keys`` (a :class:`Route` as for :meth:`sgd`), computed on the
+        parameter servers: only the gradients travel; the accumulator is read (inserted if
+        absent) and increased where it lives."""
         accumulator = self.accumulator
         if accumulator is None:
             raise ValueError(f"table {self.name} has no Adagrad accumulator")
