@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
         head = again.rows(slice(0, 32))
         chief = trainer.tower_users(head.user_keys, head.history)
         trainer.fit_batch(again)
-        fetch = trainer._head_vectors  # noqa: SLF001 - the step's own head (its fetch)
+        fetch = trainer._head_vectors  # the step's own head (its fetch)
         assert callable(fetch)
         worker = fetch()
         trainer.wait_evaluation()
