@@ -299,6 +299,12 @@ class ServingSettings(BaseModel):
         "ms / share of wall time and the requests in flight keep the rest of the worker "
         "(1 = no pauses).",
     )
+    gil_switch_interval_s: float | None = Field(
+        0.0005, gt=0,
+        description="Python's GIL switch interval in each worker (`sys.setswitchinterval`; "
+        "None = Python's 5 ms). A thread that holds the GIL (the delta follower's apply, the "
+        "event loop parsing requests) hands it to a waiting one after this long.",
+    )
 
 
 class PrometheusSettings(BaseModel):

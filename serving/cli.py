@@ -10,6 +10,7 @@ import logging
 import os
 import shutil
 import socket
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,7 @@ def _serve(args: argparse.Namespace) -> int:
     from serving.app import create_app
 
     settings = load_settings()
+    tune_interpreter(settings)
     workers = args.workers or settings.serving.workers
     port = args.port or settings.serving.port
     target: Any = "serving.cli:app_factory"
@@ -79,12 +81,21 @@ def app_factory() -> Any:
     from serving.balance import ConnectionBalancer
 
     settings = load_settings()
+    tune_interpreter(settings)
     balancer = None
     if (settings.serving.balance_connections and os.environ.get(WORKERS_ENV)
             and Path("/proc/net/tcp").exists()):  # Linux: counted from /proc
         port, workers = (int(x) for x in os.environ[WORKERS_ENV].split())
         balancer = ConnectionBalancer(port, workers)
     return create_app(settings, metrics_dir=os.environ.get(MULTIPROC_ENV), balancer=balancer)
+
+
+def tune_interpreter(settings: Any) -> None:
+    """The interpreter settings of a serving process: its GIL switch interval
+    (``serving.gil_switch_interval_s``)."""
+    interval = settings.serving.gil_switch_interval_s
+    if interval is not None:
+        sys.setswitchinterval(interval)
 
 
 def fresh_metrics_dir(path: Path) -> Path:

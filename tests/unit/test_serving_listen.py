@@ -1,9 +1,11 @@
-"""serve --workers N: each worker listens on its own SO_REUSEPORT socket (serving.cli)."""
+"""serve --workers N: each worker listens on its own SO_REUSEPORT socket, and every serving
+process sets its GIL switch interval (serving.cli)."""
 
 from __future__ import annotations
 
 import pickle
 import socket
+import sys
 
 import pytest
 
@@ -43,3 +45,19 @@ def test_a_port_in_use_stops_the_server_before_workers_start() -> None:
             _run_workers(Config())
     finally:
         taken.close()
+
+
+@pytest.mark.parametrize("interval", [0.0005, 0.002, None])
+def test_a_serving_process_takes_its_gil_switch_interval_from_the_settings(
+        interval: float | None) -> None:
+    from feature_store.settings import ServingSettings, Settings
+    from serving.cli import tune_interpreter
+
+    before = sys.getswitchinterval()
+    try:
+        sys.setswitchinterval(0.004)
+        tune_interpreter(Settings(serving=ServingSettings(gil_switch_interval_s=interval)))
+        assert sys.getswitchinterval() == pytest.approx(0.004 if interval is None else interval)
+    finally:
+        sys.setswitchinterval(before)
+
