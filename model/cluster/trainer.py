@@ -15,11 +15,13 @@ Split of one step:
   row reads, towers, loss, gradients, sparse Adagrad on the tables and Adagrad on the dense
   layers (``assign_add`` of the accumulator and of the weights' deltas on the PS).
 
-The chief never waits for a step it schedules: the test-then-train head of an evaluated
+The chief never waits for the step of a new batch: the test-then-train head of an evaluated
 batch (user vectors the step computed before its update) stays on the worker until the
 evaluation thread fetches it, ``head_lag_steps`` batches later and in training order
-(:meth:`ClusterTrainer._evaluation`). Both functions are traced once, without autograph,
-before the first step (:meth:`ClusterTrainer.warm`).
+(:meth:`ClusterTrainer._evaluation`). A further pass over the same batch (spare epochs,
+evaluate's ``--epochs``) waits for every step scheduled before it: it refines the state
+its previous pass left, as in one process. Both functions are traced once, without
+autograph, before the first step (:meth:`ClusterTrainer.warm`).
 
 :meth:`sync` waits for every scheduled step and copies the dense weights into the chief's
 local model; the rows never leave the parameter servers for a cut. A checkpoint (one
@@ -506,11 +508,18 @@ class ClusterTrainer(Trainer):
         """Schedule one step of ``batch`` on a worker; returns the newest loss fetched
         (``prepared`` is never given: :meth:`prepare` makes nothing ahead).
 
-        The chief never waits for the step: for a batch :meth:`Trainer.fit_batch`
+        The chief never waits for the step of a new batch (a further pass waits for the
+        steps before it, module doc): for a batch :meth:`Trainer.fit_batch`
         evaluates, the head vectors (test-then-train: computed by the step before its
         update) are fetched later by the evaluation thread (:meth:`_evaluation`).
         """
         self.warm()
+        if not count:
+            # a further pass over the same batch refines the previous pass's update: it
+            # reads the state after it, as in one process (two passes in flight at once
+            # would each step from the same state, and the batch's gradient would be
+            # applied twice from it instead of once from each refined state)
+            self._join()
         started = self.monotonic()
         if self.negatives.count and not self.negatives.ready:
             self.negatives.reset(self._item_rows()[0])

@@ -6,6 +6,11 @@ synthetic stream, joins the steps (``sync``), then, for a batch whose users and 
 items were all trained before, computes ``ClusterTrainer.tower_users`` on the chief and
 trains the batch: its step computes the same rows' user vectors on a worker, from the
 rows the parameter servers hold, before its update. Writes the largest difference.
+
+Then the passes over one batch (``train_step(count=False)``: evaluate's ``--epochs``, the
+live trainer's spare epochs): for each step it schedules, whether every step scheduled
+before it had finished (``ClusterCoordinator.done``) — a further pass must read the state
+its previous pass left, as in one process; a new batch's step need not wait.
 """
 
 from __future__ import annotations
@@ -54,10 +59,28 @@ def main(argv: list[str] | None = None) -> int:
         assert callable(fetch)
         worker = fetch()
         trainer.wait_evaluation()
+
+        coordinator = trainer.conn.coordinator
+        schedule = coordinator.schedule
+        idle_at_schedule: list[bool] = []
+
+        def watched(fn: object, args: object = None, kwargs: object = None) -> object:
+            idle_at_schedule.append(bool(coordinator.done()))
+            return schedule(fn, args=args, kwargs=kwargs)
+
+        trainer.sync()
+        coordinator.schedule = watched  # this instance only
+        try:
+            for count in (True, False, False):
+                trainer.train_step(batches[1], count=count, covisit=False)
+        finally:
+            del coordinator.schedule
+        trainer.sync()
         Path(args.json).write_text(json.dumps({
             "rows": int(chief.shape[0]),
             "max_abs_diff": float(np.abs(chief - worker).max()),
             "max_abs": float(np.abs(worker).max()),
+            "passes_idle_at_schedule": idle_at_schedule,
         }))
     finally:
         cluster.stop()

@@ -121,21 +121,39 @@ def test_evaluate_on_the_cluster_scores_like_one_process(tmp_path: Path) -> None
     assert abs(cluster["recall@10"] - one["recall@10"]) < 0.06, (cluster, one)
 
 
-def test_the_chiefs_user_tower_reads_the_rows_the_shards_hold(tmp_path: Path) -> None:
-    """``ClusterTrainer.tower_users`` (evaluate's scoring) equals the user vectors a worker
-    step computes for the same rows before its update: the chief reads the rows from the
-    parameter servers, not from its own tables, which no cut fills any more."""
-    out = tmp_path / "heads.json"
+@pytest.fixture(scope="module")
+def heads(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One run of ``tests.integration.cluster_heads`` (its own 2 PS + 2 workers)."""
+    out = tmp_path_factory.mktemp("heads") / "heads.json"
     proc = subprocess.run(
         [sys.executable, "-m", "tests.integration.cluster_heads", "--json", str(out)],
         cwd=REPO_ROOT, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
         capture_output=True, timeout=300, check=False,
     )
     assert proc.returncode == 0 and out.is_file(), proc.stderr.decode()[-3000:]
-    r = json.loads(out.read_text())
+    result: dict[str, Any] = json.loads(out.read_text())
+    return result
+
+
+def test_the_chiefs_user_tower_reads_the_rows_the_shards_hold(heads: dict[str, Any]) -> None:
+    """``ClusterTrainer.tower_users`` (evaluate's scoring) equals the user vectors a worker
+    step computes for the same rows before its update: the chief reads the rows from the
+    parameter servers, not from its own tables, which no cut fills any more."""
+    r = heads
     assert r["rows"] == 32
     assert r["max_abs"] > 0.01  # trained vectors, not zeros
     assert r["max_abs_diff"] < 1e-4 * max(1.0, r["max_abs"]), r
+
+
+def test_a_further_pass_over_a_batch_waits_for_the_pass_before_it(
+    heads: dict[str, Any],
+) -> None:
+    """Three passes over one batch on two workers (evaluate's ``--epochs``, the live
+    trainer's spare epochs): each further pass is scheduled only once every earlier step
+    has finished, so it steps from the state its previous pass left, as one process does.
+    Two passes in flight at once would each step from the same state (the cluster's
+    evaluate scored 1.3-2.3% below one process so)."""
+    assert heads["passes_idle_at_schedule"] == [True, True, True]
 
 
 # -- the trainer on the cluster, from Kafka --------------------------------------------------
