@@ -8,8 +8,12 @@ split is a coin toss that lasts as long as the connections: 16 over 2 workers ca
 p99 of everyone.
 
 A :class:`ConnectionBalancer` in each worker counts, once a second, the established
-connections to the port (``/proc/net/tcp`` and ``tcp6``: every worker's) and those among
-them that are its own (its file descriptors' socket inodes). A worker holding more than
+connections to the port (``/proc/net/tcp``, or ``tcp6`` for an IPv6 listener: every
+worker's) and those among them that are its own (its file descriptors' socket inodes).
+The count runs on a thread, not on the event loop: reading a ``/proc/net`` table walks the
+kernel's whole established-connections hash, however few connections it lists (~3.5 ms
+per table on a host whose hash has 262,144 buckets), and the event loop would answer no
+request meanwhile. A worker holding more than
 its share, ``ceil(total / workers)``, answers that many of its next responses with
 ``Connection: close`` (``serving.fastpath``): the client opens a new connection after the
 response (HTTP/1.1; nothing is lost or retried) and the kernel hashes it anew, so the
@@ -47,10 +51,21 @@ def established_inodes(port: int, tables: Iterable[str]) -> set[int]:
     return out
 
 
-def read_tables(proc: Path = Path("/proc")) -> list[str]:
-    """The texts of ``/proc/net/tcp`` and ``tcp6`` (a missing one is skipped)."""
+#: The ``/proc/net`` tables of both address families.
+BOTH = ("tcp", "tcp6")
+
+
+def tables_of(host: str) -> tuple[str, ...]:
+    """The ``/proc/net`` table that lists the connections of a listener bound to ``host``:
+    ``tcp6`` for an IPv6 address (a dual-stack one lists its IPv4 clients there too),
+    ``tcp`` for an IPv4 one (the rule ``serving.cli`` picks the socket's family by)."""
+    return ("tcp6",) if ":" in host else ("tcp",)
+
+
+def read_tables(proc: Path = Path("/proc"), names: Iterable[str] = BOTH) -> list[str]:
+    """The texts of the ``/proc/net`` tables ``names`` (a missing one is skipped)."""
     out = []
-    for name in ("tcp", "tcp6"):
+    for name in names:
         try:
             out.append((proc / "net" / name).read_text())
         except OSError:
@@ -125,12 +140,13 @@ class ConnectionBalancer:
         return True
 
     async def run(self) -> None:
-        """Refresh every ``interval_s`` until cancelled, on the event loop (a count reads a
-        few kB of ``/proc``: well under a millisecond); a failed count is logged and
-        skipped, the split then left as it is."""
+        """Refresh every ``interval_s`` until cancelled, each count on a thread (module
+        doc: a few milliseconds in the kernel); a failed count is logged and skipped, the
+        split then left as it is. The thread only replaces ``_to_close`` and ``last``,
+        which the loop reads (one assignment each)."""
         while True:
             await asyncio.sleep(self.interval_s)
             try:
-                self.refresh()
+                await asyncio.to_thread(self.refresh)
             except (OSError, ValueError) as exc:
                 log.warning("counting the connections of port %d failed: %s", self.port, exc)

@@ -59,7 +59,7 @@ def _serve(args: argparse.Namespace) -> int:
         # Set before the workers start (and so before they import prometheus_client).
         metrics_dir = fresh_metrics_dir(settings.stack.run_dir / "metrics" / f"serving-{port}")
         os.environ[MULTIPROC_ENV] = str(metrics_dir)
-        os.environ[WORKERS_ENV] = f"{port} {workers}"
+        os.environ[WORKERS_ENV] = f"{port} {workers} {args.host or settings.serving.host}"
     options: dict[str, Any] = {
         "host": args.host or settings.serving.host, "port": port, "loop": "uvloop",
         "http": "httptools", "log_level": args.log_level, "access_log": False}
@@ -78,15 +78,17 @@ def app_factory() -> Any:
     """App of one worker process when ``serve --workers N`` (N > 1) forks several."""
     from feature_store.settings import load_settings
     from serving.app import create_app
-    from serving.balance import ConnectionBalancer
+    from serving.balance import ConnectionBalancer, read_tables, tables_of
 
     settings = load_settings()
     tune_interpreter(settings)
     balancer = None
     if (settings.serving.balance_connections and os.environ.get(WORKERS_ENV)
             and Path("/proc/net/tcp").exists()):  # Linux: counted from /proc
-        port, workers = (int(x) for x in os.environ[WORKERS_ENV].split())
-        balancer = ConnectionBalancer(port, workers)
+        port, workers, host = os.environ[WORKERS_ENV].split()
+        names = tables_of(host)
+        balancer = ConnectionBalancer(int(port), int(workers),
+                                      tables=lambda: read_tables(names=names))
     return create_app(settings, metrics_dir=os.environ.get(MULTIPROC_ENV), balancer=balancer)
 
 

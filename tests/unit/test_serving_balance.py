@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import threading
+import time
 from typing import Any
 
 import pytest
@@ -16,6 +18,7 @@ from serving.balance import (
     established_inodes,
     own_socket_inodes,
     read_tables,
+    tables_of,
 )
 from serving.fastpath import RecommendFastPath
 from tests.support import free_port
@@ -85,6 +88,50 @@ def test_counts_this_process_s_real_connections() -> None:
     finally:
         for s in clients + accepted + [server]:
             s.close()
+
+
+def test_the_table_of_the_listener_s_family_only() -> None:
+    assert tables_of("127.0.0.1") == ("tcp",) and tables_of("0.0.0.0") == ("tcp",)
+    assert tables_of("::") == ("tcp6",) and tables_of("::1") == ("tcp6",)
+    port = free_port()
+    server = socket.create_server(("127.0.0.1", port))
+    client = socket.create_connection(("127.0.0.1", port))
+    accepted = server.accept()[0]
+    try:
+        inode = os.fstat(accepted.fileno()).st_ino
+        assert established_inodes(port, read_tables(names=tables_of("127.0.0.1"))) == {inode}
+        assert established_inodes(port, read_tables(names=("tcp6",))) == set()
+    finally:
+        for s in (client, accepted, server):
+            s.close()
+
+
+def test_the_count_runs_off_the_event_loop() -> None:
+    """A count blocked in the kernel must not hold the event loop (``serving.balance``)."""
+    release = threading.Event()
+    counted_on: list[threading.Thread] = []
+
+    def tables() -> list[str]:
+        counted_on.append(threading.current_thread())
+        release.wait(5.0)  # on the loop's thread this would stop the loop for 5 s
+        return [""]
+
+    async def main() -> float:
+        balancer = ConnectionBalancer(8000, 2, interval_s=0.0, tables=tables, own=set)
+        task = asyncio.create_task(balancer.run())
+        deadline = time.monotonic() + 10.0
+        while not counted_on and time.monotonic() < deadline:
+            await asyncio.sleep(0.001)
+        started = time.monotonic()
+        await asyncio.sleep(0.01)  # the loop goes on while the count is blocked
+        held = time.monotonic() - started
+        release.set()
+        task.cancel()
+        return held
+
+    held = asyncio.run(main())
+    assert counted_on and counted_on[0] is not threading.main_thread()
+    assert held < 2.0
 
 
 def _get(app: Any) -> list[dict[str, Any]]:
