@@ -12,14 +12,18 @@ import shutil
 import socket
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from serving.balance import ConnectionBalancer
 
 log = logging.getLogger(__name__)
 
 #: The environment variable ``prometheus_client`` reads for its multiprocess mode.
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 #: How the workers of ``serve --workers N`` learn the port and N they serve with (the
-#: command line may override the settings'): ``"<port> <workers>"``.
+#: command line may override the settings'), and the host they bind (which ``/proc/net``
+#: table lists their connections): ``"<port> <workers> <host>"``.
 WORKERS_ENV = "SERVE_PORT_AND_WORKERS"
 
 
@@ -78,18 +82,25 @@ def app_factory() -> Any:
     """App of one worker process when ``serve --workers N`` (N > 1) forks several."""
     from feature_store.settings import load_settings
     from serving.app import create_app
-    from serving.balance import ConnectionBalancer, read_tables, tables_of
 
     settings = load_settings()
     tune_interpreter(settings)
     balancer = None
     if (settings.serving.balance_connections and os.environ.get(WORKERS_ENV)
             and Path("/proc/net/tcp").exists()):  # Linux: counted from /proc
-        port, workers, host = os.environ[WORKERS_ENV].split()
-        names = tables_of(host)
-        balancer = ConnectionBalancer(int(port), int(workers),
-                                      tables=lambda: read_tables(names=names))
+        balancer = workers_balancer(os.environ[WORKERS_ENV])
     return create_app(settings, metrics_dir=os.environ.get(MULTIPROC_ENV), balancer=balancer)
+
+
+def workers_balancer(spec: str) -> ConnectionBalancer:
+    """A worker's ``serving.balance.ConnectionBalancer`` from ``spec``, the value of
+    ``SERVE_PORT_AND_WORKERS``: ``"port workers host"`` (the host absent when empty). It
+    reads only the ``/proc/net`` table of the listener's address family."""
+    from serving.balance import ConnectionBalancer, read_tables, tables_of
+
+    port, workers, *host = spec.split()
+    names = tables_of(host[0] if host else "")
+    return ConnectionBalancer(int(port), int(workers), tables=lambda: read_tables(names=names))
 
 
 def tune_interpreter(settings: Any) -> None:

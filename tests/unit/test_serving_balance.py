@@ -20,6 +20,7 @@ from serving.balance import (
     read_tables,
     tables_of,
 )
+from serving.cli import workers_balancer
 from serving.fastpath import RecommendFastPath
 from tests.support import free_port
 
@@ -101,6 +102,21 @@ def test_the_table_of_the_listener_s_family_only() -> None:
         inode = os.fstat(accepted.fileno()).st_ino
         assert established_inodes(port, read_tables(names=tables_of("127.0.0.1"))) == {inode}
         assert established_inodes(port, read_tables(names=("tcp6",))) == set()
+    finally:
+        for s in (client, accepted, server):
+            s.close()
+
+
+def test_a_worker_counts_from_its_listener_s_table() -> None:
+    port = free_port()
+    server = socket.create_server(("127.0.0.1", port))
+    client = socket.create_connection(("127.0.0.1", port))
+    accepted = server.accept()[0]
+    try:
+        for spec, seen in ((f"{port} 2 127.0.0.1", 1), (f"{port} 2", 1), (f"{port} 2 ::1", 0)):
+            balancer = workers_balancer(spec)
+            balancer.refresh()
+            assert (balancer.port, balancer.workers, balancer.last) == (port, 2, (seen, seen))
     finally:
         for s in (client, accepted, server):
             s.close()
