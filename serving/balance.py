@@ -27,6 +27,7 @@ import asyncio
 import logging
 import math
 import os
+import socket
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -55,11 +56,11 @@ def established_inodes(port: int, tables: Iterable[str]) -> set[int]:
 BOTH = ("tcp", "tcp6")
 
 
-def tables_of(host: str) -> tuple[str, ...]:
-    """The ``/proc/net`` table that lists the connections of a listener bound to ``host``:
-    ``tcp6`` for an IPv6 address (a dual-stack one lists its IPv4 clients there too),
-    ``tcp`` for an IPv4 one (the rule ``serving.cli`` picks the socket's family by)."""
-    return ("tcp6",) if ":" in host else ("tcp",)
+def tables_of(family: int) -> tuple[str, ...]:
+    """The ``/proc/net`` table that lists the connections of a listener of address
+    ``family``: ``tcp6`` for ``AF_INET6`` (a dual-stack one lists its IPv4 clients there
+    too), ``tcp`` for ``AF_INET``."""
+    return ("tcp6",) if family == socket.AF_INET6 else ("tcp",)
 
 
 def read_tables(proc: Path = Path("/proc"), names: Iterable[str] = BOTH) -> list[str]:

@@ -99,7 +99,7 @@ def workers_balancer(spec: str) -> ConnectionBalancer:
     from serving.balance import ConnectionBalancer, read_tables, tables_of
 
     port, workers, *host = spec.split()
-    names = tables_of(host[0] if host else "")
+    names = tables_of(address_family(host[0] if host else ""))
     return ConnectionBalancer(int(port), int(workers), tables=lambda: read_tables(names=names))
 
 
@@ -147,10 +147,15 @@ def bind_reuse_port(host: str, port: int) -> socket.socket:
     return sock
 
 
+def address_family(host: str) -> socket.AddressFamily:
+    """The family of a listener bound to ``host``: IPv6 if it has a colon (as uvicorn)."""
+    return socket.AF_INET6 if ":" in host else socket.AF_INET
+
+
 def _tcp_socket(host: str) -> socket.socket:
     """A TCP socket for ``host`` (IPv6 if it has a colon) with ``SO_REUSEADDR``, as uvicorn
     binds its own."""
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock = socket.socket(address_family(host))
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     return sock
 
