@@ -23,9 +23,10 @@ tree's (a restarted server replays the lineage from the topic before it is measu
 
 Reported per phase: p50/p99/rps/errors, the workers' CPU ms per request (``bench.workers``:
 their CPU seconds over the phase / the requests answered; far less load-sensitive than p99)
-and the split of the connections over them, deltas sent, and the workers' applied count and
-their last apply (decode + apply + compose; wall and the follower thread's CPU ms) from
-``/model``; per code and phase the
+and the split of the connections over them, the CPU seconds of the workers' delta composer
+(``serving.shared_state``; none when each worker applies the deltas), deltas sent, and
+the applied count and last apply (decode + apply + compose; wall and the follower thread's
+CPU ms) from ``/model`` with each worker's last map of a shared state; per code and phase the
 medians over rounds; ``apply_ms_in_process``: the same deltas decoded, applied and
 composed in one process by each code, as its follower does; ``rows_per_delta``; the load
 average (the machine is shared: figures compare at equal load only).
@@ -47,7 +48,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.workers import connections, cpu_seconds, worker_pids
+from bench.workers import composer_pids, connections, cpu_seconds, worker_pids
 
 HERE = Path(__file__).resolve()
 REPO = HERE.parent.parent
@@ -270,6 +271,10 @@ def main(argv: list[str] | None = None) -> int:
                                                  x["worker_last_apply_ms"].values() if v]),
                 "worker_apply_cpu_ms": _percentiles([v for x in mine if phase for v in
                                                      x["worker_last_apply_cpu_ms"].values() if v]),
+                "worker_map_ms": _percentiles([v for x in mine if phase for v in
+                                               x.get("worker_last_map_ms", {}).values() if v]),
+                "composer_cpu_s_median": float(np.median([x.get("composer_cpu_s", 0.0)
+                                                          for x in mine])),
                 "loadavg_1m": [x["loadavg_1m"] for x in mine],
             }
     results["summary"] = summary
@@ -280,7 +285,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:<28} p50 {row['p50_ms_median']:7.1f}  p99 {row['p99_ms_median']:7.1f} ms "
               f"rps {row['rps_median']:7.1f}  cpu/request {row['cpu_ms_per_request_median']:.3f} ms "
               f"(medians of rounds)  errors {row['errors']}  worker apply {row['worker_apply_ms']}"
-              f" cpu {row['worker_apply_cpu_ms']}"
+              f" cpu {row['worker_apply_cpu_ms']}  worker map {row['worker_map_ms']}"
+              f"  composer cpu {row['composer_cpu_s_median']:.2f} s"
               f"  load {row['loadavg_1m']}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
@@ -307,8 +313,8 @@ def _phase(args: argparse.Namespace, name: str, deltas: bool, url: str, server_p
     sender = threading.Thread(target=send, daemon=True)
     if deltas:
         sender.start()
-    pids = worker_pids(server_pid)
-    cpu0 = cpu_seconds(pids)
+    pids, helpers = worker_pids(server_pid), composer_pids(server_pid)
+    cpu0, helper0 = cpu_seconds(pids), cpu_seconds(helpers)
     loadgen = subprocess.Popen(
         [sys.executable, str(SERVE), "loadgen", "--url", url, "--concurrency",
          str(args.concurrency), "--duration", str(args.duration)],
@@ -318,6 +324,7 @@ def _phase(args: argparse.Namespace, name: str, deltas: bool, url: str, server_p
     split = connections(int(url.rsplit(":", 1)[1]), server_pid)
     stdout, _ = loadgen.communicate()
     cpu = cpu_seconds(pids) - cpu0
+    composer_cpu = cpu_seconds(helpers) - helper0
     stop.set()
     if deltas:
         sender.join()
@@ -327,6 +334,7 @@ def _phase(args: argparse.Namespace, name: str, deltas: bool, url: str, server_p
     # every answer of the run (its warm-up second included) against the workers' CPU
     row.update(worker_cpu_s=round(cpu, 3),
                cpu_ms_per_request=round(1000.0 * cpu / max(row["answered"], 1), 4),
+               composer_cpu_s=round(composer_cpu, 3),
                connections_per_worker=sorted(split.values(), reverse=True))
     status = _model_status(httpx, url)
     row.update(code=name, deltas=deltas, deltas_sent=sent[0], workers=args.workers,
@@ -335,10 +343,13 @@ def _phase(args: argparse.Namespace, name: str, deltas: bool, url: str, server_p
                worker_last_apply_cpu_ms={pid: s.get("last_apply_cpu_ms")
                                          for pid, s in status.items()},
                worker_resyncs={pid: s.get("resyncs") for pid, s in status.items()},
+               worker_last_map_ms={pid: (s.get("composer") or {}).get("last_map_ms")
+                                   for pid, s in status.items()},
                loadavg_1m=round(os.getloadavg()[0], 2))
     print(f"{name:<20} deltas={deltas!s:5} c={args.concurrency} p50={row['p50_ms']}ms "
           f"p99={row['p99_ms']}ms rps={row['rps']} errors={row['errors']} "
-          f"cpu/request={row['cpu_ms_per_request']}ms conns={row['connections_per_worker']} "
+          f"cpu/request={row['cpu_ms_per_request']}ms composer cpu={composer_cpu:.2f}s "
+          f"conns={row['connections_per_worker']} "
           f"sent={sent[0]} closed={row.get('closed_by_server')} "
           f"applied={row['worker_applied']} load={row['loadavg_1m']}", flush=True)
     return row

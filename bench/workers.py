@@ -13,15 +13,24 @@ from pathlib import Path
 _TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def worker_pids(parent: int) -> list[int]:
-    """Pids of ``parent``'s worker processes (uvicorn's spawned workers; ``[parent]`` when it
-    serves alone)."""
+def _children(parent: int) -> list[int]:
     children = []
     for task in Path(f"/proc/{parent}/task").iterdir():
         text = (task / "children").read_text().split()
         children.extend(int(pid) for pid in text)
-    workers = [pid for pid in children if b"spawn_main" in _cmdline(pid)]
+    return children
+
+
+def worker_pids(parent: int) -> list[int]:
+    """Pids of ``parent``'s worker processes (uvicorn's spawned workers; ``[parent]`` when it
+    serves alone)."""
+    workers = [pid for pid in _children(parent) if b"spawn_main" in _cmdline(pid)]
     return workers or [parent]
+
+
+def composer_pids(parent: int) -> list[int]:
+    """Pid of the delta composer of ``parent``'s workers (``serving.shared_state``), if any."""
+    return [pid for pid in _children(parent) if b"serving.shared_state" in _cmdline(pid)]
 
 
 def _cmdline(pid: int) -> bytes:

@@ -299,6 +299,15 @@ class ServingSettings(BaseModel):
         "ms / share of wall time and the requests in flight keep the rest of the worker "
         "(1 = no pauses).",
     )
+    shared_deltas: bool = Field(
+        True, description="With several workers, one composer process per server applies "
+        "each delta and the workers map the state it writes (serving/shared_state.py), "
+        "instead of every worker applying every delta itself.",
+    )
+    delta_composer_nice: int = Field(
+        10, ge=0, le=19, description="Niceness added to that composer process: it takes "
+        "CPU the requests leave (a delta is later by a few tens of ms under full load).",
+    )
     gil_switch_interval_s: float | None = Field(
         0.0005, gt=0,
         description="Python's GIL switch interval in each worker (`sys.setswitchinterval`; "

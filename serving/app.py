@@ -21,6 +21,7 @@ import os
 import time
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -43,6 +44,7 @@ from serving.fastpath import MAX_USER_ID, RecommendFastPath
 from serving.features_api import features_router
 from serving.loader import ModelLoader, TrendingCache
 from serving.metrics import ServingMetrics
+from serving.shared_state import SharedFollower
 from serving.stats import ModelStatus, StatsCollector
 
 log = logging.getLogger(__name__)
@@ -135,6 +137,7 @@ class ServingState:
         clock: Callable[[], datetime],
         pubsub_factory: Callable[[], Any] | None,
         metrics_dir: str | None = None,
+        shared_dir: Path | None = None,
     ) -> None:
         self.settings = settings
         self.clock = clock
@@ -148,8 +151,10 @@ class ServingState:
             self.metrics)
         self.metrics.track_store_state(lambda: self.store_guard.health.status().state)
         self.pubsub_factory = pubsub_factory
-        self.deltas: DeltaFollower | None = None
-        if settings.trainer.delta_every_s > 0:
+        self.deltas: DeltaFollower | SharedFollower | None = None
+        if settings.trainer.delta_every_s > 0 and shared_dir is not None:
+            self.deltas = SharedFollower(self.loader, registry, shared_dir, clock)
+        elif settings.trainer.delta_every_s > 0:
             self.deltas = DeltaFollower(self.loader, registry, settings.kafka, clock,
                                         apply_share=settings.serving.delta_apply_share)
 
@@ -264,6 +269,7 @@ def create_app(
     max_body_bytes: int | None = None,
     metrics_dir: str | None = None,
     balancer: ConnectionBalancer | None = None,
+    shared_dir: Path | None = None,
 ) -> FastAPI:
     """Build the serving app. ``store`` defaults to ``feature_store.open_store(settings)``,
     ``registry``/``pubsub_factory`` to the Redis-backed ones from ``settings``; ``watch=False``
@@ -271,7 +277,9 @@ def create_app(
     the sources in ``settings``; ``max_body_bytes`` caps request bodies (413 beyond);
     ``metrics_dir`` is the multiprocess metrics folder shared by the workers of one server
     (``/metrics`` then answers for all of them, see ``serving.metrics``); ``balancer``
-    evens keep-alive connections out over those workers (``serving.balance``). Errors
+    evens keep-alive connections out over those workers (``serving.balance``);
+    ``shared_dir``: the directory of the host's delta composer, whose states this worker
+    maps instead of following the deltas itself (``serving.shared_state``). Errors
     of the routes reach HTTP through ``serving.errors.install`` only."""
     if registry is None:
         import redis
@@ -289,7 +297,8 @@ def create_app(
         kwargs = _redis_kwargs(settings) | {"socket_timeout": None}
         pubsub_factory = lambda: redis.asyncio.Redis(**kwargs)  # noqa: E731
     store = store or open_store(settings, timeout_s=1.0)
-    state = ServingState(settings, store, registry, clock, pubsub_factory, metrics_dir)
+    state = ServingState(settings, store, registry, clock, pubsub_factory, metrics_dir,
+                         shared_dir)
     if stats is None:
         stats = collector_from_settings(
             settings, state.metrics.exposition,

@@ -10,7 +10,9 @@ import logging
 import os
 import shutil
 import socket
+import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -40,7 +42,9 @@ def register(sub: Any) -> None:
     p.add_argument("--port", type=int, help="port (default: serving.port)")
     p.add_argument("--workers", type=int, default=None,
                    help="worker processes (default: serving.workers = one per core); each "
-                   "loads and swaps versions on its own, /metrics answers for all of them")
+                   "loads and swaps full versions on its own, one composer process applies "
+                   "the deltas for all of them (serving.shared_deltas), /metrics answers for "
+                   "all of them")
     p.add_argument("--log-level", default="warning", help="uvicorn access/error log level")
     p.set_defaults(func=_serve)
 
@@ -57,6 +61,7 @@ def _serve(args: argparse.Namespace) -> int:
     port = args.port or settings.serving.port
     target: Any = "serving.cli:app_factory"
     metrics_dir: Path | None = None
+    shared: Path | None = None
     if workers == 1:
         target = create_app(settings)
     else:
@@ -64,6 +69,11 @@ def _serve(args: argparse.Namespace) -> int:
         metrics_dir = fresh_metrics_dir(settings.stack.run_dir / "metrics" / f"serving-{port}")
         os.environ[MULTIPROC_ENV] = str(metrics_dir)
         os.environ[WORKERS_ENV] = f"{port} {workers} {args.host or settings.serving.host}"
+        if settings.serving.shared_deltas and settings.trainer.delta_every_s > 0:
+            from serving.shared_state import SHARED_ENV
+
+            shared = shared_state_dir(settings.stack.run_dir, port)
+            os.environ[SHARED_ENV] = str(shared)
     options: dict[str, Any] = {
         "host": args.host or settings.serving.host, "port": port, "loop": "uvloop",
         "http": "httptools", "log_level": args.log_level, "access_log": False}
@@ -71,7 +81,8 @@ def _serve(args: argparse.Namespace) -> int:
         if workers == 1:
             uvicorn.run(target, **options)
         else:
-            _run_workers(uvicorn.Config(target, factory=True, workers=workers, **options))
+            _run_workers(uvicorn.Config(target, factory=True, workers=workers, **options),
+                         shared, args.log_level)
     finally:
         if metrics_dir is not None:  # the workers have exited: their files are history
             shutil.rmtree(metrics_dir, ignore_errors=True)
@@ -89,7 +100,11 @@ def app_factory() -> Any:
     if (settings.serving.balance_connections and os.environ.get(WORKERS_ENV)
             and Path("/proc/net/tcp").exists()):  # Linux: counted from /proc
         balancer = workers_balancer(os.environ[WORKERS_ENV])
-    return create_app(settings, metrics_dir=os.environ.get(MULTIPROC_ENV), balancer=balancer)
+    from serving.shared_state import SHARED_ENV
+
+    shared = os.environ.get(SHARED_ENV)
+    return create_app(settings, metrics_dir=os.environ.get(MULTIPROC_ENV), balancer=balancer,
+                      shared_dir=Path(shared) if shared else None)
 
 
 def workers_balancer(spec: str) -> ConnectionBalancer:
@@ -160,11 +175,63 @@ def _tcp_socket(host: str) -> socket.socket:
     return sock
 
 
-def _run_workers(config: Any) -> None:
+def shared_state_dir(run_dir: Path, port: int) -> Path:
+    """Where the composer of the server on ``port`` writes its states for the workers
+    (``serving.shared_state``): in memory (``/dev/shm``) where there is one."""
+    shm = Path("/dev/shm")
+    if shm.is_dir() and os.access(shm, os.W_OK):
+        return shm / f"streamrec-{os.getuid()}-serving-{port}"
+    return run_dir / "shared" / f"serving-{port}"
+
+
+class ComposerProcess:
+    """The host's delta composer (``python -m serving.shared_state``), restarted while the
+    server runs if it exits or is killed; its directory emptied before and removed after."""
+
+    def __init__(self, directory: Path, log_level: str, restart_after_s: float = 1.0) -> None:
+        self.directory, self.log_level = directory, log_level
+        self.restart_after_s = restart_after_s
+        self.proc: Any = None
+        self.starts = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        shutil.rmtree(self.directory, ignore_errors=True)
+        self.directory.mkdir(parents=True)
+        self._thread = threading.Thread(target=self._run, name="composer", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.starts += 1
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "serving.shared_state", "--dir", str(self.directory),
+                 "--log-level", self.log_level])
+            code = self.proc.wait()
+            if not self._stop.is_set():
+                log.warning("delta composer exited (%s); restarting it", code)
+                self._stop.wait(self.restart_after_s)
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        self._stop.set()
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def _run_workers(config: Any, shared: Path | None = None, log_level: str = "warning") -> None:
     """uvicorn's worker supervisor (restarts a worker that dies), each worker listening on
-    its own ``SO_REUSEPORT`` socket. The port is first bound without ``SO_REUSEPORT`` and
-    released, so a port another server holds fails here, as with one shared socket, instead
-    of being shared with it."""
+    its own ``SO_REUSEPORT`` socket, beside the host's delta composer when ``shared`` is its
+    directory. The port is first bound without ``SO_REUSEPORT`` and released, so a port
+    another server holds fails here, as with one shared socket, instead of being shared
+    with it."""
     from uvicorn.supervisors import Multiprocess
 
     probe = _tcp_socket(config.host)
@@ -177,7 +244,13 @@ def _run_workers(config: Any) -> None:
         probe.close()
     log.info("serving on %s:%s with %d workers", config.host, config.port, config.workers)
     listener: Any = ReusePortListener(config.host, config.port)
+    composer = ComposerProcess(shared, log_level) if shared is not None else None
+    if composer is not None:
+        composer.start()
     try:
         Multiprocess(config, sockets=[listener]).run()
     except KeyboardInterrupt:
         pass
+    finally:
+        if composer is not None:
+            composer.stop()

@@ -1,7 +1,9 @@
 """Serving's follower of the delta stream: applies deltas off the request path, in order.
 
-One :class:`DeltaFollower` per serving worker (each process follows the topic itself, so
-every worker converges to the same state). Its thread reads the updates topic's partition
+One :class:`DeltaFollower` per serving process: ``serve`` with one worker runs it in the
+worker; ``serve --workers N`` runs one for the host in a composer process whose states the
+workers map (``serving.shared_state``; ``serving.shared_deltas`` false: one per worker,
+each following the topic itself). Its thread reads the updates topic's partition
 (``stream.kafka_client.updates_consumer``: assigned, no group) and, for each record:
 
 * a record of a base that is not the registry's ``CURRENT`` version is skipped (an older
@@ -18,7 +20,7 @@ every worker converges to the same state). Its thread reads the updates topic's 
   artifact patched where the delta changed it, equal to a full compose), checked, and
   swapped in as one reference.
 
-The follower shares its worker's CPU with the requests: a delta's apply is paced
+In a worker the follower shares the CPU with the requests: a delta's apply is paced
 (:class:`Pacer`, ``serving.delta_apply_share``), so its ~30 ms of CPU at ~100k items
 spreads over a few times that and requests in flight keep most of the worker instead of
 half of it while the delta applies (figures: ``docs/decisions.md#delta-stream``).
@@ -87,8 +89,57 @@ class Pacer:
         self._mark = self.cpu()
 
 
-class DeltaFollower:
+def serve_in(loader: ModelLoader, artifact: Any, clock: Callable[[], datetime]
+             ) -> LoadedModel | None:
+    """Swap ``artifact`` in; returns the model it replaced, for the caller to hold until its
+    next swap: requests still on it finish, and the one that drops it last is then the
+    follower's thread, not a request's (freeing ~50 MB of arrays and an id map of ~100k
+    entries is a millisecond or more)."""
+    previous = loader.current
+    loader.swap(LoadedModel(artifact, artifact.manifest, clock().astimezone(UTC)), quiet=True)
+    return previous
+
+
+class FollowerThread:
+    """A follower's daemon thread: :meth:`start` runs ``_run`` until :meth:`stop`."""
+
+    name = "follower"
+    _stop: threading.Event
+    _thread: threading.Thread | None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    def _run(self) -> None:
+        raise NotImplementedError
+
+
+def state_status(state: ModelState | None, clock: Callable[[], datetime],
+                 checksum: bool) -> dict[str, Any]:
+    """The served state's part of ``/model``'s ``delta``: base version, sequence,
+    trained-through time, lag behind the trainer's delta and (``checksum``) checksum."""
+    lag = None
+    if state is not None and state.created_at:
+        lag = (clock() - datetime.fromisoformat(state.created_at)).total_seconds()
+    return {
+        "base_version": state.base_version if state else None,
+        "seq": state.seq if state else None,
+        "trained_through_ms": state.trained_through_ms if state else None,
+        "lag_s": lag,
+        "state_checksum": state_checksum(state) if checksum and state else None,
+    }
+
+
+class DeltaFollower(FollowerThread):
     """Follows ``kafka.updates_topic`` for one serving process (see the module doc)."""
+
+    name = "delta-follower"
 
     def __init__(
         self,
@@ -118,17 +169,9 @@ class DeltaFollower:
         self._missing: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._retired: LoadedModel | None = None
 
     # -- lifecycle -----------------------------------------------------------------------------
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="delta-follower", daemon=True)
-        self._thread.start()
-
-    def stop(self, timeout_s: float = 10.0) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout_s)
-
     def _consumer(self) -> Any:
         if self._factory is not None:
             return self._factory()
@@ -198,10 +241,10 @@ class DeltaFollower:
             log.error("delta %d of %s at offset %d refused: %s", seq, base, offset, exc)
             self.errors += 1
             return False
-        self._serve(new, artifact)
         self.applied += 1
         self.last_apply_ms = (time.perf_counter() - started) * 1000.0
         self.last_apply_cpu_ms = (time.thread_time() - cpu) * 1000.0
+        self._serve(new, artifact)
         return False
 
     def follow_pointer(self) -> None:
@@ -214,10 +257,11 @@ class DeltaFollower:
             self._lineage(current)
 
     def _serve(self, state: ModelState, artifact: Any) -> None:
+        """Serve ``state`` (its ``artifact`` composed and checked); the composer of a host's
+        workers writes it for them instead (``serving.shared_state``)."""
         self.state = state
         self.last_created_at = state.created_at
-        self.loader.swap(LoadedModel(artifact, artifact.manifest, self.clock().astimezone(UTC)),
-                         quiet=True)
+        self._retired = serve_in(self.loader, artifact, self.clock)
 
     def _lineage(self, base: str) -> ModelState | None:
         """The snapshot state of ``base`` from the registry (served at once), or None."""
@@ -246,20 +290,13 @@ class DeltaFollower:
         seek_to_time(consumer, self.kafka.updates_topic, at)
 
     def status(self, checksum: bool = False) -> dict[str, Any]:
-        """What ``/model`` shows; ``checksum``: also the state's ``state_checksum``."""
-        state = self.state
-        lag = None
-        if self.last_created_at:
-            lag = (self.clock() - datetime.fromisoformat(self.last_created_at)).total_seconds()
+        """What ``/model`` shows under ``delta``; ``checksum``: also the state's
+        ``state_checksum``."""
         return {
-            "base_version": state.base_version if state else None,
-            "seq": state.seq if state else None,
-            "trained_through_ms": state.trained_through_ms if state else None,
-            "lag_s": lag,
+            **state_status(self.state, self.clock, checksum),
             "applied": self.applied,
             "resyncs": self.resyncs,
             "errors": self.errors,
             "last_apply_ms": self.last_apply_ms,
             "last_apply_cpu_ms": self.last_apply_cpu_ms,
-            "state_checksum": state_checksum(state) if checksum and state else None,
         }

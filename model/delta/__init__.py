@@ -7,6 +7,8 @@
   :func:`compose` (a state as a ``ServingArtifact``), :func:`state_checksum`.
 * ``served`` — :class:`Composer`: each state of a lineage as an artifact, patched per
   delta from the last one (equal to :func:`compose`).
+* ``shared`` — a state and its artifact as one file other processes map (one composer per
+  host, ``serving.shared_state``).
 * ``apply`` — :class:`Delta`, :func:`encode` / :func:`decode`, :func:`apply` (pure: a new
   state; idempotent by sequence; :class:`DeltaGap` / :class:`UnknownBase` ask for a resync).
 """

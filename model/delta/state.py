@@ -185,7 +185,7 @@ def compose(state: ModelState, previous: ServingArtifact | None = None) -> Servi
     the lineage, whose id -> row map is reused when the catalog is the same or only grew.
     ``model.delta.served.Composer`` builds the same artifact per delta from the last one."""
     covisit = state.covisit_csr() if state.constants.covisit_window is not None else None
-    return servable(state, state.item_vectors(), covisit, _item_index(state.item_ids, previous))
+    return servable(state, state.item_vectors(), covisit, item_index(state.item_ids, previous))
 
 
 def servable(
@@ -278,15 +278,17 @@ def seed_catalog_index(state: ModelState, previous: ModelState, added: np.ndarra
     state.__dict__["catalog_index"] = (keys, rows)
 
 
-def _item_index(ids: np.ndarray, previous: ServingArtifact | None) -> Mapping[str, int]:
+def item_index(ids: np.ndarray, previous: ServingArtifact | None,
+               prefix_known: bool = False) -> Mapping[str, int]:
     """id -> catalog row; from ``previous`` when its catalog is ``ids`` or a prefix of it
-    (apply keeps the same array when the catalog did not change and appends new items)."""
+    (apply keeps the same array when the catalog did not change and appends new items).
+    ``prefix_known``: the caller knows that it is (the prefix is not compared)."""
     if previous is not None:
         old = previous.item_ids
         if old is ids:
             return previous.item_index
         n = old.shape[0]
-        if n <= ids.shape[0] and np.array_equal(ids[:n], old):
+        if n <= ids.shape[0] and (prefix_known or np.array_equal(ids[:n], old)):
             index = dict(previous.item_index)
             index.update((str(i), n + r) for r, i in enumerate(ids[n:].tolist()))
             return index

@@ -1,6 +1,7 @@
 """The delta stream on the real stack: a trainer process publishes deltas, a serving process
 applies them; the state serving converges to equals the trainer's (checksum), across a
-kill -9 of serving, and equals the full version the trainer exports at the same point."""
+kill -9 of serving, of its workers' delta composer or of the trainer, and equals the full
+version the trainer exports at the same point."""
 
 from __future__ import annotations
 
@@ -145,7 +146,7 @@ def test_serving_converges_to_the_trainer_through_deltas_and_a_kill_9(
     assert served()["state_checksum"] == t["state_checksum"]
 
 
-def test_a_trainer_killed_mid_stream_leaves_every_worker_on_an_exactly_once_state(
+def test_a_trainer_and_a_composer_killed_mid_stream_leave_every_worker_exactly_once(
     settings: Settings, procs: dict[str, Any]
 ) -> None:
     from model.trainer.samples import sample_digest
@@ -164,6 +165,11 @@ def test_a_trainer_killed_mid_stream_leaves_every_worker_on_an_exactly_once_stat
     wait_until(lambda: (_get(model_url)["delta"].get("seq") or 0) >= 2, 180,
                "serving applies deltas", process=trainer)
     first_base = _get(trainer_url)["delta"]["base_version"]
+    # one composer applies the deltas for both workers (serving.shared_state): killed -9
+    # here, it is restarted and resyncs while the workers serve its last state
+    composer = _get(model_url)["delta"]["composer"]["pid"]
+    assert composer is not None and composer != _get(model_url)["worker_pid"]
+    os.kill(composer, signal.SIGKILL)
     produce_samples(settings, second)
     wait_until(lambda: _get(trainer_url)["samples_trained"] > len(first), 60,
                "training on part 2", process=trainer)
@@ -192,3 +198,4 @@ def test_a_trainer_killed_mid_stream_leaves_every_worker_on_an_exactly_once_stat
 
     wait_until(both_workers_converged, 120, "both workers at the trainer's last delta",
                process=serving)
+    assert _get(model_url)["delta"]["composer"]["pid"] not in (None, composer)
