@@ -37,6 +37,7 @@ import os
 import threading
 import time
 import weakref
+from collections import Counter, deque
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
@@ -201,10 +202,11 @@ class SharedFollower(FollowerThread):
         self._retired: LoadedModel | None = None
         #: Each slot's mapping (remapped when the slot grew).
         self._maps: dict[str, Any] = {}
-        #: (slot, generation) of every artifact of this worker still alive: the composer
-        #: rewrites none of them (``held_slots``).
-        self._held: set[tuple[str, int]] = set()
-        self._held_lock = threading.Lock()
+        #: (slot, generation) of every artifact of this worker still alive, with their
+        #: count: the composer rewrites none of them (``held_slots``). The follower's thread
+        #: alone changes it; an artifact freed on any thread queues its key in ``_freed``.
+        self._held: Counter[tuple[str, int]] = Counter()
+        self._freed: deque[tuple[str, int]] = deque()
         self._held_file = directory / f"{HELD}{os.getpid()}-{id(self):x}.json"
         self._written: set[tuple[str, int]] | None = None
         self._stop = threading.Event()
@@ -225,19 +227,15 @@ class SharedFollower(FollowerThread):
             self._stop.wait(self.poll_s)
 
     def _hold(self, key: tuple[str, int]) -> None:
-        with self._held_lock:
-            self._held.add(key)
+        self._held[key] += 1
         self._write_held()
 
-    def _release(self, key: tuple[str, int]) -> None:
-        """An artifact of ``key`` was freed (any thread: only the set changes here; the
-        follower's thread rewrites the file on its next look)."""
-        with self._held_lock:
-            self._held.discard(key)
-
     def _write_held(self) -> None:
-        with self._held_lock:
-            held = set(self._held)
+        """The ``held-*`` file, the freed artifacts' keys taken off first."""
+        while self._freed:
+            key = self._freed.popleft()
+            self._held[key] -= 1
+        held = {key for key, n in self._held.items() if n > 0}
         if held == self._written:
             return
         tmp = self._held_file.with_name(f".{self._held_file.name}.tmp")
@@ -268,11 +266,12 @@ class SharedFollower(FollowerThread):
                 self._map(key[0]), key[1], self._artifact,
                 prefix_known=bool(catalog) and catalog == self._catalog)
         except (DeltaError, FileNotFoundError, ValueError):
-            self._release(key)  # rewritten since the pointer named it: the next one serves
+            self._held[key] -= 1  # rewritten since the pointer named it: the next one serves
             self._write_held()
             self._seen = None
             return False
-        weakref.finalize(artifact, self._release, key)
+        # freed on whatever thread drops it last (a request's too): only a queue append
+        weakref.finalize(artifact, self._freed.append, key)
         if state.base_version != self.registry.current():
             return False
         self._serving, self._artifact, self.state = key, artifact, state
