@@ -9,6 +9,7 @@ import argparse
 import logging
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -184,9 +185,15 @@ def shared_state_dir(run_dir: Path, port: int) -> Path:
     return run_dir / "shared" / f"serving-{port}"
 
 
+#: Exit codes of a composer that was stopped, not one that failed.
+_STOPPED = (0, -signal.SIGTERM, -signal.SIGINT)
+
+
 class ComposerProcess:
     """The host's delta composer (``python -m serving.shared_state``), restarted while the
-    server runs if it exits or is killed; its directory emptied before and removed after."""
+    server runs if it fails or is killed; not after a stop it was asked for (it exits 0 on
+    SIGTERM or SIGINT, or dies of one before its handlers are set: a signal to the
+    server's process group). Its directory is emptied before and removed after."""
 
     def __init__(self, directory: Path, log_level: str, restart_after_s: float = 1.0) -> None:
         self.directory, self.log_level = directory, log_level
@@ -209,9 +216,10 @@ class ComposerProcess:
                 [sys.executable, "-m", "serving.shared_state", "--dir", str(self.directory),
                  "--log-level", self.log_level])
             code = self.proc.wait()
-            if not self._stop.is_set():
-                log.warning("delta composer exited (%s); restarting it", code)
-                self._stop.wait(self.restart_after_s)
+            if code in _STOPPED or self._stop.is_set():
+                return
+            log.warning("delta composer exited (%s); restarting it", code)
+            self._stop.wait(self.restart_after_s)
 
     def stop(self, timeout_s: float = 10.0) -> None:
         self._stop.set()

@@ -1,11 +1,13 @@
 """One composer per host (``serving.shared_state``, ``model.delta.shared``): a state written
 to a file and mapped back is the same state and artifact bit for bit; a damaged file is
 refused; a worker's follower serves exactly what the composer published, of ``CURRENT``
-only, and the composer keeps only its last files."""
+only; a slot in use is never rewritten; a killed composer is started again."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 from dataclasses import replace
 from pathlib import Path
 from typing import BinaryIO
@@ -17,6 +19,7 @@ from feature_store.settings import load_settings
 from model.artifact.registry import Registry
 from model.delta import Composer, DeltaError, apply, decode, encode, from_snapshot, state_checksum
 from model.delta.shared import map_slot, mark_writing, read_shared, set_generation, write_shared
+from serving.cli import ComposerProcess
 from serving.loader import ModelLoader
 from serving.metrics import ServingMetrics
 from serving.shared_state import (
@@ -26,6 +29,7 @@ from serving.shared_state import (
     SharedFollower,
     held_slots,
 )
+from tests.support import free_port, wait_until
 from tests.unit.test_delta import CREATED, shared_lineage
 from tests.unit.test_delta_compose import _assert_same
 from tests.unit.test_serving_deltas import Seeks, _publish
@@ -203,3 +207,31 @@ def test_a_worker_starting_late_maps_the_current_state_at_once(
     assert gen["seq"] == len(records) - 1
     follower.stop()
     assert not held_slots(shared)  # a stopped worker holds nothing
+
+
+def test_the_composer_is_restarted_when_killed_not_when_stopped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The supervisor's side (``serving.cli.ComposerProcess``), on real processes: a
+    composer killed with SIGKILL is started again; one that exits cleanly (a SIGTERM to
+    the server's process group) is not."""
+    monkeypatch.setenv("STREAMREC_KAFKA__PORT", str(free_port()))  # no broker: it retries
+    monkeypatch.setenv("STREAMREC_TRAINER__REGISTRY_DIR", str(tmp_path / "models"))
+    composer = ComposerProcess(tmp_path / "shared", "error", restart_after_s=0.1)
+    composer.start()
+    try:
+        wait_until(lambda: composer.proc is not None and composer.proc.poll() is None, 30,
+                   "the composer started")
+        first = composer.proc
+        os.kill(first.pid, signal.SIGKILL)
+        wait_until(lambda: composer.starts == 2 and composer.proc is not first
+                   and composer.proc.poll() is None, 30, "the composer restarted")
+        second = composer.proc
+        second.terminate()  # as a stop of the server's process group does
+        assert second.wait(30) in (0, -signal.SIGTERM)
+        assert composer._thread is not None
+        composer._thread.join(10)
+        assert not composer._thread.is_alive() and composer.starts == 2
+    finally:
+        composer.stop()
+    assert not (tmp_path / "shared").exists()
