@@ -76,7 +76,6 @@ class Publisher:
         self.directory = directory
         self.written = 0
         self.last_write_ms: float | None = None
-        self.current: tuple[str, int] | None = None
         self._files: dict[str, BinaryIO] = {}
 
     def publish(self, state: ModelState, artifact: ServingArtifact,
@@ -87,7 +86,6 @@ class Publisher:
         gen = time.time_ns()  # unique across the composer's restarts too
         write_shared(f, state, artifact, status, gen)
         write_pointer(self.directory, name, gen, status)
-        self.current = (name, gen)
         self.written += 1
         self.last_write_ms = (time.perf_counter() - started) * 1000.0
         return name, gen
@@ -153,9 +151,14 @@ def held_slots(directory: Path) -> set[tuple[str, int]]:
         except PermissionError:
             pass  # alive, another user's: counted
         try:
-            out.update((str(s), int(g)) for s, g in json.loads(path.read_text()))
-        except (FileNotFoundError, ValueError):
-            continue  # replaced while read: the worker rewrites it before it maps anything
+            text = path.read_text()
+        except FileNotFoundError:
+            continue  # the worker stopped meanwhile (it removes its file)
+        try:  # whole or absent: a worker replaces it by a rename
+            out.update((str(s), int(g)) for s, g in json.loads(text))
+        except (TypeError, ValueError) as exc:
+            # never write a slot a worker might hold: the publication fails, loudly
+            raise DeltaError(f"{path}: not a list of held slots: {exc}") from exc
     return out
 
 
@@ -262,14 +265,17 @@ class SharedFollower(FollowerThread):
         self._hold(key)  # before reading: the composer then leaves the slot as it is
         catalog = self.composer.get("catalog")
         try:
+            buf = self._map(key[0])
             state, artifact, _ = read_shared(
-                self._map(key[0]), key[1], self._artifact,
+                buf, key[1], self._artifact,
                 prefix_known=bool(catalog) and catalog == self._catalog)
-        except (DeltaError, FileNotFoundError, ValueError):
-            self._held[key] -= 1  # rewritten since the pointer named it: the next one serves
+        except DeltaError:
+            self._held[key] -= 1
             self._write_held()
-            self._seen = None
-            return False
+            if generation(buf) != key[1]:  # rewritten since the pointer named it: the
+                self._seen = None          # next look reads the pointer again
+                return False
+            raise  # the slot is of the pointer's generation and does not read: an error
         # freed on whatever thread drops it last (a request's too): only a queue append
         weakref.finalize(artifact, self._freed.append, key)
         if state.base_version != self.registry.current():

@@ -31,13 +31,13 @@ scratch, as are the first state of a lineage and any state not the successor of 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 
 import numpy as np
 
 from model.artifact.files import ServingArtifact
 from model.delta.apply import Delta
-from model.delta.state import ModelState, compose, insert_sorted, servable
+from model.delta.state import ModelState, compose, insert_sorted, item_index, servable
 from model.scoring.prior import normalized_rows, served_item_vectors
 
 
@@ -124,7 +124,9 @@ class Composer:
         pause()
         covisit = state.covisit_csr(pause) if c.covisit_window is not None else None
         pause()
-        return servable(state, vectors, covisit, _grown_index(previous.item_index, state, n_prev))
+        # the catalog is the previous one with items appended (a patch removes none)
+        return servable(state, vectors, covisit,
+                        item_index(state.item_ids, previous, prefix_known=True))
 
 
 def _no_pause() -> None:
@@ -150,11 +152,3 @@ def _ranges(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     return starts + np.arange(total, dtype=np.int64)
 
 
-def _grown_index(index: Mapping[str, int], state: ModelState, n_prev: int) -> Mapping[str, int]:
-    """The id -> row map of ``state``, whose catalog is the previous one (``index``) with
-    items appended from row ``n_prev``: a copy (the served one is never written) plus them."""
-    if state.item_keys.size == n_prev:
-        return index
-    out = dict(index)
-    out.update((str(i), n_prev + r) for r, i in enumerate(state.item_ids[n_prev:].tolist()))
-    return out

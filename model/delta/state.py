@@ -289,6 +289,8 @@ def item_index(ids: np.ndarray, previous: ServingArtifact | None,
             return previous.item_index
         n = old.shape[0]
         if n <= ids.shape[0] and (prefix_known or np.array_equal(ids[:n], old)):
+            if n == ids.shape[0]:
+                return previous.item_index  # the same catalog (maps are never written)
             index = dict(previous.item_index)
             index.update((str(i), n + r) for r, i in enumerate(ids[n:].tolist()))
             return index

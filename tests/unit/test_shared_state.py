@@ -23,6 +23,7 @@ from serving.cli import ComposerProcess
 from serving.loader import ModelLoader
 from serving.metrics import ServingMetrics
 from serving.shared_state import (
+    HELD,
     POINTER,
     ComposingFollower,
     Publisher,
@@ -235,3 +236,25 @@ def test_the_composer_is_restarted_when_killed_not_when_stopped(
     finally:
         composer.stop()
     assert not (tmp_path / "shared").exists()
+
+
+def test_a_garbled_held_list_or_slot_is_an_error_not_a_skip(
+    records: list[bytes], tmp_path: Path
+) -> None:
+    """What cannot be read is never taken as "nothing held" or "rewritten since"."""
+    registry, shared, composer = _composer(records, tmp_path)
+    composer.follow_pointer()
+    follower, _ = _worker(registry, shared)
+    assert follower.check()
+    slot, gen = follower._serving  # type: ignore[misc]
+    # a slot of the pointer's generation whose header does not read
+    with (shared / slot).open("r+b") as f:
+        f.seek(16)
+        f.write(b"\xff" * 8)
+    (shared / POINTER).touch()  # the pointer looks new: read again
+    follower._serving = None
+    with pytest.raises(DeltaError, match="garbles"):
+        follower.check()
+    (shared / f"{HELD}{os.getpid()}-x.json").write_text("{not json")
+    with pytest.raises(DeltaError, match="not a list of held slots"):
+        held_slots(shared)
