@@ -1,7 +1,7 @@
 """Freshness of the running pipeline: how soon an event shows in features, model, answers.
 
 Needs the stack up (`streamrec up`). A simulator keeps background load on the ingest API;
-every ``--interval`` seconds a probe posts one click of a simulated user on an item and then
+every ``--interval`` seconds on average a probe posts one click of a simulated user on an item and then
 polls, each on its own thread, until:
 
   (a) feature_s         the click is in the user's history (GET /users/{id}/features)
@@ -28,6 +28,12 @@ With deltas on (``trainer.delta_every_s``), (b) is the served delta's trained-th
 and the run also reports the delta stream's bytes/s as the trainer sent it (its
 ``GET /delta``, ``--trainer``) and the serving worker's last apply cost (``GET /model``).
 
+The gaps between probes are drawn uniformly from 0.5-1.5x ``--interval`` (:func:`gap`): the
+deltas and versions come on a period of their own, and probes on a fixed gap that is near a
+multiple of it all meet it at nearly one phase (40 probes 2 s apart against deltas every
+~1.02 s swept one and a half periods in a slow ramp), so (b) and (d) measured where in
+the period they fell more than the freshness. Drawn gaps meet every phase alike.
+
 Before the first probe the background load runs ``--warmup`` seconds, and then until the
 served model is trained through events at most ``--steady-lag`` seconds old (deadline
 ``--warmup-timeout``; past it the run goes on and says so): a stack just started, or a
@@ -53,7 +59,14 @@ from typing import Any
 
 import numpy as np
 
+from bench.host import host
 from streamrec.client import Client, Event, NotFound
+
+
+def gap(rng: random.Random, interval: float) -> float:
+    """Seconds to the next probe: uniform in ``[0.5, 1.5] * interval`` (mean ``interval``),
+    so the probes fall at every phase of the periodic deltas and versions."""
+    return rng.uniform(0.5, 1.5) * interval
 
 
 def _pct(values: list[float]) -> dict[str, Any]:
@@ -203,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="streamrec bench freshness", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--probes", type=int, default=20)
-    p.add_argument("--interval", type=float, default=2.0, help="seconds between probes")
+    p.add_argument("--interval", type=float, default=2.0, help="mean seconds between probes (each gap drawn from 0.5-1.5x this)")
     p.add_argument("--rate", type=float, default=300.0, help="background events/s")
     p.add_argument("--timeout", type=float, default=180.0, help="per-probe deadline (s)")
     p.add_argument("--probe-items", choices=("served", "any"), default="served",
@@ -237,6 +250,7 @@ def main(argv: list[str] | None = None) -> int:
                                    "new_item_s": []}
     lock = threading.Lock()
     rng = random.Random(5)
+    cadence = random.Random(11)
     catalog = ServedCatalog(s.trainer.registry_dir, s.trainer.model_name)
     if not catalog.current()[1]:
         print("no model version is served yet: start the stack (`streamrec up`) and let the "
@@ -260,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
         if delta.get("last_apply_ms") is not None:
             apply_ms.append(float(delta["last_apply_ms"]))
         if n >= args.probes:
-            time.sleep(args.interval)  # probe cadence
+            time.sleep(gap(cadence, args.interval))  # probe cadence
             continue
         user = sim.user_id(rng.randrange(config.users))
         item = sim.item_id(rng.randrange(config.items)) if args.probe_items == "any" else None
@@ -269,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
                              daemon=True)
         t.start()
         threads.append(t)
-        time.sleep(args.interval)  # probe cadence
+        time.sleep(gap(cadence, args.interval))  # probe cadence
     for t in threads:
         t.join(args.timeout + 30)
     stop.set()
@@ -292,6 +306,7 @@ def main(argv: list[str] | None = None) -> int:
                         "lag_at_start_s": lag_at_start}
     result["probe_items"] = args.probe_items
     result["background_rate"] = args.rate
+    result["host"] = host()
     for name in ("feature_s", "model_s", "recommendation_s", "new_item_s"):
         r = result[name]
         if r["n"]:

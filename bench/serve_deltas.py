@@ -29,7 +29,8 @@ the applied count and last apply (decode + apply + compose; wall and the followe
 CPU ms) from ``/model`` with each worker's last map of a shared state; per code and phase the
 medians over rounds; ``apply_ms_in_process``: the same deltas decoded, applied and
 composed in one process by each code, as its follower does; ``rows_per_delta``; the load
-average (the machine is shared: figures compare at equal load only).
+average (the machine is shared: figures compare at equal load only); ``host``: the processor
+and its speed probes (``bench.host``: figures compare on the same host only).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from typing import Any
 
 import numpy as np
 
+from bench.host import host
 from bench.workers import composer_pids, connections, cpu_seconds, worker_pids
 
 HERE = Path(__file__).resolve()
@@ -182,7 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     from stream.kafka_client import ensure_updates_topic, updates_producer
     from tests.support import free_port, http_ok, stop_process, wait_until
 
-    results: dict[str, Any] = {"phases": [], "baseline": args.baseline}
+    results: dict[str, Any] = {"phases": [], "baseline": args.baseline, "host": host()}
+    print(f"host: {results['host']}", flush=True)
     with tempfile.TemporaryDirectory(prefix="bench-serve-deltas-") as tmp:
         work = Path(tmp)
         servers = [("this", REPO)]
