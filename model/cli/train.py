@@ -9,6 +9,7 @@ import argparse
 import logging
 import os
 import signal
+import sys
 from contextlib import ExitStack
 from typing import Any
 
@@ -190,7 +191,7 @@ def run_train(args: argparse.Namespace) -> int:
                 state = service.run()
             except OffsetsBeyondTopic as exc:
                 log.error("%s", exc)
-                return 2
+                code = 2
             except Exception:
                 if not ps:
                     raise
@@ -200,10 +201,21 @@ def run_train(args: argparse.Namespace) -> int:
                 log.exception("trainer cluster failed: exiting to resume from the last checkpoint")
                 logging.shutdown()
                 os._exit(1)
-            log.info("trainer stopped: %d samples trained", state.samples_trained)
-            return 0
+            else:
+                log.info("trainer stopped: %d samples trained", state.samples_trained)
+                code = 0
     finally:
         server.stop()
+    if ps:
+        # Saved, and the servers are stopped (the stack above closed). Leave without the
+        # interpreter's teardown: there TF's ClusterCoordinator.__del__ waits for a worker
+        # lost during the run to come back, for good (a chief that finished its samples
+        # within the watchdog's grace of a worker's loss hung there).
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
 
 
 def _cluster_trainer(

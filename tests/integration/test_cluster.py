@@ -14,7 +14,8 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -350,6 +351,28 @@ def _children(pid: int, marker: str) -> list[int]:
     return found
 
 
+class _Feeder(threading.Thread):
+    """Produces ``samples`` at ``per_s`` until ``rest`` is set, then the rest at once."""
+
+    def __init__(self, settings: Settings, samples: list[Any], per_s: float,
+                 rest: threading.Event) -> None:
+        super().__init__(daemon=True)
+        self.settings, self.samples, self.per_s, self.rest = settings, samples, per_s, rest
+        self.error: BaseException | None = None
+
+    def _paced(self) -> Iterator[Any]:
+        step = max(1, int(self.per_s / 10))
+        for i in range(0, len(self.samples), step):
+            yield from self.samples[i : i + step]
+            self.rest.wait(step / self.per_s)  # the pace; ends early once the rest is due
+
+    def run(self) -> None:
+        try:
+            produce_samples(self.settings, self._paced())
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            self.error = exc
+
+
 class _Supervised:
     """``streamrec train --ps 2 --workers 2`` restarted whenever it exits before the end, as
     `streamrec up` restarts a component (the chief starts its own servers)."""
@@ -402,7 +425,12 @@ def test_kill_9_of_a_worker_a_ps_and_the_chief_still_trains_every_sample_once(
 ) -> None:
     stream = SyntheticStream(SyntheticConfig(users=300, items=200, history_len=20, seed=8))
     samples = stream.take(60_000)
-    produce_samples(settings, samples)
+    # The samples trickle in (all of them over 240 s) until the kills are done, then the rest
+    # at once: a chief with every sample at hand can train to the end and cut within the
+    # watchdog's grace of a kill, leaving its restart nothing to train past that cut.
+    rest = threading.Event()
+    feeder = _Feeder(settings, samples, len(samples) / 240.0, rest)
+    feeder.start()
     registry = Registry(settings.trainer.registry_dir, settings.trainer.model_name)
     run = _Supervised(settings, tmp_path, len(samples))
     run.start()
@@ -424,6 +452,9 @@ def test_kill_9_of_a_worker_a_ps_and_the_chief_still_trains_every_sample_once(
             chief.wait(timeout=60)
             wait_until(lambda servers=servers: not any(map(_alive, servers)), 30,
                        "the chief's servers to exit with it")
+        rest.set()
+        feeder.join(120)
+        assert not feeder.is_alive() and feeder.error is None, feeder.error
         wait_until(lambda: run.health().get("samples_trained") == len(samples)
                    or (run.proc is not None and run.proc.poll() == 0), 300, "all samples trained")
         wait_until(lambda: run.proc is not None and run.proc.poll() is not None, 120,
