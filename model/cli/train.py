@@ -11,7 +11,7 @@ import os
 import signal
 import sys
 from contextlib import ExitStack
-from typing import Any
+from typing import Any, NoReturn
 
 from model.trainer.options import TrainOptions
 
@@ -199,23 +199,26 @@ def run_train(args: argparse.Namespace) -> int:
                 # last cut is saved; exit at once (TF's coordinator can hang in its destructor),
                 # the servers die with this process, the restart resumes from the last cut
                 log.exception("trainer cluster failed: exiting to resume from the last checkpoint")
-                logging.shutdown()
-                os._exit(1)
+                _leave(1)
             else:
                 log.info("trainer stopped: %d samples trained", state.samples_trained)
                 code = 0
     finally:
         server.stop()
     if ps:
-        # Saved, and the servers are stopped (the stack above closed). Leave without the
-        # interpreter's teardown: there TF's ClusterCoordinator.__del__ waits for a worker
-        # lost during the run to come back, for good (a chief that finished its samples
-        # within the watchdog's grace of a worker's loss hung there).
-        logging.shutdown()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+        # saved, and the servers are stopped (the stack above closed); a worker lost during
+        # the run (a chief that finished within the watchdog's grace of it) hung the teardown
+        _leave(code)
     return code
+
+
+def _leave(code: int) -> NoReturn:
+    """End a chief on a cluster now, its logs flushed, without the interpreter's teardown:
+    there TF's ``ClusterCoordinator.__del__`` waits for a lost worker to come back, for good."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _cluster_trainer(
