@@ -8,9 +8,10 @@ where ``h_0, h_1, ...`` is the user's history (most recent first, the feature st
 point-in-time history; entries the co-visitation has no pairs for add nothing) and
 ``C[a, b]`` is the weight of item b following item a. Every positive training sample
 (history ``h``, target ``t``, weight ``w``) adds ``w * decay ** j`` to ``C[h_j, t]`` for each
-of the first ``window`` history entries (``h_j != t``); all weights decay with a half-life of
-``half_life`` samples (0 = never), so pairs of a past season fade. Only that direction is
-counted, not ``C[t, h_j]`` too (why: ``docs/decisions.md#co-visitation``).
+of the first ``window`` history entries (``h_j != t``), and ``reverse * w * decay ** j`` to
+``C[t, h_j]`` (what came before an item counts too, at ``reverse``; 0 = one direction); all
+weights decay with a half-life of ``half_life`` samples (0 = never), so pairs of a past
+season fade (why: ``docs/decisions.md#co-visitation``).
 
 Why: the towers' 32-dimensional rows blur which items follow which (sequels, a franchise, the
 titles of one rating session); exact pair weights of the last few items keep that, and the
@@ -164,9 +165,13 @@ class CoVisitation:
         half_life: float = 20_000.0,
         max_pairs: int = 4_000_000,
         merge_every: int = MERGE_EVERY,
+        reverse: float = 0.0,
     ) -> None:
         if window < 1 or not 0.0 < decay <= 1.0 or half_life < 0 or max_pairs < 1:
             raise ValueError("window >= 1, 0 < decay <= 1, half_life >= 0, max_pairs >= 1")
+        if reverse < 0.0:
+            raise ValueError("reverse must be >= 0")
+        self.reverse = float(reverse)
         self.window = int(window)
         self.decay = float(decay)
         self.half_life = float(half_life)
@@ -235,6 +240,10 @@ class CoVisitation:
         self._pend_codes.append((a << 32) | b)
         self._pend_weights.append(vals)
         self._pending += int(rows.size)
+        if self.reverse:
+            self._pend_codes.append((b << 32) | a)
+            self._pend_weights.append(vals * self.reverse)
+            self._pending += int(rows.size)
         if self._pending + self._recent_codes.size >= self.merge_every:
             self.merge()
 

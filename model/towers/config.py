@@ -66,6 +66,10 @@ class ModelConfig:
     #: Half-life of the co-visitation weights in positive samples (0 = never decay): pairs of
     #: a past season mislead.
     covisit_half_life: float = 20_000.0
+    #: Weight of the reverse direction of a co-visitation: a target ``t`` after history item
+    #: ``h`` also adds ``covisit_reverse`` times its weight to ``C[t, h]`` (0 = ``h -> t``
+    #: only; ``model.scoring.covisit``). Learning only: serving reads the same pairs.
+    covisit_reverse: float = 0.0
     #: Most item pairs the co-visitation keeps (the lightest go first).
     covisit_max_pairs: int = 4_000_000
     #: Whether history rows get gradients through the user tower. False: they learn only as
@@ -118,6 +122,8 @@ class ModelConfig:
             raise ValueError("admit_after and user_admit_after must be >= 1")
         if self.covisit_weight < 0.0 or self.covisit_window < 1 or self.covisit_max_pairs < 1:
             raise ValueError("covisit_weight >= 0, covisit_window and covisit_max_pairs >= 1")
+        if self.covisit_reverse < 0.0:
+            raise ValueError("covisit_reverse must be >= 0")
         if not 0.0 < self.covisit_decay <= 1.0 or self.covisit_half_life < 0.0:
             raise ValueError("covisit_decay must be in (0, 1], covisit_half_life >= 0")
         if self.pool_residual < 0.0:

@@ -136,6 +136,7 @@ class Trainer:
                 config.covisit_decay,
                 config.covisit_half_life,
                 config.covisit_max_pairs,
+                reverse=config.covisit_reverse,
             )
             if config.covisit_weight
             else None

@@ -32,9 +32,10 @@ def stream(seed: int, batches: int = 12, size: int = 16, items: int = 30, hist: 
     return keys, out
 
 
-def reference(batches) -> dict[tuple[int, int], float]:
+def reference(batches, reverse: float = 0.0) -> dict[tuple[int, int], float]:
     """The documented weights with a dictionary: every positive sample adds
-    ``w * decay ** j`` to (history item, target), all weights decay per sample."""
+    ``w * decay ** j`` to (history item, target) and ``reverse`` times that to (target,
+    history item), all weights decay per sample."""
     weights: dict[tuple[int, int], float] = defaultdict(float)
     rate = math.log(2.0) / HALF_LIFE
     for history, targets, ws in batches:
@@ -50,6 +51,8 @@ def reference(batches) -> dict[tuple[int, int], float]:
                     continue
                 add = w * DECAY**j * math.exp(-rate * n)
                 weights[int(h), int(t)] += add
+                if reverse:
+                    weights[int(t), int(h)] += reverse * add
     return weights
 
 
@@ -75,6 +78,26 @@ def test_sums_equal_the_reference(merge_every: int) -> None:
     np.testing.assert_allclose(got, ref_sums(ref, queries, candidates), rtol=1e-9, atol=1e-12)
     assert (got[:, -1] == 0).all() and got.max() > 0
     assert cv.samples == sum(int((w > 0).sum()) for _, _, w in batches)
+
+
+@pytest.mark.parametrize("merge_every", [1, 1 << 20])
+def test_the_reverse_direction_adds_its_share_to_the_swapped_pair(merge_every: int) -> None:
+    keys, batches = stream(3)
+    cv = CoVisitation(WINDOW, DECAY, HALF_LIFE, max_pairs=10_000, merge_every=merge_every,
+                      reverse=0.5)
+    for b in batches:
+        cv.learn(*b)
+    ref = reference(batches, reverse=0.5)
+    queries, _, _ = stream(4, batches=1)[1][0]
+    got = cv.sums(queries, keys)
+    np.testing.assert_allclose(got, ref_sums(ref, queries, keys), rtol=1e-9, atol=1e-12)
+    one_way = CoVisitation(WINDOW, DECAY, HALF_LIFE, max_pairs=10_000)
+    for b in batches:
+        one_way.learn(*b)
+    assert (got >= one_way.sums(queries, keys) - 1e-12).all()
+    assert got.sum() > one_way.sums(queries, keys).sum()
+    with pytest.raises(ValueError, match="reverse"):
+        CoVisitation(WINDOW, DECAY, HALF_LIFE, reverse=-1.0)
 
 
 @pytest.mark.parametrize("merge_every", [1, 64, 1 << 20])
