@@ -45,7 +45,9 @@ Protocol (test-then-train):
       weigh more) and recency; a candidate scores the summed weights of its holders.
     The per-user baselines break ties by popularity.
 Output: overall Recall@10/20 and NDCG@10/20 and the same per time chunk (--chunks); the
-best baseline by Recall@10 and the model's ratios to it and to popularity.
+best baseline by Recall@10 and the model's ratios to it and to popularity; model-tower,
+the towers' part of the learned mix alone on the same rows; the model and the best baseline
+for events whose user had 0, 1-4 and 5+ earlier items.
 """
 
 
@@ -111,6 +113,11 @@ def register(sub: Any) -> None:
     g.add_argument(
         "--covisit-half-life", type=float, default=None,
         help="half-life of co-visitation weights in samples (0 = none; default: ModelConfig)",
+    )
+    g.add_argument(
+        "--covisit-reverse", type=float, default=None,
+        help="weight of a co-visitation's reverse direction (what came before an item; "
+        "0 = none; default: ModelConfig)",
     )
     g.add_argument(
         "--history-grad", type=int, choices=(0, 1), default=None,
@@ -208,7 +215,7 @@ def _handle(args: argparse.Namespace) -> int:
         print("evaluate: --row-codec plays the delta stream of one process; not with --ps")
         return 2
     result = _run(args, settings, stream)
-    doc = result.report("model", args.chunks, [f"served-{c}" for c in args.codecs])
+    doc = result.report("model", args.chunks, args.side)
     doc["seconds"] = round(time.monotonic() - started, 1)
     doc["rejected_rows"] = replay_report["rejected"]
     doc["exclude"] = args.exclude
@@ -278,6 +285,7 @@ def _config(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
         "covisit_window": _default(args.covisit_window, "covisit_window"),
         "covisit_decay": _default(args.covisit_decay, "covisit_decay"),
         "covisit_half_life": _default(args.covisit_half_life, "covisit_half_life"),
+        "covisit_reverse": _default(args.covisit_reverse, "covisit_reverse"),
         "train_history": bool(_default(args.history_grad, "train_history")),
         "user_tower": _default(args.user_tower, "user_tower"),
         **{
@@ -334,7 +342,12 @@ def _run_in(args: argparse.Namespace, settings: Any, stream: Any, stack: Any) ->
         RecentPopularityBaseline,
         SessionKNNBaseline,
     )
-    from model.evaluation.learners import BaselineLearner, HistoryLearner, TwoTowerLearner
+    from model.evaluation.learners import (
+        BaselineLearner,
+        HistoryLearner,
+        PartLearner,
+        TwoTowerLearner,
+    )
     from model.evaluation.replay import EvalOptions, Learner, evaluate
     from model.towers.two_tower import ModelConfig
     from model.trainer.core import Trainer, TrainOptions
@@ -359,6 +372,7 @@ def _run_in(args: argparse.Namespace, settings: Any, stream: Any, stack: Any) ->
             covisit_window=cfg["covisit_window"],
             covisit_decay=cfg["covisit_decay"],
             covisit_half_life=cfg["covisit_half_life"],
+            covisit_reverse=cfg["covisit_reverse"],
             train_history=cfg["train_history"],
             **{k: v for k, v in cfg.items() if k.startswith(("user_tower", "attention_"))},
             temperature=cfg["temperature"],
@@ -389,10 +403,15 @@ def _run_in(args: argparse.Namespace, settings: Any, stream: Any, stack: Any) ->
 
         rows = ServedRows(trainer, stream.item_ids, args.codecs)
         served = [ServedLearner(rows, c, stream.item_index) for c in args.codecs]
+    model = TwoTowerLearner(trainer, trainer.config.window, cfg["epochs"]).bind(
+        stream.item_ids, lambda pos: stream.excluded(pos, args.exclude)
+    )
+    # the towers alone, from the same rows' parts (learned mix only: the fixed mix has none)
+    parts: list[Learner] = [PartLearner(model, "tower")] if cfg["mix"] == "learned" else []
+    args.side = [m.name for m in (*parts, *served)]
     learners: list[Learner] = [
-        TwoTowerLearner(trainer, trainer.config.window, cfg["epochs"]).bind(
-            stream.item_ids, lambda pos: stream.excluded(pos, args.exclude)
-        ),
+        model,
+        *parts,
         *served,
         BaselineLearner(PopularityBaseline()),
         BaselineLearner(RecentPopularityBaseline(args.recent_window)),
@@ -456,6 +475,13 @@ def _table(doc: dict[str, Any]) -> str:
         lines.append(
             f"model / best baseline ({doc['best_baseline']}) {key}: {doc['ratio_to_best']:.2f}x"
         )
+    for group, figs in doc.get("by_history", {}).items():
+        best = doc.get("best_baseline")
+        line = f"users with {group:>3} earlier items: {figs['scored']:>6} scored, model {key} "
+        line += f"{figs['model'][key]:.4f}"
+        if best is not None:
+            line += f", {best} {figs[best][key]:.4f}"
+        lines.append(line)
     for codec, figs in doc.get("row_codecs", {}).items():
         change = figs["change_vs_float32"].get(key)
         lines.append(f"served-{codec} {key} vs served-float32: "

@@ -5,6 +5,8 @@
   positive's point-in-time history as candidate indices.
 * :class:`TwoTowerLearner` — the two-tower model, in-process (TensorFlow is imported on
   creation).
+* :class:`PartLearner` — one part of the model's learned mix alone (the towers), ranked on
+  the rows the model scored: a side figure that shows what each part brings.
 """
 
 from __future__ import annotations
@@ -105,6 +107,8 @@ class TwoTowerLearner:
         self._key_pos: dict[int, int] = {}
         self._item_ids: list[str] = []
         self._excluded: Callable[[Positive], np.ndarray] | None = None
+        #: The last scored batch and its parts as ``[B, n_candidates]`` scores, by name.
+        self._parts: tuple[Sequence[Positive], dict[str, np.ndarray]] | None = None
 
     def bind(
         self, item_ids: list[str], excluded: Callable[[Positive], np.ndarray] | None = None
@@ -161,6 +165,12 @@ class TwoTowerLearner:
             tower, log_q, train_batch.history, keys,
         )
         out[:, cols] = trainer.mixer.score(parts)
+        alone = {}
+        for name, part in zip(trainer.mixer.names, parts, strict=True):
+            full = np.full(out.shape, -np.inf, np.float32)
+            full[:, cols] = part
+            alone[name] = full
+        self._parts = (batch, alone)
         at = np.full(out.shape[1], -1, np.int64)
         at[cols] = np.arange(cols.size)
         learn = [np.array(f, np.float64) for f in parts]
@@ -172,6 +182,13 @@ class TwoTowerLearner:
         trainer.learn_mix(learn, np.array([at[p.item] if p.item < at.size else -1 for p in batch]))
         return out
 
+    def part_scores(self, batch: Sequence[Positive], part: str) -> np.ndarray:
+        """``[B, n_candidates]`` scores of one part of the learned mix on ``batch``, the batch
+        :meth:`scores` scored last (``-inf``: no row for the candidate)."""
+        if self._parts is None or self._parts[0] is not batch:
+            raise RuntimeError("part scores are read after the model scored the same batch")
+        return self._parts[1][part]
+
     def tiebreak(self, n_candidates: int) -> np.ndarray | None:
         return None
 
@@ -179,3 +196,23 @@ class TwoTowerLearner:
         train_batch = self._batch(batch)
         for epoch in range(self.epochs):
             self.trainer.train_step(train_batch, count=epoch == 0)
+
+
+class PartLearner:
+    """One part of the model's learned mix alone (``ModelConfig.mix`` learned), e.g. the
+    towers: ranked by that part's scores of the rows :class:`TwoTowerLearner` scored just
+    before it (the evaluation scores its learners in order). Learns nothing itself."""
+
+    def __init__(self, model: TwoTowerLearner, part: str = "tower") -> None:
+        self.model = model
+        self.part = part
+        self.name = f"model-{part}"
+
+    def scores(self, batch: Sequence[Positive], n_candidates: int) -> np.ndarray:
+        return self.model.part_scores(batch, self.part)
+
+    def tiebreak(self, n_candidates: int) -> np.ndarray | None:
+        return None
+
+    def learn(self, batch: Sequence[Positive]) -> None:
+        return None

@@ -36,8 +36,10 @@ the baselines of ``model.evaluation.baselines`` (popularity, recent popularity,
 co-occurrence, session-kNN), all on the same stream, the same micro-batches, the same
 candidates and exclusions. The report names the best baseline by Recall@10.
 
-Figures: overall (all scored events) and per chunk (the scored events split into
-``chunks`` consecutive, near-equal parts, in time order).
+Figures: overall (all scored events), per chunk (the scored events split into
+``chunks`` consecutive, near-equal parts, in time order), and per history size: the scored
+events whose user had 0, 1-4 and 5 or more distinct earlier items (``HISTORY_GROUPS``;
+``Positive.seen``), so cold and sparse users are reported apart.
 
 Why B = 128: a larger B scores more events of a user's session before the model saw any of
 it, a smaller one costs more time (``docs/decisions.md#evaluation-batch``). Within a batch
@@ -64,6 +66,8 @@ log = logging.getLogger(__name__)
 MOVIELENS_FORMATS = ("movielens", "ml-1m", "ml-100k")
 #: ``EvalOptions.exclude``: which earlier items of the user leave the candidates.
 EXCLUDE = ("rated", "positives")
+#: History-size groups of the report: (name, fewest, most) distinct earlier items of the user.
+HISTORY_GROUPS = (("0", 0, 0), ("1-4", 1, 4), ("5+", 5, None))
 
 
 @dataclass(frozen=True)
@@ -282,6 +286,8 @@ class EvalResult:
     ts_ms: np.ndarray
     #: method -> figure name (``recall@K``, ``ndcg@K``) -> value per scored event.
     values: dict[str, dict[str, np.ndarray]]
+    #: Distinct items the user had before each scored event (``Positive.seen``).
+    seen: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
 
     @property
     def scored(self) -> int:
@@ -305,11 +311,27 @@ class EvalResult:
             out.append(row)
         return out
 
+    def by_history(self) -> dict[str, dict[str, Any]]:
+        """Per history-size group (``HISTORY_GROUPS``): its scored events and every method's
+        figures on them."""
+        out: dict[str, dict[str, Any]] = {}
+        for name, lo, hi in HISTORY_GROUPS:
+            pick = self.seen >= lo
+            if hi is not None:
+                pick &= self.seen <= hi
+            row: dict[str, Any] = {"scored": int(pick.sum())}
+            for method, values in self.values.items():
+                row[method] = {k: float(v[pick].mean()) if pick.any() else 0.0
+                               for k, v in values.items()}
+            out[name] = row
+        return out
+
     def report(self, model: str, chunks: int, side: Sequence[str] = ()) -> dict[str, Any]:
         """The ``--json`` document: model figures at the top, baselines under ``baselines``,
         the best baseline by Recall@``ks[0]`` and the model's ratios to it and to popularity
         (``None`` where the baseline scored 0); methods named in ``side`` (variants of the
-        model, not baselines) under ``side``."""
+        model, not baselines) under ``side``; every method's figures per history size under
+        ``by_history``."""
         doc: dict[str, Any] = dict(self.overall(model))
         doc.update({"events": self.events, "scored": self.scored, "warmup": self.warmup})
         doc["baselines"] = {
@@ -326,6 +348,8 @@ class EvalResult:
             doc["ratio_to_best"] = _ratio(doc[key], doc["baselines"][best][key])
         if "popularity" in doc["baselines"]:
             doc["ratio_to_popularity"] = _ratio(doc[key], doc["baselines"]["popularity"][key])
+        if self.seen.size == self.scored:
+            doc["by_history"] = self.by_history()
         doc["over_time"] = {name: self.chunks(name, chunks) for name in self.values}
         return doc
 
@@ -353,6 +377,7 @@ def evaluate(
         m.name: {name: [] for name in names} for m in learners
     }
     ts: list[int] = []
+    seen: list[int] = []
     starts = list(range(0, warmup, options.batch_size)) + list(
         range(warmup, len(positives), options.batch_size)
     )
@@ -372,6 +397,7 @@ def evaluate(
                     parts[method.name][f"recall@{k}"].append(recall)
                     parts[method.name][f"ndcg@{k}"].append(ndcg)
             ts.extend(p.sample.ts_ms for p in batch)
+            seen.extend(p.seen for p in batch)
         for method in learners:
             method.learn(batch)
         if progress is not None:
@@ -385,6 +411,7 @@ def evaluate(
             method: {name: np.concatenate(v) if v else np.zeros(0) for name, v in figs.items()}
             for method, figs in parts.items()
         },
+        seen=np.asarray(seen, np.int64),
     )
 
 

@@ -248,3 +248,19 @@ def test_report_names_the_best_baseline_and_the_ratios() -> None:
     assert doc["best_baseline"] == "popularity"
     assert doc["ratio_to_best"] == pytest.approx((3 / 5) / (2 / 5))
     assert doc["ratio_to_popularity"] == doc["ratio_to_best"]
+
+
+def test_report_splits_scored_events_by_the_users_earlier_items() -> None:
+    """Cold and sparse users apart: e3 and e8 have no earlier item, e4 e6 e7 have 1-2."""
+    stream = build_stream(EVENTS, PARAMS)
+    learners = [_Recorder(), BaselineLearner(PopularityBaseline())]
+    result = evaluate(stream, learners, OPTIONS)
+    assert list(result.seen) == [0, 1, 2, 1, 0]
+    groups = result.report("oracle", chunks=1)["by_history"]
+    assert list(groups) == ["0", "1-4", "5+"]
+    assert [g["scored"] for g in groups.values()] == [2, 3, 0]
+    # popularity recall@1 per scored event: [0, 0, 1, 1, 0]
+    assert groups["0"]["popularity"]["recall@1"] == 0.0
+    assert groups["1-4"]["popularity"]["recall@1"] == pytest.approx(2 / 3)
+    assert groups["0"]["oracle"]["recall@1"] == pytest.approx(1 / 2)  # e3's B is new
+    assert groups["5+"]["oracle"] == {k: 0.0 for k in result.values["oracle"]}
