@@ -12,7 +12,7 @@ run: setup
 	@$(SR) demo
 
 test: setup
-	STREAMREC_TEST_STOP_STACK=1 $(VENV)/bin/pytest tests
+	STREAMREC_TEST_STOP_STACK=1 $(VENV)/bin/pytest tests --durations=25
 
 test-unit: setup
 	$(VENV)/bin/pytest tests/unit
