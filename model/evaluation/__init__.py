@@ -7,5 +7,6 @@
   (``streamrec evaluate --row-codec``).
 * ``neighbours`` — the per-user baselines co-occurrence, popularity-damped item-kNN and
   session-kNN, numpy only.
+* ``sequential`` — the per-user baseline sequential rules, numpy only.
 * ``synthetic`` — a synthetic ``samples`` stream with planted preferences.
 """

@@ -18,6 +18,9 @@ Per-user scores, ranked by score, ties to the more popular item (the counts of
   recent items (``model.evaluation.neighbours``).
 * :class:`ItemKNNBaseline` — the same sums, position-weighted, divided by
   ``(count_i + 1) ** alpha``: popularity-damped item-kNN.
+* :class:`SequentialRulesBaseline` — directional rules "``b`` followed ``a``", weighted by
+  the distance between them, read from the user's most recent items
+  (``model.evaluation.sequential``).
 * :class:`SessionKNNBaseline` — session-kNN (V-SKNN family): the items of the recent
   histories most similar to the user's.
 """
@@ -34,12 +37,14 @@ from model.evaluation.neighbours import (
     SessionKNNBaseline,
     grow,
 )
+from model.evaluation.sequential import SequentialRulesBaseline
 
 __all__ = [
     "CooccurrenceBaseline",
     "ItemKNNBaseline",
     "PopularityBaseline",
     "RecentPopularityBaseline",
+    "SequentialRulesBaseline",
     "SessionKNNBaseline",
 ]
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections import Counter, defaultdict
 from collections.abc import Sequence
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -21,6 +22,7 @@ from model.evaluation.baselines import (
     ItemKNNBaseline,
     PopularityBaseline,
     RecentPopularityBaseline,
+    SequentialRulesBaseline,
     SessionKNNBaseline,
 )
 from model.evaluation.learners import BaselineLearner, HistoryLearner
@@ -112,6 +114,36 @@ class SlowItemKNN(SlowCooccurrence):
         return out
 
 
+class SlowSequentialRules(_Slow):
+    """Exact rational weights; the fast version's scores are these times its scale."""
+
+    def __init__(self, stream: EvalStream, steps: int, query_items: int) -> None:
+        super().__init__(stream, steps)
+        self.steps, self.query_items = steps, query_items
+        self.rules: defaultdict[tuple[int, int], Fraction] = defaultdict(Fraction)
+
+    def learn(self, batch: Sequence[Positive]) -> None:
+        for p in batch:
+            self.popularity[p.item] += 1
+            history = [self.index[i] for i in p.sample.history]
+            for pos, j in enumerate(_distinct(history, self.steps)):
+                self.rules[(j, p.item)] += Fraction(1, pos + 1)
+
+    def scores(self, batch: Sequence[Positive], n: int) -> np.ndarray:
+        scale = math.lcm(*range(1, self.steps + 1)) * math.lcm(*range(1, self.query_items + 1))
+        out = np.zeros((len(batch), n))
+        for row, p in enumerate(batch):
+            history = [self.index[i] for i in p.sample.history]
+            query = _distinct(history, self.query_items)
+            for i in range(n):
+                total = sum(
+                    (self.rules[(j, i)] / (m + 1) for m, j in enumerate(query)), Fraction(0)
+                )
+                assert (total * scale).denominator == 1
+                out[row, i] = float(total * scale)
+        return out
+
+
 class SlowSessionKNN(_Slow):
     def __init__(self, stream: EvalStream, sample: int, window: int) -> None:
         super().__init__(stream, window)
@@ -189,6 +221,14 @@ def test_per_user_baselines_equal_their_slow_versions(
             HistoryLearner(ItemKNNBaseline(window=6, alpha=0.75, decay=0.8), stream.item_index),
             SlowItemKNN(stream, window=6, alpha=0.75, decay=0.8),
         ),
+        (
+            HistoryLearner(SequentialRulesBaseline(steps=5), stream.item_index),
+            SlowSequentialRules(stream, steps=5, query_items=1),
+        ),
+        (
+            HistoryLearner(SequentialRulesBaseline(steps=4, query_items=3), stream.item_index),
+            SlowSequentialRules(stream, steps=4, query_items=3),
+        ),
     ]
     nonzero: Counter[str] = Counter()
     for batch in _batches(stream, 16):
@@ -253,3 +293,14 @@ def test_empty_window_falls_back_to_popularity_and_self_is_no_neighbour() -> Non
     cooc = CooccurrenceBaseline(window=2)
     cooc.learn([3, 4], [np.array([1, 2, 9]), np.array([3, 3])])  # 9 is outside the window
     assert cooc.scores([np.array([3])], 10)[0].tolist() == [0, 1, 1, 0, 1, 0, 0, 0, 0, 0]
+
+
+def test_sequential_rules_are_directional_and_weighted_by_distance() -> None:
+    sr = SequentialRulesBaseline(steps=3, query_items=2)  # scale lcm(1..3) * lcm(1..2) = 12
+    sr.learn([5], [np.array([3, 4, 3, 2, 1])])  # window 3, 4 (the second 3 is a repeat)
+    assert sr.scores([np.array([3])], 6)[0].tolist() == [0, 0, 0, 0, 0, 12]
+    assert sr.scores([np.array([4])], 6)[0].tolist() == [0, 0, 0, 0, 0, 6]
+    assert sr.scores([np.array([4, 3])], 6)[0].tolist() == [0, 0, 0, 0, 0, 6 + 6]
+    assert sr.scores([np.array([5, 3, 4])], 6)[0].tolist() == [0, 0, 0, 0, 0, 6]  # 4: 3rd entry
+    with pytest.raises(ValueError):
+        SequentialRulesBaseline(steps=13)
