@@ -283,17 +283,29 @@ class SessionKNNBaseline:
       with the window, of largest ``r_u``; ``rank(u)`` = 0 for the most recent of them;
     * ``sim(u) = sum(w(j) for j in window if j in H_u) / (sqrt(L) * sqrt(|H_u|))`` (cosine
       of binary vectors, the window's entries weighted by recency);
-    * ``weight(u) = sim(u) * (1 - rank(u) / sample_size)`` (recency of the neighbour);
-    * score of candidate ``i``: ``sum(weight(u) for u in N if i in H_u)``.
+    * with ``k``: only the ``k`` users of ``N`` of largest ``sim(u)`` (ties to the lower
+      ``rank``) stay in ``N`` (V-SKNN's nearest among the recent), each keeping its ``rank``;
+    * ``weight(u) = sim(u) * (1 - rank(u) / sample_size)`` (recency of the neighbour), or
+      ``sim(u)`` without ``recency``;
+    * score of candidate ``i``: ``sum(weight(u) for u in N if i in H_u)``, added in ``rank``
+      order.
     """
 
     name = "sknn"
 
-    def __init__(self, sample_size: int = 100, window: int = 20) -> None:
-        if sample_size < 1 or window < 1:
-            raise ValueError("sample_size and window must be >= 1")
+    def __init__(
+        self,
+        sample_size: int = 100,
+        window: int = 20,
+        k: int | None = None,
+        recency: bool = True,
+    ) -> None:
+        if sample_size < 1 or window < 1 or (k is not None and k < 1):
+            raise ValueError("sample_size, window and k must be >= 1")
         self.sample_size = sample_size
         self.window = window
+        self.k = k
+        self.recency = recency
         self.by_item = SortedPairs()  # (item, user): who holds an item
         self.by_user = SortedPairs()  # (user, item): what a user holds
         self.size = np.zeros(1024, np.int64)  # |H_u|
@@ -353,6 +365,13 @@ class SessionKNNBaseline:
         keep = rank < s
         rows, cand, num, rank = rows[keep], cand[keep], num[keep], rank[keep]
         sim = num / (np.sqrt(length[rows]) * np.sqrt(self.size[cand].astype(np.float64)))
+        if self.k is not None and self.k < s:
+            nearest = np.lexsort((rank, -sim, rows))  # by row, then sim desc, then recency
+            near = np.zeros(rows.size, bool)
+            near[nearest[_positions(rows[nearest]) < self.k]] = True
+            rows, cand, sim, rank = rows[near], cand[near], sim[near], rank[near]
+        if not self.recency:
+            return rows, cand, sim
         return rows, cand, sim * (1.0 - rank / self.sample_size)
 
     def _recent_pairs(

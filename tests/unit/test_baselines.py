@@ -145,9 +145,16 @@ class SlowSequentialRules(_Slow):
 
 
 class SlowSessionKNN(_Slow):
-    def __init__(self, stream: EvalStream, sample: int, window: int) -> None:
+    def __init__(
+        self,
+        stream: EvalStream,
+        sample: int,
+        window: int,
+        k: int | None = None,
+        recency: bool = True,
+    ) -> None:
         super().__init__(stream, window)
-        self.sample = sample
+        self.sample, self.k, self.recency = sample, k, recency
         self.held: defaultdict[int, set[int]] = defaultdict(set)
         self.last: dict[int, int] = {}
         self.learned = 0
@@ -167,13 +174,19 @@ class SlowSessionKNN(_Slow):
             weight_of = {j: (length - pos) / length for pos, j in enumerate(window)}
             sharing = [u for u, h in self.held.items() if u != p.user and h & set(window)]
             sharing.sort(key=lambda u: -self.last[u])
+            found = []  # (rank, user, sim)
             for rank, u in enumerate(sharing[: self.sample]):
                 num = 0.0
                 for j in window:
                     if j in self.held[u]:
                         num += weight_of[j]
                 sim = num / (math.sqrt(length) * math.sqrt(len(self.held[u])))
-                weight = sim * (1.0 - rank / self.sample)
+                found.append((rank, u, sim))
+            if self.k is not None:
+                nearest = sorted(found, key=lambda f: (-f[2], f[0]))[: self.k]
+                found = sorted(nearest)  # back to rank order
+            for rank, u, sim in found:
+                weight = sim * (1.0 - rank / self.sample) if self.recency else sim
                 for i in sorted(self.held[u]):
                     if i < n:
                         out[row, i] += weight
@@ -212,6 +225,17 @@ def test_per_user_baselines_equal_their_slow_versions(
         (
             HistoryLearner(SessionKNNBaseline(sample_size=5, window=6), stream.item_index),
             SlowSessionKNN(stream, sample=5, window=6),
+        ),
+        (
+            HistoryLearner(SessionKNNBaseline(sample_size=8, window=6, k=3), stream.item_index),
+            SlowSessionKNN(stream, sample=8, window=6, k=3),
+        ),
+        (
+            HistoryLearner(
+                SessionKNNBaseline(sample_size=6, window=5, k=2, recency=False),
+                stream.item_index,
+            ),
+            SlowSessionKNN(stream, sample=6, window=5, k=2, recency=False),
         ),
         (
             HistoryLearner(ItemKNNBaseline(window=5), stream.item_index),
