@@ -239,13 +239,14 @@ class ItemKNNBaseline(CooccurrenceBaseline):
     ``C`` and its learning are :class:`CooccurrenceBaseline`'s. For an event whose window is
     ``q_0 .. q_{L-1}`` (most recent first) the score of candidate ``i`` is
     ``sum(decay ** p * C[q_p, i] for p in 0 .. L-1) / (count_i + 1) ** alpha``, the sum added
-    from 0 in window order, ``count_i`` the learned positives of ``i`` (``alpha = 0.5``: the
-    cosine-style square-root damping; ``decay = 1``: every window entry counts alike).
+    from 0 in window order, ``count_i`` the learned positives of ``i`` (``alpha = 0.5`` is
+    the cosine-style square-root damping; ``decay = 1``: every window entry counts alike).
+    The defaults are tuned across the real-log panel (rating and session logs).
     """
 
     name = "itemknn"
 
-    def __init__(self, window: int = 20, alpha: float = 0.5, decay: float = 1.0) -> None:
+    def __init__(self, window: int = 20, alpha: float = 0.3, decay: float = 0.7) -> None:
         super().__init__(window)
         if alpha < 0 or not 0 < decay <= 1:
             raise ValueError("alpha must be >= 0 and decay in (0, 1]")
@@ -289,15 +290,18 @@ class SessionKNNBaseline:
       ``sim(u)`` without ``recency``;
     * score of candidate ``i``: ``sum(weight(u) for u in N if i in H_u)``, added in ``rank``
       order.
+
+    The defaults are tuned across the real-log panel; ``sample_size=100, k=None`` is the
+    earlier form (every sampled neighbour counts).
     """
 
     name = "sknn"
 
     def __init__(
         self,
-        sample_size: int = 100,
+        sample_size: int = 300,
         window: int = 20,
-        k: int | None = None,
+        k: int | None = 75,
         recency: bool = True,
     ) -> None:
         if sample_size < 1 or window < 1 or (k is not None and k < 1):

@@ -223,8 +223,20 @@ def test_per_user_baselines_equal_their_slow_versions(
             SlowCooccurrence(stream, window=4),
         ),
         (
-            HistoryLearner(SessionKNNBaseline(sample_size=5, window=6), stream.item_index),
+            HistoryLearner(SessionKNNBaseline(sample_size=5, window=6, k=None), stream.item_index),
             SlowSessionKNN(stream, sample=5, window=6),
+        ),
+        (  # the defaults
+            HistoryLearner(SessionKNNBaseline(), stream.item_index),
+            SlowSessionKNN(stream, sample=300, window=20, k=75),
+        ),
+        (
+            HistoryLearner(ItemKNNBaseline(), stream.item_index),
+            SlowItemKNN(stream, window=20, alpha=0.3, decay=0.7),
+        ),
+        (
+            HistoryLearner(SequentialRulesBaseline(), stream.item_index),
+            SlowSequentialRules(stream, steps=10, query_items=12),
         ),
         (
             HistoryLearner(SessionKNNBaseline(sample_size=8, window=6, k=3), stream.item_index),
@@ -238,7 +250,7 @@ def test_per_user_baselines_equal_their_slow_versions(
             SlowSessionKNN(stream, sample=6, window=5, k=2, recency=False),
         ),
         (
-            HistoryLearner(ItemKNNBaseline(window=5), stream.item_index),
+            HistoryLearner(ItemKNNBaseline(window=5, alpha=0.5, decay=1.0), stream.item_index),
             SlowItemKNN(stream, window=5, alpha=0.5, decay=1.0),
         ),
         (
@@ -246,7 +258,7 @@ def test_per_user_baselines_equal_their_slow_versions(
             SlowItemKNN(stream, window=6, alpha=0.75, decay=0.8),
         ),
         (
-            HistoryLearner(SequentialRulesBaseline(steps=5), stream.item_index),
+            HistoryLearner(SequentialRulesBaseline(steps=5, query_items=1), stream.item_index),
             SlowSequentialRules(stream, steps=5, query_items=1),
         ),
         (
