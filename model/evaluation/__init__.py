@@ -5,6 +5,8 @@
 * ``learners`` — the methods behind the protocol's ``Learner``: baselines and the model.
 * ``served`` — the model as serving holds it after the delta stream, in each row codec
   (``streamrec evaluate --row-codec``).
-* ``neighbours`` — the per-user baselines (co-occurrence, session-kNN), numpy only.
+* ``neighbours`` — the per-user baselines co-occurrence, popularity-damped item-kNN and
+  session-kNN, numpy only.
+* ``sequential`` — the per-user baseline sequential rules, numpy only.
 * ``synthetic`` — a synthetic ``samples`` stream with planted preferences.
 """

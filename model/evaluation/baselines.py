@@ -11,9 +11,18 @@ Shared scores (one list for all users; ranked by score, ties to the item seen fi
 * :class:`RecentPopularityBaseline` — the same count over the last ``window`` learned
   positive events only (a sliding window in event order, not in time).
 
-Per-user scores (``model.evaluation.neighbours``): :class:`CooccurrenceBaseline` and
-:class:`SessionKNNBaseline`, ranked by score, ties to the more popular item (the counts of
-:class:`PopularityBaseline`), then to the item seen first.
+Per-user scores, ranked by score, ties to the more popular item (the counts of
+:class:`PopularityBaseline`), then to the item seen first:
+
+* :class:`CooccurrenceBaseline` — symmetric co-occurrence counts summed over the user's
+  recent items (``model.evaluation.neighbours``).
+* :class:`ItemKNNBaseline` — the same sums, position-weighted, divided by
+  ``(count_i + 1) ** alpha``: popularity-damped item-kNN.
+* :class:`SequentialRulesBaseline` — directional rules "``b`` followed ``a``", weighted by
+  the distance between them, read from the user's most recent items
+  (``model.evaluation.sequential``).
+* :class:`SessionKNNBaseline` — session-kNN (V-SKNN family): the items of the recent
+  histories most similar to the user's.
 """
 
 from __future__ import annotations
@@ -22,12 +31,20 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from model.evaluation.neighbours import CooccurrenceBaseline, SessionKNNBaseline, grow
+from model.evaluation.neighbours import (
+    CooccurrenceBaseline,
+    ItemKNNBaseline,
+    SessionKNNBaseline,
+    grow,
+)
+from model.evaluation.sequential import SequentialRulesBaseline
 
 __all__ = [
     "CooccurrenceBaseline",
+    "ItemKNNBaseline",
     "PopularityBaseline",
     "RecentPopularityBaseline",
+    "SequentialRulesBaseline",
     "SessionKNNBaseline",
 ]
 

@@ -1,8 +1,8 @@
 """The methods of the evaluation behind ``model.evaluation.replay.Learner``.
 
 * :class:`BaselineLearner` — a shared-score baseline (popularity, recent popularity).
-* :class:`HistoryLearner` — a per-user baseline (co-occurrence, session-kNN) fed with each
-  positive's point-in-time history as candidate indices.
+* :class:`HistoryLearner` — a per-user baseline (co-occurrence, item-kNN, sequential rules,
+  session-kNN) fed with each positive's point-in-time history as candidate indices.
 * :class:`TwoTowerLearner` — the two-tower model, in-process (TensorFlow is imported on
   creation).
 * :class:`PartLearner` — one part of the model's learned mix alone (the towers), ranked on
@@ -20,6 +20,7 @@ from model.evaluation.baselines import (
     CooccurrenceBaseline,
     PopularityBaseline,
     RecentPopularityBaseline,
+    SequentialRulesBaseline,
     SessionKNNBaseline,
 )
 from model.evaluation.replay import Positive
@@ -43,14 +44,17 @@ class BaselineLearner:
 
 
 class HistoryLearner:
-    """Adapts the per-user baselines (co-occurrence, session-kNN) to :class:`Learner`.
+    """Adapts the per-user baselines (co-occurrence and its subclass item-kNN, sequential
+    rules, session-kNN) to :class:`Learner`.
 
     Each positive's point-in-time history (item ids, most recent first) becomes candidate
     indices; items the stream has not seen yet cannot occur (histories hold earlier items).
     """
 
     def __init__(
-        self, baseline: CooccurrenceBaseline | SessionKNNBaseline, item_index: Mapping[str, int]
+        self,
+        baseline: CooccurrenceBaseline | SequentialRulesBaseline | SessionKNNBaseline,
+        item_index: Mapping[str, int],
     ) -> None:
         self.baseline = baseline
         self.name = baseline.name

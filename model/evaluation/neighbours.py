@@ -1,16 +1,17 @@
-"""Per-user baselines of the evaluation: item co-occurrence and session-kNN, numpy only.
+"""Per-user baselines of the evaluation: item co-occurrence, popularity-damped item-kNN and
+session-kNN, numpy only.
 
-Both read a user's *window*: the distinct items among the first ``window`` entries of the
+All read a user's *window*: the distinct items among the first ``window`` entries of the
 event's point-in-time history (``Sample.history``: the user's earlier positives and rated
-items, most recent first; :func:`recent_distinct`), and both learn from the positive events
-of the learned micro-batches (target item, window, user). Both rank the candidates by their
+items, most recent first; :func:`recent_distinct`), and all learn from the positive events
+of the learned micro-batches (target item, window, user). All rank the candidates by their
 score, ties to the more popular item (learned positives per item, :meth:`tiebreak`), then
 to the item seen first; a user with an empty window therefore gets popularity.
 
 Items and users are indices (first appearance in the stream). Sparse counts are kept as
 sorted ``int64`` keys ``first << 32 | second`` (:class:`SortedPairs`), so a batch's scores
-are one gather and one ``np.bincount`` (co-occurrence over a small catalogue: a dense
-matrix, ``DENSE_ITEMS``). Every storage choice gives the same scores.
+are one gather and one ``np.bincount``; item-pair sums over a small catalogue are a dense
+matrix (:class:`PairCounts`, ``DENSE_ITEMS``). Every storage choice gives the same scores.
 """
 
 from __future__ import annotations
@@ -31,11 +32,11 @@ DENSE_ITEMS = 4096
 RECENT_FIRST = 4
 
 
-def grow(values: np.ndarray, n: int) -> np.ndarray:
-    """``values`` zero-padded to at least ``n`` entries (capacity doubles)."""
+def grow(values: np.ndarray, n: int, fill: float = 0) -> np.ndarray:
+    """``values`` padded with ``fill`` to at least ``n`` entries (capacity doubles)."""
     if values.size >= n:
         return values
-    out = np.zeros(max(n, 2 * values.size), values.dtype)
+    out = np.full(max(n, 2 * values.size), fill, values.dtype)
     out[: values.size] = values
     return out
 
@@ -54,10 +55,15 @@ class SortedPairs:
         self.counts = np.zeros(0, np.float64)
         self.seconds = np.zeros(0, np.int64)  # keys & mask, kept for cheap gathers
 
-    def add(self, first: np.ndarray, second: np.ndarray) -> np.ndarray:
-        """Count each pair once per occurrence; returns the keys that were new (sorted)."""
+    def add(
+        self, first: np.ndarray, second: np.ndarray, weights: np.ndarray | None = None
+    ) -> np.ndarray:
+        """Count each pair once per occurrence (or add its ``weights``); returns the keys that
+        were new (sorted)."""
         packed = (first.astype(np.int64) << _SHIFT) | second
-        keys, counts = np.unique(packed, return_counts=True)
+        keys, inverse, counts = np.unique(packed, return_inverse=True, return_counts=True)
+        if weights is not None:
+            counts = np.bincount(inverse, weights=weights, minlength=keys.size)
         pos = np.asarray(np.searchsorted(self.keys, keys), np.int64)
         known: np.ndarray = pos < self.keys.size
         known[known] = self.keys[pos[known]] == keys[known]
@@ -114,6 +120,11 @@ def _windows(histories: Sequence[Sequence[int]], window: int) -> tuple[np.ndarra
     return np.asarray(rows, np.int64), np.asarray(items, np.int64)
 
 
+def _positions(rows: np.ndarray) -> np.ndarray:
+    """Position of every entry within its row (0 = the row's first entry); ``rows`` ascending."""
+    return np.arange(rows.size) - np.searchsorted(rows, rows)
+
+
 class _Popularity:
     def __init__(self) -> None:
         self.counts = np.zeros(1024, np.int64)
@@ -126,6 +137,64 @@ class _Popularity:
     def tiebreak(self, n_candidates: int) -> np.ndarray:
         self.counts = grow(self.counts, n_candidates)
         return self.counts[:n_candidates].copy()
+
+
+class PairCounts:
+    """Sums per ordered item pair ``C[a, b]``: a dense matrix while every index is below
+    ``DENSE_ITEMS``, then :class:`SortedPairs` (the same values either way)."""
+
+    def __init__(self) -> None:
+        self.pairs = SortedPairs()
+        self.dense: np.ndarray | None = np.zeros((0, 0))
+
+    def add(self, first: np.ndarray, second: np.ndarray, weights: np.ndarray | None = None) -> None:
+        """``C[first[k], second[k]] += weights[k]`` (1 without ``weights``), in array order."""
+        if not first.size:
+            return
+        if self.dense is not None:
+            top = int(max(first.max(), second.max())) + 1
+            if top <= DENSE_ITEMS:
+                if top > self.dense.shape[0]:
+                    size = min(DENSE_ITEMS, max(top, 2 * self.dense.shape[0]))
+                    dense = np.zeros((size, size))
+                    dense[: self.dense.shape[0], : self.dense.shape[0]] = self.dense
+                    self.dense = dense
+                np.add.at(self.dense, (first, second), 1.0 if weights is None else weights)
+                return
+            a, b = np.nonzero(self.dense)  # row-major: sorted keys
+            self.pairs.keys = (a.astype(np.int64) << _SHIFT) | b
+            self.pairs.counts = self.dense[a, b]
+            self.pairs.seconds = b.astype(np.int64)
+            self.dense = None
+        self.pairs.add(first, second, weights)
+
+    def sums(
+        self, rows: np.ndarray, items: np.ndarray, weights: np.ndarray | None, b: int, n: int
+    ) -> np.ndarray:
+        """``out[r, i] = sum(weights[k] * C[items[k], i] for k with rows[k] = r)`` (weight 1
+        without ``weights``), added from 0 in entry order; ``rows`` ascending: ``[b, n]``."""
+        if self.dense is not None:
+            out = np.zeros((b, n))
+            size = self.dense.shape[0]
+            known = items < size
+            rows, items = rows[known], items[known]
+            w = None if weights is None else weights[known]
+            m = min(n, size)
+            # k-th entry of every row at once (rows are distinct within a k), k ascending
+            k = _positions(rows)
+            for kth in range(int(k.max(initial=-1)) + 1):
+                pick = k == kth
+                part = self.dense[items[pick], :m]
+                out[rows[pick], :m] += part if w is None else w[pick, None] * part
+            return out
+        positions, lens = self.pairs.gather(items)
+        cols = self.pairs.second(positions)
+        values = self.pairs.counts[positions]
+        if weights is not None:
+            values = np.repeat(weights, lens) * values
+        rows = np.repeat(rows, lens)
+        keep = cols < n
+        return _row_sums(rows[keep], cols[keep], values[keep], b, n)
 
 
 class CooccurrenceBaseline:
@@ -145,59 +214,62 @@ class CooccurrenceBaseline:
         if window < 1:
             raise ValueError("window must be >= 1")
         self.window = window
-        self.pairs = SortedPairs()
-        self.dense: np.ndarray | None = np.zeros((0, 0))  # C while indices < DENSE_ITEMS
+        self.counts = PairCounts()
         self.popularity = _Popularity()
 
     def learn(self, targets: Sequence[int], histories: Sequence[Sequence[int]]) -> None:
         rows, items = _windows(histories, self.window)
         t = np.asarray(targets, np.int64)
         self.popularity.learn(t)
-        if not items.size:
-            return
         first, second = np.concatenate([t[rows], items]), np.concatenate([items, t[rows]])
-        if self.dense is not None:
-            top = int(first.max()) + 1
-            if top <= DENSE_ITEMS:
-                if top > self.dense.shape[0]:
-                    size = min(DENSE_ITEMS, max(top, 2 * self.dense.shape[0]))
-                    dense = np.zeros((size, size))
-                    dense[: self.dense.shape[0], : self.dense.shape[0]] = self.dense
-                    self.dense = dense
-                np.add.at(self.dense, (first, second), 1.0)
-                return
-            a, b = np.nonzero(self.dense)  # row-major: sorted keys
-            self.pairs.keys = (a.astype(np.int64) << _SHIFT) | b
-            self.pairs.counts = self.dense[a, b]
-            self.pairs.seconds = b.astype(np.int64)
-            self.dense = None
-        self.pairs.add(first, second)
+        self.counts.add(first, second)
 
     def scores(self, histories: Sequence[Sequence[int]], n_candidates: int) -> np.ndarray:
         """``[len(histories), n_candidates]``."""
-        b, n = len(histories), n_candidates
         rows, items = _windows(histories, self.window)
-        if self.dense is not None:
-            out = np.zeros((b, n))
-            size = self.dense.shape[0]
-            known = items < size
-            rows, items = rows[known], items[known]
-            m = min(n, size)
-            # k-th window entry of every row at once (rows are distinct within a k);
-            # integer counts, so the sums are exact in any order.
-            k = np.arange(rows.size) - np.searchsorted(rows, rows)
-            for kth in range(int(k.max(initial=-1)) + 1):
-                pick = k == kth
-                out[rows[pick], :m] += self.dense[items[pick], :m]
-            return out
-        positions, lens = self.pairs.gather(items)
-        cols = self.pairs.second(positions)
-        rows = np.repeat(rows, lens)
-        keep = cols < n
-        return _row_sums(rows[keep], cols[keep], self.pairs.counts[positions[keep]], b, n)
+        return self.counts.sums(rows, items, None, len(histories), n_candidates)
 
     def tiebreak(self, n_candidates: int) -> np.ndarray:
         return self.popularity.tiebreak(n_candidates)
+
+
+class ItemKNNBaseline(CooccurrenceBaseline):
+    """Popularity-damped item-kNN: co-occurrence sums divided by the candidate's popularity.
+
+    ``C`` and its learning are :class:`CooccurrenceBaseline`'s. For an event whose window is
+    ``q_0 .. q_{L-1}`` (most recent first) the score of candidate ``i`` is
+    ``sum(decay ** p * C[q_p, i] for p in 0 .. L-1) / (count_i + 1) ** alpha``, the sum added
+    from 0 in window order, ``count_i`` the learned positives of ``i`` (``alpha = 0.5`` is
+    the cosine-style square-root damping; ``decay = 1``: every window entry counts alike).
+    The defaults are tuned across the real-log panel (rating and session logs).
+    """
+
+    name = "itemknn"
+
+    def __init__(self, window: int = 20, alpha: float = 0.3, decay: float = 0.7) -> None:
+        super().__init__(window)
+        if alpha < 0 or not 0 < decay <= 1:
+            raise ValueError("alpha must be >= 0 and decay in (0, 1]")
+        self.alpha = alpha
+        self.decay = decay
+        self._weights = np.array([decay**p for p in range(window)])  # as the rule writes them
+        self._damping = np.ones(1024)  # (count_i + 1) ** alpha
+
+    def learn(self, targets: Sequence[int], histories: Sequence[Sequence[int]]) -> None:
+        super().learn(targets, histories)
+        touched = np.unique(np.asarray(targets, np.int64))
+        if touched.size:
+            self._damping = grow(self._damping, int(touched[-1]) + 1, fill=1.0)
+            counts = self.popularity.counts[touched].tolist()
+            self._damping[touched] = [(c + 1) ** self.alpha for c in counts]
+
+    def scores(self, histories: Sequence[Sequence[int]], n_candidates: int) -> np.ndarray:
+        """``[len(histories), n_candidates]``."""
+        rows, items = _windows(histories, self.window)
+        weights = None if self.decay == 1.0 else self._weights[_positions(rows)]
+        sums = self.counts.sums(rows, items, weights, len(histories), n_candidates)
+        self._damping = grow(self._damping, n_candidates, fill=1.0)
+        return sums / self._damping[:n_candidates]
 
 
 class SessionKNNBaseline:
@@ -212,17 +284,32 @@ class SessionKNNBaseline:
       with the window, of largest ``r_u``; ``rank(u)`` = 0 for the most recent of them;
     * ``sim(u) = sum(w(j) for j in window if j in H_u) / (sqrt(L) * sqrt(|H_u|))`` (cosine
       of binary vectors, the window's entries weighted by recency);
-    * ``weight(u) = sim(u) * (1 - rank(u) / sample_size)`` (recency of the neighbour);
-    * score of candidate ``i``: ``sum(weight(u) for u in N if i in H_u)``.
+    * with ``k``: only the ``k`` users of ``N`` of largest ``sim(u)`` (ties to the lower
+      ``rank``) stay in ``N`` (V-SKNN's nearest among the recent), each keeping its ``rank``;
+    * ``weight(u) = sim(u) * (1 - rank(u) / sample_size)`` (recency of the neighbour), or
+      ``sim(u)`` without ``recency``;
+    * score of candidate ``i``: ``sum(weight(u) for u in N if i in H_u)``, added in ``rank``
+      order.
+
+    The defaults are tuned across the real-log panel; ``sample_size=100, k=None`` is the
+    earlier form (every sampled neighbour counts).
     """
 
     name = "sknn"
 
-    def __init__(self, sample_size: int = 100, window: int = 20) -> None:
-        if sample_size < 1 or window < 1:
-            raise ValueError("sample_size and window must be >= 1")
+    def __init__(
+        self,
+        sample_size: int = 300,
+        window: int = 20,
+        k: int | None = 75,
+        recency: bool = True,
+    ) -> None:
+        if sample_size < 1 or window < 1 or (k is not None and k < 1):
+            raise ValueError("sample_size, window and k must be >= 1")
         self.sample_size = sample_size
         self.window = window
+        self.k = k
+        self.recency = recency
         self.by_item = SortedPairs()  # (item, user): who holds an item
         self.by_user = SortedPairs()  # (user, item): what a user holds
         self.size = np.zeros(1024, np.int64)  # |H_u|
@@ -278,10 +365,17 @@ class SessionKNNBaseline:
         rows, cand = pair // n_users, pair % n_users
         order = np.lexsort((-self.last[cand], rows))
         rows, cand, num = rows[order], cand[order], num[order]
-        rank = np.arange(rows.size) - np.searchsorted(rows, rows)
+        rank = _positions(rows)
         keep = rank < s
         rows, cand, num, rank = rows[keep], cand[keep], num[keep], rank[keep]
         sim = num / (np.sqrt(length[rows]) * np.sqrt(self.size[cand].astype(np.float64)))
+        if self.k is not None and self.k < s:
+            nearest = np.lexsort((rank, -sim, rows))  # by row, then sim desc, then recency
+            near = np.zeros(rows.size, bool)
+            near[nearest[_positions(rows[nearest]) < self.k]] = True
+            rows, cand, sim, rank = rows[near], cand[near], sim[near], rank[near]
+        if not self.recency:
+            return rows, cand, sim
         return rows, cand, sim * (1.0 - rank / self.sample_size)
 
     def _recent_pairs(
