@@ -33,7 +33,7 @@ Protocol (the default; every number below is an :class:`EvalOptions` field):
 
 Methods: the two-tower model (in-process, the same ``Trainer`` as ``streamrec train``) and
 the baselines of ``model.evaluation.baselines`` (popularity, recent popularity,
-co-occurrence, session-kNN), all on the same stream, the same micro-batches, the same
+co-occurrence, item-kNN, sequential rules, session-kNN), all on the same stream, the same micro-batches, the same
 candidates and exclusions. The report names the best baseline by Recall@10.
 
 Figures: overall (all scored events), per chunk (the scored events split into

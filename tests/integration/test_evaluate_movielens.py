@@ -62,7 +62,8 @@ def test_report_covers_the_whole_file(report: dict[str, Any]) -> None:
         assert set(figs) >= {"recall@10", "ndcg@10", "recall@20", "ndcg@20", "events", "scored"}
         assert 0.0 < figs["ndcg@10"] <= figs["recall@10"] <= figs["recall@20"] <= 1.0
         assert figs["scored"] == report["scored"]
-    assert set(report["baselines"]) == {"popularity", "recent_popularity", "cooccurrence", "sknn"}
+    assert set(report["baselines"]) == {
+        "popularity", "recent_popularity", "cooccurrence", "itemknn", "sr", "sknn"}
     assert report["exclude"] == report["config"]["exclude"] == "rated"
     best = report["best_baseline"]
     assert report["baselines"][best]["recall@10"] == max(
@@ -72,7 +73,14 @@ def test_report_covers_the_whole_file(report: dict[str, Any]) -> None:
         report["recall@10"] / report["baselines"][best]["recall@10"]
     )
     assert report["ratio_to_popularity"] == pytest.approx(_ratio(report))
-    assert set(report["over_time"]) == {"model", *report["baselines"]}
+    assert set(report["over_time"]) == {"model", "model-tower", *report["baselines"]}
+    # the towers alone, and every method per history size, on the same scored events
+    assert 0.0 < report["side"]["model-tower"]["recall@10"] < report["recall@10"]
+    groups = report["by_history"]
+    assert list(groups) == ["0", "1-4", "5+"]
+    assert sum(g["scored"] for g in groups.values()) == report["scored"]
+    assert sum(g["scored"] * g["model"]["recall@10"] for g in groups.values()) == pytest.approx(
+        report["scored"] * report["recall@10"])
     chunks = report["over_time"]["model"]
     assert sum(c["scored"] for c in chunks) == report["scored"]
     assert report["_png"][:8] == b"\x89PNG\r\n\x1a\n"
