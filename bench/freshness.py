@@ -36,13 +36,19 @@ the period they fell more than the freshness. Drawn gaps meet every phase alike.
 
 Before the first probe the background load runs ``--warmup`` seconds, and then until the
 served model is trained through events at most ``--steady-lag`` seconds old (deadline
-``--warmup-timeout``; past it the run goes on and says so): a stack just started, or a
-trainer still working off a backlog, would otherwise time its catching up rather than its
-freshness.
+``--warmup-timeout``; past it the run FAILS, exit 3, naming the lag and any quality guard
+hold): a stack just started, or a trainer still working off a backlog or held by its guard,
+would otherwise time its catching up rather than its freshness.
 
-Prints p50/p95/p99 of each in seconds; ``--json FILE`` writes ``feature_s``, ``model_s`` and
-``recommendation_s`` each with ``p50``, ``p95``, ``p99`` (and the raw values); ``--png FILE``
-draws their distributions (matplotlib, if installed).
+The causes of slow figures are read from the trainer's ``/metrics`` at the start and the end
+of the probes: the quality guard's holds and rollbacks during the run (a held guard
+publishes nothing, so ``model_s`` waits for its resume) and the deltas published per second.
+
+Prints p50/p95/p99 of each in seconds and those causes; ``--json FILE`` writes
+``feature_s``, ``model_s`` and ``recommendation_s`` each with ``p50``, ``p95``, ``p99`` (and
+the raw values), beside ``guard_holds``, ``guard_rollbacks`` and ``deltas_per_s`` (null: the
+trainer's metrics could not be read); ``--png FILE`` draws their distributions (matplotlib,
+if installed).
 
     streamrec bench freshness --probes 20 --interval 2 --json bench/results/freshness.json
 """
@@ -52,6 +58,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import sys
 import threading
 import time
 from pathlib import Path
@@ -60,7 +67,18 @@ from typing import Any
 import numpy as np
 
 from bench.host import host
+from feature_store import metric_names as names
 from streamrec.client import Client, Event, NotFound
+
+#: Exit code of a run whose warm-up ended with the served model too far behind the events.
+WARMUP_FAILED = 3
+
+#: The trainer's counters read at the start and the end of the probes (sample names).
+COUNTERS = {
+    "guard_holds": f"{names.TRAINER_GUARD_HOLDS}_total",
+    "guard_rollbacks": f"{names.TRAINER_GUARD_ROLLBACKS}_total",
+    "deltas": f"{names.TRAINER_DELTAS}_total",
+}
 
 
 def gap(rng: random.Random, interval: float) -> float:
@@ -179,24 +197,101 @@ def new_item_probe(client: Client, serving: str, user: str, item: str, timeout_s
 
 def warm_up(client: Client, seconds: float, steady_lag_s: float, timeout_s: float) -> float | None:
     """Let the background load run ``seconds``, then wait until the served model's
-    trained-through age is at most ``steady_lag_s`` (or ``timeout_s`` passed); returns the
-    last age seen (None: the model reported none)."""
+    trained-through age (``GET /model`` ``trained_through_age_s``, what ``model_s`` polls)
+    is at most ``steady_lag_s`` (or ``timeout_s`` passed); returns the last age seen (None:
+    the model reported none). :func:`warmup_failure` judges it."""
     if seconds > 0:
         print(f"warm-up: {seconds:.0f} s of background load", flush=True)
         time.sleep(seconds)  # the load itself is the warm-up
     deadline = time.monotonic() + timeout_s
     age = client.model().get("trained_through_age_s")
-    while age is None or age > steady_lag_s:
-        if time.monotonic() >= deadline:
-            shown = "none" if age is None else f"{age:.1f} s"
-            print(f"warning: the served model is still {shown} behind the events after "
-                  f"{timeout_s:.0f} s: the figures include its catching up", flush=True)
-            break
+    while (age is None or age > steady_lag_s) and time.monotonic() < deadline:
         time.sleep(0.5)  # polling cadence of the warm-up
         age = client.model().get("trained_through_age_s")
-    else:
-        print(f"steady: the served model is trained through events {age:.1f} s old", flush=True)
     return age
+
+
+def warmup_failure(age: float | None, steady_lag_s: float, timeout_s: float,
+                   guard: dict[str, Any] | None = None) -> str | None:
+    """The error of a warm-up that ended with the served model trained through events
+    ``age`` seconds old, more than ``steady_lag_s`` (None: steady). ``guard``: the
+    trainer's ``/health`` ``guard``, named when it holds (the likely cause)."""
+    if age is not None and age <= steady_lag_s:
+        return None
+    shown = "no trained-through time" if age is None else f"a lag of {age:.1f} s"
+    message = (f"warm-up failed: after {timeout_s:.0f} s the served model still shows {shown} "
+               f"behind the events (limit {steady_lag_s:.1f} s); the figures would time its "
+               "catching up, not its freshness")
+    if guard and guard.get("held"):
+        held, reason = guard.get("held_for_s"), guard.get("last_reason")
+        message += (f"; the trainer's quality guard holds publication"
+                    f"{'' if held is None else f' for {held:.0f} s'}"
+                    f"{f' ({reason})' if reason else ''}")
+    return message
+
+
+def parse_counters(text: str) -> dict[str, float]:
+    """:data:`COUNTERS` from a Prometheus text exposition (absent ones: not in the dict)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    wanted = {sample: key for key, sample in COUNTERS.items()}
+    found: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in wanted:
+                found[wanted[sample.name]] = found.get(wanted[sample.name], 0.0) + sample.value
+    return found
+
+
+def run_causes(start: dict[str, float] | None, end: dict[str, float] | None,
+               seconds: float) -> dict[str, float | None]:
+    """``guard_holds``, ``guard_rollbacks`` and ``deltas_per_s`` between two readings of
+    :func:`parse_counters` ``seconds`` apart (None: not read). A counter lower at the end
+    was reset by a trainer restart: its end value is what happened since."""
+
+    def grew(key: str) -> float | None:
+        if start is None or end is None or key not in start or key not in end:
+            return None
+        return end[key] - start[key] if end[key] >= start[key] else end[key]
+
+    deltas = grew("deltas")
+    holds, rollbacks = grew("guard_holds"), grew("guard_rollbacks")
+    return {
+        "guard_holds": None if holds is None else int(holds),
+        "guard_rollbacks": None if rollbacks is None else int(rollbacks),
+        "deltas_per_s": None if deltas is None or seconds <= 0 else deltas / seconds,
+    }
+
+
+def _trainer_counters(trainer: str) -> dict[str, float] | None:
+    import httpx
+
+    try:
+        resp = httpx.get(f"{trainer}/metrics", timeout=10.0)
+        resp.raise_for_status()
+        return parse_counters(resp.text)
+    except (httpx.HTTPError, ValueError):
+        return None
+
+
+def _trainer_guard(trainer: str) -> dict[str, Any] | None:
+    import httpx
+
+    try:
+        guard = httpx.get(f"{trainer}/health", timeout=10.0).json().get("guard")
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return None
+    return guard if isinstance(guard, dict) else None
+
+
+def causes_line(result: dict[str, Any]) -> str:
+    """The run's causes (:func:`run_causes`) as the line printed under the percentiles."""
+    def shown(value: float | None, fmt: str) -> str:
+        return "?" if value is None else format(value, fmt)
+
+    return (f"{'during the run':<17} guard holds {shown(result['guard_holds'], 'd')}, "
+            f"rollbacks {shown(result['guard_rollbacks'], 'd')}, "
+            f"{shown(result['deltas_per_s'], '.2f')} deltas/s")
 
 
 def _delta_figures(trainer: str) -> dict[str, Any] | None:
@@ -233,8 +328,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="then wait until the served model's trained-through age is at most "
                         "this many seconds (default 2)")
     p.add_argument("--warmup-timeout", type=float, default=120.0,
-                   help="deadline of that wait, s (default 120): past it the probes start "
-                        "anyway, with a warning")
+                   help="deadline of that wait, s (default 120): past it the run fails "
+                        f"(exit {WARMUP_FAILED})")
     p.add_argument("--json", type=Path)
     p.add_argument("--png", type=Path)
     args = p.parse_args(argv)
@@ -259,8 +354,17 @@ def main(argv: list[str] | None = None) -> int:
     threads = []
     client = Client(args.ingest, args.serving, timeout_s=30.0)
     lag_at_start = warm_up(client, args.warmup, args.steady_lag, args.warmup_timeout)
+    failure = warmup_failure(lag_at_start, args.steady_lag, args.warmup_timeout,
+                             _trainer_guard(args.trainer))
+    if failure is not None:
+        stop.set()
+        print(failure, file=sys.stderr, flush=True)
+        return WARMUP_FAILED
+    print(f"steady: the served model is trained through events {lag_at_start:.1f} s old",
+          flush=True)
     print(f"freshness: {args.probes} probes every {args.interval}s under {args.rate:.0f} "
           f"events/s of background load")
+    counters_start = _trainer_counters(args.trainer)
     stream_start = (_delta_figures(args.trainer), time.monotonic())
     apply_ms: list[float] = []
     for n in range(max(args.probes, args.new_items)):
@@ -288,8 +392,10 @@ def main(argv: list[str] | None = None) -> int:
         t.join(args.timeout + 30)
     stop.set()
     stream_end = (_delta_figures(args.trainer), time.monotonic())
-    result = {name: _pct(out.get(name, [])) for name in ("feature_s", "model_s",
-                                                          "recommendation_s", "new_item_s")}
+    counters_end = _trainer_counters(args.trainer)
+    result: dict[str, Any] = {name: _pct(out.get(name, [])) for name in (
+        "feature_s", "model_s", "recommendation_s", "new_item_s")}
+    result.update(run_causes(counters_start, counters_end, stream_end[1] - stream_start[1]))
     if stream_start[0] and stream_end[0]:
         span = stream_end[1] - stream_start[1]
         result["delta_stream"] = {
@@ -314,6 +420,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"(n={r['n']})")
         else:
             print(f"{name:<17} no probe completed")
+    print(causes_line(result))
     for kind in ("known", "unknown"):
         r = result["recommendation_s_by_item"][kind]
         if r["n"]:

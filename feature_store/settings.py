@@ -244,6 +244,12 @@ class TrainerSettings(BaseModel):
     guard_min_scored: int = Field(
         500, ge=1, description="Scored rows the guard's current figure covers (and needs)."
     )
+    guard_hold_alarm_s: float = Field(
+        60.0, ge=0.0,
+        description="A quality guard hold lasting longer than this many seconds degrades the "
+        "trainer's and serving's /health (the QualityGuardHoldsPublication alert fires on "
+        "streamrec_trainer_guard_held_seconds > 60 for 1m).",
+    )
     metrics_host: str = Field("127.0.0.1", description="Host of the trainer's /metrics.")
     metrics_port: int = Field(8002, description="Port of the trainer's /health and /metrics.")
     seed: int = Field(7, description="Seed of the model's initialisers and samplers.")

@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict
 
 from feature_store.settings import Settings
 from feature_store.store import OnlineStore, open_store
+from model.artifact.guard_note import hold_reason, note_held_since
 from model.artifact.registry import Registry, RegistryError
 from serving import errors
 from serving import metrics as m
@@ -405,8 +406,14 @@ def create_app(
     def health() -> JSONResponse:
         model = state.loader.current
         ready = model is not None or state.trending.loaded
+        # a quality guard hold older than the alarm (the trainer's GUARD.json note) is a
+        # degradation, not unreadiness: the served model stays valid, only newer ones wait
+        held = hold_reason(note_held_since(state.registry.guard()), state.clock(),
+                           settings.trainer.guard_hold_alarm_s)
+        degraded = [held] if held else []
         body = {
-            "status": "ready" if ready else "starting",
+            "status": "starting" if not ready else "degraded" if degraded else "ready",
+            "degraded": degraded,
             "model_version": model.version if model else None,
             "trending_items": len(state.trending.items),
             "store": state.store_guard.health.status().as_dict(),

@@ -28,6 +28,9 @@ and :attr:`Decision.rollback_to` names the newest *full version* published befor
 RESUMES when ``min_scored`` rows scored after the hold have a figure at or above
 ``(1 - margin) * reference``. ``margin`` 0 = off.
 
+A hold also keeps the time it began (``held_at``: the caller's clock, passed to
+:meth:`Guard.check`), so :meth:`Guard.status` can say how long it has lasted.
+
 Not thread-safe by itself: rows arrive on the evaluation thread, checks on the training
 thread; a lock keeps the two apart.
 """
@@ -38,6 +41,7 @@ import math
 import threading
 from collections import deque
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import numpy as np
@@ -86,6 +90,8 @@ class Guard:
         self.reference: float | None = None
         self.held = False
         self.held_since: int | None = None
+        #: When the current hold began (the clock given to :meth:`check`); None: not held.
+        self.held_at: datetime | None = None
         self.holds = 0
         self.rollbacks = 0
         self.last: Decision | None = None
@@ -119,12 +125,28 @@ class Guard:
     def _current(self) -> float | None:
         return self.recent.value if self.recent.n >= self.min_scored else None
 
-    def check(self) -> Decision:
-        """The decision before a publication (module doc)."""
+    def check(self, now: datetime | None = None) -> Decision:
+        """The decision before a publication (module doc); ``now`` (timezone-aware) is kept
+        as the start of a hold this check begins."""
         with self._lock:
             d = self._check()
+            if d.action == "hold":
+                self.held_at = now
+            elif not self.held:
+                self.held_at = None
             self.last = d
             return d
+
+    def held_for_s(self, now: datetime) -> float | None:
+        """Seconds the current hold has lasted at ``now`` (None: not holding, or its start
+        is unknown)."""
+        with self._lock:
+            return self._held_for_s(now)
+
+    def _held_for_s(self, now: datetime) -> float | None:
+        if not self.held or self.held_at is None:
+            return None
+        return max((now - self.held_at).total_seconds(), 0.0)
 
     def _check(self) -> Decision:
         cur, ref = self._current(), self.reference
@@ -195,7 +217,9 @@ class Guard:
             kept = [published[i] for i in full] + published[start:]
             return {
                 "margin": self.margin, "scored": self.scored, "reference": self.reference,
-                "held": self.held, "held_since": self.held_since, "holds": self.holds,
+                "held": self.held, "held_since": self.held_since,
+                "held_at": None if self.held_at is None else self.held_at.isoformat(),
+                "holds": self.holds,
                 "rollbacks": self.rollbacks, "window_n": self._window_n,
                 "window_hits": self._window_hits,
                 "last_publication_at": self._last_publication_at,
@@ -203,8 +227,9 @@ class Guard:
                 "long": self.long.to_json(), "published": [list(p) for p in kept],
             }
 
-    def restore(self, data: dict[str, Any]) -> None:
-        """Back to a state of :meth:`to_json` (this guard's settings are kept)."""
+    def restore(self, data: dict[str, Any], now: datetime | None = None) -> None:
+        """Back to a state of :meth:`to_json` (this guard's settings are kept). A hold
+        checkpointed without its start (an older checkpoint) counts from ``now``."""
         with self._lock:
             self.scored = int(data.get("scored", 0))
             ref = data.get("reference")
@@ -213,6 +238,9 @@ class Guard:
             since = data.get("held_since")
             self.held_since = int(since) if self.held and since is not None else (
                 self.scored if self.held else None)
+            held_at = data.get("held_at")
+            self.held_at = (None if not self.held else
+                            datetime.fromisoformat(held_at) if held_at else now)
             self.holds = int(data.get("holds", 0))
             self.rollbacks = int(data.get("rollbacks", 0))
             self._window_n = int(data.get("window_n", 0))
@@ -225,13 +253,17 @@ class Guard:
             self._published.extend((str(label), int(at), bool(full))
                                    for label, at, full in data.get("published", []))
 
-    def status(self) -> dict[str, Any]:
-        """What the trainer's ``/health`` shows under ``guard``."""
+    def status(self, now: datetime | None = None) -> dict[str, Any]:
+        """What the trainer's ``/health`` shows under ``guard``; ``held_for_s`` needs
+        ``now``."""
         with self._lock:
             last = self.last
             return {
                 "enabled": self.enabled,
                 "held": self.held,
+                "held_at": None if self.held_at is None or not self.held
+                else self.held_at.isoformat(),
+                "held_for_s": None if now is None else self._held_for_s(now),
                 "margin": self.margin,
                 "min_scored": self.min_scored,
                 "current_recall": self._current(),

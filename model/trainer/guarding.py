@@ -1,7 +1,8 @@
 """The trainer service's side of the quality guard (``model.trainer.guard``): what it does
 with a decision — metrics, log lines with the figures, the registry's pin of the healthy
-version on a rollback (dropped once the first version after the resume is out) and the
-``GUARD.json`` note serving's ``/model`` shows. No TensorFlow."""
+version on a rollback (dropped once the first version after the resume is out), the
+``GUARD.json`` note serving's ``/model`` and ``/health`` show, and the hold's age (a
+degraded ``/health`` past ``trainer.guard_hold_alarm_s``). No TensorFlow."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any, Protocol
 
+from model.artifact.guard_note import hold_reason
 from model.artifact.registry import Registry, RegistryError
 from model.trainer.guard import Decision, Guard
 from model.trainer.metrics import TrainerMetrics
@@ -29,16 +31,30 @@ class GuardedPublishing:
     """Acts on the guard's decisions for one trainer service's registry."""
 
     def __init__(self, guard: Guard, registry: Registry, metrics: TrainerMetrics,
-                 clock: Callable[[], datetime]) -> None:
+                 clock: Callable[[], datetime], alarm_s: float = 60.0) -> None:
+        """``alarm_s``: a hold lasting longer degrades ``/health`` (:meth:`degraded`)."""
         self.guard = guard
         self.registry = registry
         self.metrics = metrics
         self.clock = clock
+        self.alarm_s = alarm_s
         #: The version the guard pinned CURRENT to (a rollback), until it resumes.
         self.pin: str | None = None
+        metrics.guard_held_seconds.set_function(self.held_seconds)
+
+    def held_seconds(self) -> float:
+        """Seconds the current hold has lasted (0: not holding), read at each scrape."""
+        return self.guard.held_for_s(self.clock()) or 0.0
 
     def status(self) -> dict[str, Any]:
-        return {**self.guard.status(), "pinned": self.pin}
+        return {**self.guard.status(self.clock()), "pinned": self.pin,
+                "hold_alarm_s": self.alarm_s}
+
+    def degraded(self) -> list[str]:
+        """Why ``/health`` is degraded by the guard: a hold older than ``alarm_s``."""
+        held_at = self.guard.held_at if self.guard.held else None
+        reason = hold_reason(held_at, self.clock(), self.alarm_s)
+        return [reason] if reason else []
 
     def to_json(self) -> dict[str, Any]:
         """The guard's state and its pin, for the trainer checkpoint (``LoopState.guard``)."""
@@ -47,7 +63,7 @@ class GuardedPublishing:
     def restore(self, data: dict[str, Any]) -> None:
         """After a restart: the guard's state and pin as checkpointed (a hold goes on, and
         its rollback pin is still dropped when the guard resumes)."""
-        self.guard.restore(data)
+        self.guard.restore(data, now=self.clock())
         pin = data.get("pin")
         self.pin = str(pin) if pin else None
         self.metrics.guard_held.set(1 if self.guard.held else 0)
@@ -61,7 +77,7 @@ class GuardedPublishing:
         """Ask the guard before a publication (every trained batch's head scored); True =
         publish. Logs and acts on a hold (a rollback pin when a suspect state was served)
         and on a resume (``deltas``: the lineage a resume after a rollback starts again)."""
-        d = self.guard.check()
+        d = self.guard.check(self.clock())
         m = self.metrics
         if d.current is not None:
             m.guard_recall.labels("current").set(d.current)
@@ -95,6 +111,8 @@ class GuardedPublishing:
         try:
             self.registry.write_guard({
                 "held": d.action == "hold", "action": d.action, "reason": d.reason,
+                "held_since": (self.guard.held_at.isoformat()
+                               if d.action == "hold" and self.guard.held_at else None),
                 "current_recall": d.current, "healthy_recall": d.reference,
                 "suspect": list(d.suspect), "pinned": self.pin,
                 "at": self.clock().isoformat(),

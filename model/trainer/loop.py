@@ -231,7 +231,8 @@ class TrainerService:
             self.guard = Guard(tcfg.guard_margin, tcfg.guard_min_scored,
                                max(trainer.options.eval_window, tcfg.guard_min_scored))
             trainer.evaluator.listeners.append(self.guard.observe)
-            self.guarding = GuardedPublishing(self.guard, self.registry, self.metrics, clock)
+            self.guarding = GuardedPublishing(self.guard, self.registry, self.metrics, clock,
+                                              tcfg.guard_hold_alarm_s)
 
     # -- state ---------------------------------------------------------------------------------
     def restore(self) -> bool:
@@ -281,8 +282,12 @@ class TrainerService:
         )
 
     def status(self) -> dict[str, Any]:
+        """``/health``: ``degraded`` (HTTP 200 all the same) lists why the trainer is
+        ``degraded`` — a quality guard hold older than ``trainer.guard_hold_alarm_s``."""
+        degraded = self.guarding.degraded() if self.guarding is not None else []
         return {
-            "status": "ok" if self.running else "starting",
+            "status": "starting" if not self.running else "degraded" if degraded else "ok",
+            "degraded": degraded,
             "samples_trained": self.state.samples_trained,
             "duplicates_dropped": self.state.duplicates_dropped,
             "digest": str(self.state.digest),

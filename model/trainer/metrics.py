@@ -61,6 +61,10 @@ class TrainerMetrics:
         self.guard_held = Gauge(
             names.TRAINER_GUARD_HELD, "1 while the quality guard holds publication", registry=r
         )
+        self.guard_held_seconds = Gauge(
+            names.TRAINER_GUARD_HELD_SECONDS,
+            "Seconds the quality guard's current hold has lasted (0: not holding)", registry=r,
+        )
         self.guard_recall = Gauge(
             names.TRAINER_GUARD_RECALL, "The quality guard's Recall@K figures (current, healthy)",
             ["figure"], registry=r,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import numpy as np
@@ -118,6 +118,27 @@ def test_not_ready_without_model_or_trending(env) -> None:
     with TestClient(app) as client:
         assert client.get("/health").status_code == 503
         assert get(client, user_id="alice")["source"] == "degraded"
+
+
+def test_a_long_quality_guard_hold_degrades_health_but_not_liveness(env) -> None:
+    app, _, reg = env
+    publish(reg, "v1")
+    note = {"held": True, "action": "hold", "pinned": None}
+    with TestClient(app) as client:
+        assert client.get("/health").json()["degraded"] == []
+        reg.write_guard({**note, "held_since": (NOW - timedelta(seconds=30)).isoformat()})
+        body = client.get("/health").json()
+        assert body["status"] == "ready" and body["degraded"] == []  # within the alarm
+        since = NOW - timedelta(seconds=90)
+        reg.write_guard({**note, "held_since": since.isoformat()})
+        resp = client.get("/health")
+        assert resp.status_code == 200  # the served model is still good: no restart
+        assert resp.json()["status"] == "degraded"
+        assert resp.json()["degraded"] == [
+            f"model publication held by the quality guard since {since.isoformat()} (90 s)"]
+        assert client.get("/model").json()["guard"]["held_since"] == since.isoformat()
+        reg.write_guard({**note, "held": False, "action": "resume", "held_since": None})
+        assert client.get("/health").json()["status"] == "ready"
 
 
 def test_model_ranking_matches_brute_force_without_seen(env) -> None:
