@@ -68,8 +68,9 @@ class ModelConfig:
     covisit_half_life: float = 20_000.0
     #: Weight of the reverse direction of a co-visitation: a target ``t`` after history item
     #: ``h`` also adds ``covisit_reverse`` times its weight to ``C[t, h]`` (0 = ``h -> t``
-    #: only; ``model.scoring.covisit``). Learning only: serving reads the same pairs.
-    covisit_reverse: float = 0.0
+    #: only; ``model.scoring.covisit``). Learning only: serving reads the same pairs. Why 1:
+    #: docs/decisions.md#co-visitation (the real-log panel, session logs above all).
+    covisit_reverse: float = 1.0
     #: Most item pairs the co-visitation keeps (the lightest go first).
     covisit_max_pairs: int = 4_000_000
     #: Whether history rows get gradients through the user tower. False: they learn only as

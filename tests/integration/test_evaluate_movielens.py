@@ -25,10 +25,11 @@ pytestmark = pytest.mark.integration
 
 RATINGS = shared_data() / "ml-latest-small" / "ratings.csv"
 POSITIVES = 48_580  # ratings >= 4.0 in the file
-#: Model / popularity (measured 2.12x, seed 7).
+#: Model / popularity (measured 2.19x, seed 7).
 MIN_RATIO = 2.0
-#: Model / the best baseline (session-kNN, measured 1.39x).
-MIN_BEST_RATIO = 1.25
+#: Model / the best baseline (item-kNN with popularity damping, tuned across the real-log
+#: panel: measured 1.25x, seed 7; against the untuned session-kNN it was 1.39x).
+MIN_BEST_RATIO = 1.15
 #: Towers and prior alone (``--covisit-weight 0``) / popularity.
 MIN_TOWERS_RATIO = 1.75
 #: Towers and prior alone / item co-occurrence (measured 1.33x with the constant mix).
