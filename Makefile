@@ -11,8 +11,11 @@ run: setup
 	@$(SR) up
 	@$(SR) demo
 
+# Tiers: the unit tests first (no services, a few minutes) and nothing else when one fails;
+# then the integration, e2e and chaos tests on the real stack. Each prints its slowest tests.
 test: setup
-	STREAMREC_TEST_STOP_STACK=1 $(VENV)/bin/pytest tests --durations=25
+	$(VENV)/bin/pytest tests/unit --durations=10
+	STREAMREC_TEST_STOP_STACK=1 $(VENV)/bin/pytest tests --ignore=tests/unit --durations=25
 
 test-unit: setup
 	$(VENV)/bin/pytest tests/unit
