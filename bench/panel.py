@@ -7,7 +7,7 @@ lowest seed), every baseline (they do not depend on the seed: the first run's fi
 the panel checks the others agree), the model's ratio to the best baseline per seed, the
 towers alone (``model-tower``), Recall@10 of the model and the best baseline for users with
 0, 1-4 and 5+ earlier items, and each run's seconds and peak memory. Quality claims of the
-project come from this table (README, ``docs/benchmarks.md``).
+project come from this table (README, ``docs/decisions.md#real-log-panel``).
 
     streamrec bench panel ../shared/data/real /tmp/ml100k --seeds 1,2,3 --json panel.json
     streamrec bench panel LOG.ndjson --seeds 1 -- --epochs 5   # after --: evaluate's options
