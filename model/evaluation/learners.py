@@ -111,8 +111,9 @@ class TwoTowerLearner:
         self._key_pos: dict[int, int] = {}
         self._item_ids: list[str] = []
         self._excluded: Callable[[Positive], np.ndarray] | None = None
-        #: The last scored batch and its parts as ``[B, n_candidates]`` scores, by name.
-        self._parts: tuple[Sequence[Positive], dict[str, np.ndarray]] | None = None
+        #: The last scored batch, its parts by name (``[B, n]`` over the model's columns),
+        #: those columns and the number of candidates.
+        self._parts: tuple[Sequence[Positive], dict[str, np.ndarray], np.ndarray, int] | None = None
 
     def bind(
         self, item_ids: list[str], excluded: Callable[[Positive], np.ndarray] | None = None
@@ -169,12 +170,8 @@ class TwoTowerLearner:
             tower, log_q, train_batch.history, keys,
         )
         out[:, cols] = trainer.mixer.score(parts)
-        alone = {}
-        for name, part in zip(trainer.mixer.names, parts, strict=True):
-            full = np.full(out.shape, -np.inf, np.float32)
-            full[:, cols] = part
-            alone[name] = full
-        self._parts = (batch, alone)
+        self._parts = (batch, dict(zip(trainer.mixer.names, parts, strict=True)), cols,
+                       out.shape[1])
         at = np.full(out.shape[1], -1, np.int64)
         at[cols] = np.arange(cols.size)
         learn = [np.array(f, np.float64) for f in parts]
@@ -191,7 +188,10 @@ class TwoTowerLearner:
         :meth:`scores` scored last (``-inf``: no row for the candidate)."""
         if self._parts is None or self._parts[0] is not batch:
             raise RuntimeError("part scores are read after the model scored the same batch")
-        return self._parts[1][part]
+        _, parts, cols, n_candidates = self._parts
+        out = np.full((len(batch), n_candidates), -np.inf, np.float32)
+        out[:, cols] = parts[part]
+        return out
 
     def tiebreak(self, n_candidates: int) -> np.ndarray | None:
         return None
