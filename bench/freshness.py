@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import random
 import sys
 import threading
@@ -69,6 +70,8 @@ import numpy as np
 from bench.host import host
 from feature_store import metric_names as names
 from streamrec.client import Client, Event, NotFound
+
+log = logging.getLogger(__name__)
 
 #: Exit code of a run whose warm-up ended with the served model too far behind the events.
 WARMUP_FAILED = 3
@@ -270,7 +273,8 @@ def _trainer_counters(trainer: str) -> dict[str, float] | None:
         resp = httpx.get(f"{trainer}/metrics", timeout=10.0)
         resp.raise_for_status()
         return parse_counters(resp.text)
-    except (httpx.HTTPError, ValueError):
+    except (httpx.HTTPError, ValueError) as exc:
+        log.warning("could not read the trainer's /metrics at %s: %s", trainer, exc)
         return None
 
 
@@ -279,7 +283,8 @@ def _trainer_guard(trainer: str) -> dict[str, Any] | None:
 
     try:
         guard = httpx.get(f"{trainer}/health", timeout=10.0).json().get("guard")
-    except (httpx.HTTPError, ValueError, AttributeError):
+    except (httpx.HTTPError, ValueError, AttributeError) as exc:
+        log.warning("could not read the trainer's /health at %s: %s", trainer, exc)
         return None
     return guard if isinstance(guard, dict) else None
 
@@ -299,7 +304,8 @@ def _delta_figures(trainer: str) -> dict[str, Any] | None:
 
     try:
         return httpx.get(f"{trainer}/delta", timeout=10.0).json()
-    except (httpx.HTTPError, ValueError):
+    except (httpx.HTTPError, ValueError) as exc:
+        log.warning("could not read the trainer's /delta at %s: %s", trainer, exc)
         return None
 
 

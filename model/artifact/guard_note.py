@@ -8,8 +8,11 @@ whether publication is held and since when; a hold that has lasted longer than t
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 
 def hold_reason(held_since: datetime | None, now: datetime, alarm_s: float) -> str | None:
@@ -35,5 +38,10 @@ def note_held_since(note: dict[str, Any] | None) -> datetime | None:
     try:
         at = datetime.fromisoformat(since)
     except ValueError:
+        log.warning("the guard's note has an unreadable held_since %r: the hold's age is "
+                    "unknown", since)
         return None
-    return at if at.tzinfo is not None else None
+    if at.tzinfo is None:
+        log.warning("the guard's note has a held_since without a timezone (%r): ignored", since)
+        return None
+    return at
