@@ -23,7 +23,7 @@ from stream.cli import monitor as cli_monitor
 from stream.cli import simulate as cli_sim
 
 EPILOG = """\
-Configuration comes from STREAMREC_* environment variables (see README, "Configuration").
+Configuration comes from STREAMREC_* environment variables (see docs/operations.md, "Configuration").
 Typical session:
   streamrec up          start Kafka, Redis, Flink and the project services
   streamrec status      show what runs, with pids, ports and health

@@ -164,7 +164,7 @@ class Stack:
         if c.port and port_in_use(self.settings.stack.bind_host, c.port):
             raise StackError(
                 f"Port {c.port} that {c.name} needs is already in use by a process streamrec did "
-                f"not start. Stop that process, or give {c.name} another port (see README, "
+                f"not start. Stop that process, or give {c.name} another port (see docs/operations.md, "
                 "'Configuration'), then run `streamrec up` again."
             )
         c.prepare()
