@@ -77,7 +77,7 @@ _USER_KEEP_MS = max(_USER_WINDOW_MS)
 
 @dataclass(frozen=True, slots=True)
 class Event:
-    """A validated event, as on the ``events`` topic (see the wire format in DESIGN.md)."""
+    """A validated event, as on the ``events`` topic (wire format in docs/design.md)."""
 
     event_id: str
     user_id: str

@@ -7,7 +7,7 @@ section and the field joined by ``__``, e.g. ``STREAMREC_KAFKA__PORT=19092`` or
 environment itself.
 
 This module lives in ``feature_store`` because it is the one package every other package may
-import (see DESIGN.md: ``stream``, ``model`` and ``serving`` depend on ``feature_store``).
+import (docs/design.md, "Layout and the import ladder").
 """
 
 from __future__ import annotations

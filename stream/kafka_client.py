@@ -449,7 +449,7 @@ def seek_to_time(consumer: Any, topic: str, at_ms: int, partition: int = 0) -> N
 def dlq_record(
     reason: str, stage: str, topic: str, partition: int, offset: int, raw: bytes | str | None
 ) -> bytes:
-    """The JSON value of an ``events.dlq`` record (format in DESIGN.md / README)."""
+    """The JSON value of an ``events.dlq`` record (format in docs/design.md, "Wire formats")."""
     if isinstance(raw, bytes):
         raw_text = raw[:DLQ_RAW_LIMIT].decode("utf-8", errors="replace")
     else:

@@ -1,6 +1,6 @@
 """The event schema: validation of incoming events and normalisation to the ``events`` wire format.
 
-One set of rules serves the ingest API and the replay of NDJSON logs (DESIGN.md, "Contracts");
+One set of rules serves the ingest API and the replay of NDJSON logs (docs/design.md, "Contracts");
 its limits and predicates live in :mod:`stream.rules`, shared with the Flink parser.
 
 Event (input)

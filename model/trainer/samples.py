@@ -1,6 +1,6 @@
 """Decoding ``samples`` records into training batches.
 
-Wire format (DESIGN.md / README): UTF-8 JSON ``{"sample_id": str, "user_id": str,
+Wire format (docs/design.md, "Wire formats"): UTF-8 JSON ``{"sample_id": str, "user_id": str,
 "item_id": str, "event_type": str, "weight": float, "ts": int ms, "history": [item_id, ...]}``.
 A record that does not match raises :class:`SampleError` with the reason (the trainer sends
 it to the dead-letter topic and keeps going). Samples are :class:`feature_store.features.Sample`,

@@ -1,4 +1,4 @@
-"""Parse ``events`` records (wire format in DESIGN.md / the ingest module) for the feature job.
+"""Parse ``events`` records (wire format in docs/design.md / stream.schema) for the feature job.
 
 Pure: bytes or str in, a :class:`feature_store.features.Event` or a :class:`BadEvent` (the
 reason it goes to ``events.dlq``) out. Ingest and replay normalise events to exactly this

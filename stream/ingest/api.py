@@ -16,7 +16,7 @@ producer (``acks=all``, idempotent) and closes it on shutdown.
   record that was not acknowledged by then has been given up by the producer, not left to be
   written later; the client retries with the same ``event_id``s. If some records of a batch
   were acknowledged before the failure, a retry writes them again — consumers dedupe by
-  ``event_id`` (DESIGN.md).
+  ``event_id`` (docs/design.md, "Wire formats").
 * ``415`` for other content types, ``401`` without the configured ``X-API-Key``.
 * ``429`` with ``Retry-After`` when more than ``rate_limit_per_s`` requests per second arrive
   (a token bucket, :mod:`stream.ingest.ratelimit`; checked before the body is read; 0 = no limit).
