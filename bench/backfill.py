@@ -1,20 +1,10 @@
 """A backfill end to end: a simulated log -> replay -> feature job -> trainer -> served version.
 
-Starts a private stack (Kafka, Redis with AOF, a Flink cluster, the feature job, the trainer,
-serving; the local stack's default sizes and cadences) on free ports under a temporary folder, writes ``--events`` simulated events
-(``streamrec simulate --to-file``, rating mode; cached in ``--log`` when it exists), runs
-``streamrec replay LOG --speed max --follow`` and reports the wall time of each stage and its
-rate. The stages overlap (the feature job and the trainer work while the replay sends): a
-stage's time is from the end of the previous one until it caught up, so the rate of the
-pipeline as a whole is ``events / total``. The CPU seconds of each stage's processes during
-the first replay are reported too, and their sum over the cores: a floor under the wall time
-that no overlap of the stages can beat (``cpu_bound_s``); the TaskManager's also by thread
-(``taskmanager_threads_cpu_s``: its JIT compilers, the feature job's operator threads, the
-Kafka clients).
-
-Then the same log is replayed a second time, and the bench checks that nothing changed: no
-event sent, the trainer's digest of trained sample ids and its count, the served version's
-item rows, and the features of a sample of users.
+Starts a private stack on free ports (Kafka, Redis with AOF, a Flink cluster, the feature job,
+the trainer, serving; the local stack's default sizes and cadences), replays ``--events``
+simulated events at full speed and reports each stage's wall time, rate and CPU seconds. Then
+it replays the same log again and checks that nothing changed (the replay ledger's promise).
+How it measures and what it reports: docs/internals.md; today's figure: docs/benchmarks.md.
 
     python bench/backfill.py --events 1000000 --json bench/results/backfill.json
 """

@@ -1,23 +1,10 @@
 """A backfill interrupted by kill -9, then resumed: does it end where an uninterrupted one does?
 
-For each fault of ``--faults`` (default: none, replay, flink-taskmanager, trainer, kafka) a fresh
-private stack (Kafka, Redis with AOF, a Flink cluster, the feature job, the trainer, serving;
-free ports, own topics and folders) replays the same simulated log:
-
-* ``none`` — ``streamrec replay LOG --speed max --follow``: the reference;
-* ``replay`` — the replay process is killed (SIGKILL of its process group) once a third of the
-  log is in the events topic;
-* a component — killed once the trainer has trained a third of the reference's samples
-  (by then the replay has sent the whole log: the feature job and the trainer are mid-way),
-  left down two seconds and started again (as ``streamrec up`` does);
-* ``<component>@send`` — the same, once a third of the log is in the events topic (while the
-  replay sends: it rides the outage out, or fails and is resumed).
-
-Then ``streamrec replay LOG --resume --follow`` finishes the backfill (the replay ledger
-skips what was delivered; ``--follow`` waits for the feature job, the trainer and a served
-version). Each run is compared with the reference: the features of every user (a digest of
-what the store returns), the trainer's count and digest of trained sample ids, and the rows of
-the served version.
+For each fault of ``--faults`` (default: none, replay, flink-taskmanager, trainer, kafka) a
+fresh private stack replays the same simulated log, the fault kills one process part-way,
+``streamrec replay LOG --resume --follow`` finishes the backfill, and the run is compared with
+the uninterrupted reference (features of every user, trained sample ids, served rows). The
+faults and the comparison in detail: docs/internals.md.
 
     python bench/backfill_chaos.py --events 100000 --json bench/results/backfill_chaos.json
 """

@@ -2,39 +2,11 @@
 
     streamrec bench cluster [--json FILE] [--rounds 2] [--step-seconds 8] [--e2e-samples 150000]
 
-Every variant runs in a child process of its own (a chief joins its cluster for life), in
-alternating order each round: ``single`` (one process, ``model.trainer.core.Trainer``),
-``cluster`` (``model.cluster.trainer.ClusterTrainer`` on 2 PS + 2 workers started on free
-ports, float32 on the wire) and ``cluster_bf16`` (rows and deltas bfloat16 on the wire).
-The live model (``ModelConfig()``), batch 512, eviction off (the cluster does not evict yet);
-``--no-fused-loss``: every trainer's loss op by op (``TrainOptions.fused_loss``).
-
-* step: pre-built batches of the synthetic stream (10k users, 20k items, after its first
-  ``--warm-samples``), test-then-train off; steps/s and examples/s from the first timed
-  step until every scheduled step is applied (``sync``).
-* e2e: ``--e2e-samples`` samples pre-produced once to a fresh topic of the Kafka in the
-  settings (``STREAMREC_KAFKA__PORT``); each variant's trainer service (as ``streamrec
-  train`` builds it, test-then-train on, export at the end) drains the topic from the start
-  with an empty checkpoint; examples/s = samples / wall time of ``run()``.
-* wire: the bytes sent plus received on the TCP connections whose peer is a PS of the
-  cluster (``ss -tin`` counters of every process here, taken before and after the timed
-  steps), per step and per example; ``wire_all`` also counts chief <-> worker traffic.
-* CPU: milliseconds of CPU per step of the chief (one process: the trainer) and each
-  server (``/proc/PID/stat``) over the timed steps, and the PS' CPU per row a step reads
-  and writes (distinct users + distinct targets and history items of the batch); for e2e,
-  microseconds per example of each role and of the samples fetch process.
-* e2e phases (the step and the evaluation are traced on two batches before the clock
-  starts, as in ``bench train``): ``e2e_startup_s`` from ``run()`` to the first batch
-  (restore, the fetch process's start), ``e2e_finish_s`` from the last batch to the end (the
-  final checkpoint and export), ``e2e_train_examples_per_s`` over the batches in between.
-
-JSON keys: ``by_variant`` {variant: {step_steps_per_s, step_examples_per_s,
-e2e_examples_per_s (medians) and their ``*_runs``, wire_bytes_per_step, wire_bytes_per_example,
-wire_all_bytes_per_step, cpu_ms_per_step {role: ms}, rows_per_step, ps_cpu_us_per_row,
-e2e_startup_s, e2e_finish_s, e2e_train_examples_per_s, e2e_cpu_us_per_example {role: us}}},
-``cluster_vs_single_step`` (ratio of medians), ``e2e_vs_single`` {cluster variant: its
-e2e examples/s over one process's, ratio of medians: the host's speed, which can move by
-half within an hour on a shared machine, cancels out of it}, ``fused_loss``, ``load_avg_*``.
+Every variant (one process; the cluster with float32 or bfloat16 on the wire) runs in a child
+process of its own, in alternating order each round, so they see the same host. Reported:
+the train step's steps/s, end-to-end examples/s from Kafka, bytes on the wire and CPU per
+role; ratios to one process cancel the host's speed out. The variants, the phases and the
+JSON keys: docs/internals.md; today's figure: docs/benchmarks.md#trainer-cluster.
 """
 
 from __future__ import annotations

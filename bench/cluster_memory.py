@@ -2,27 +2,10 @@
 
     python -m bench.cluster_memory [--rows 4000000] [--max-user-rows 0] [--batch 8192] [--json F]
 
-Starts 2 PS + 2 workers on free local ports, makes this process the chief and trains the
-live model (``ModelConfig()``, dim 32, sparse Adagrad: a row and an accumulator per key)
-with ``model.cluster.trainer.ClusterTrainer`` on batches whose every sample has a user
-never seen before (items from a 20k pool), until ``--rows`` users were trained. With
-``--max-user-rows N`` the trainer evicts every ``--evict-every`` steps (the one-process
-rule, applied to the shards), so the user table must stay within N rows.
-
-Every ``--report-every`` users it records the rows per table and PS, the RSS of every
-process (``/proc/PID/status`` VmRSS: chief, ps0, ps1, worker0, worker1), the CPU seconds
-each used so far and the users trained per second (timed after the steps scheduled so far
-have run). At the end it takes the consistent
-cut (``ClusterTrainer.sync``: every step joined; the rows stay on the PS), saves a
-checkpoint of the trainer (each PS writes its shards' data file) and reads the user rows
-as an export does (``ClusterTrainer.known_rows``, one shard at a time), timing each and
-measuring the chief's RSS after it: the chief's share of the memory wall.
-
-JSON: ``points`` (one per report), ``final`` (sizes and RSS before the cut), ``after_cut``
-(chief RSS, seconds, rows of the chief's own user table), ``checkpoint`` (seconds, RSS of every role, the data files' MiB: one per process that
-holds variables),
-``export_read`` (seconds, chief RSS holding the rows, their MiB, the users read and their
-key range: user ``k`` is the ``k``-th user trained), ``load_avg_*``.
+Starts 2 PS + 2 workers, makes this process the chief and trains batches whose every sample
+has a user never seen before, recording rows per shard and the RSS of every process; at the
+end it times the consistent cut, a checkpoint and an export's read of the user rows. Details
+and the JSON keys: docs/internals.md; today's figure: docs/benchmarks.md.
 """
 
 from __future__ import annotations

@@ -4,30 +4,10 @@ cost, and the checkpoint cost that decides how deltas stay exactly-once.
     python -m bench.deltas [--users 20000] [--items 20000] [--warm-samples 40000]
                            [--fill 100000] [--rate 2000] [--deltas 20] [--json FILE]
 
-A trainer (the live defaults: ``ModelConfig()``, batch 512) is warmed on ``--warm-samples``
-of the synthetic stream (``--users``, ``--items``), then both tables get ``--fill`` more rows
-(random keys and rows, named items: what the size-bound costs see — snapshot, apply and
-compose, checkpoint — as in a long-running stream); then, ``--deltas`` times, it trains
-one second of the stream at ``--rate`` samples/s and builds the delta of that second
-(``model.trainer.deltas.DeltaBuilder``). Reported, each as p50/p95 over the deltas:
-
-* ``rows_per_delta`` (user + item rows), ``pairs_per_delta`` (co-visitation pairs);
-* ``bytes_per_s``: the record per codec (float32, float16, bfloat16, int8), raw and with
-  zlib (``--rate`` samples/s means one delta per second, so bytes per delta = bytes/s);
-* ``build_ms``: the trainer's cost of reading the touched rows and encoding (float32);
-* ``apply_ms``: serving's cost of decoding, applying and composing the servable artifact
-  (``model.delta.apply`` + ``Composer.compose``, as serving's follower), ``apply_rows``;
-* ``snapshot_bytes``: the lineage's snapshot; ``checkpoint_ms``: one trainer checkpoint
-  (``model.trainer.checkpoint.CheckpointStore.save``, as ``TrainerService.checkpoint``) at
-  this table size, three saves.
-
-With ``--quality-samples N``: the next N samples of the stream (not trained on) are ranked
-by the served artifact (``serving.retrieval.rank_with_model``, seen items excluded) after
-the float32 snapshot and the deltas in each codec; ``recall_at_10`` per codec, and its
-change against float32 (the quality cost of compressing the stream; ``--fill 0`` keeps the
-random rows out of the catalog).
-
-CPU time is shared with other work on the development machine: ``load_avg`` is written too.
+A warmed trainer with filled tables trains one second of the synthetic stream per delta and
+builds its delta; reported are rows and pairs per delta, bytes/s per row codec, the build,
+apply and checkpoint costs and, with ``--quality-samples``, Recall@10 per codec. Details:
+docs/internals.md; today's figure: docs/benchmarks.md#delta-stream.
 """
 
 from __future__ import annotations

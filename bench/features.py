@@ -1,25 +1,10 @@
 """Feature job throughput (parallelism 1 and 2) and feature freshness at a steady 2,000 events/s.
 
-Needs Kafka and Redis up (``streamrec up``, or the test stack with ``STREAMREC_KAFKA__PORT=19092
-STREAMREC_REDIS__PORT=16379``). Every run uses fresh topics and a fresh Redis key prefix.
-
-Throughput: ``--events`` events (5,000 users x 20,000 items, every 5th an impression) are
-written to Kafka first; then the job starts (``stream/flink/job.py --local``, a MiniCluster
-in its own process, Python operators in thread mode) and reads them as fast as it can. One
-sentinel event per partition is written last; the figure is events / (time from the first
-feature visible in Redis to every sentinel visible), so JVM start-up is not counted.
-
-Freshness: the job runs on a fresh topic; a client posts batches to the ingest API
-(``streamrec ingest-api``) at ``--rate`` events/s; every ``--probe-every`` s a probe posts one
-event of a new user and polls ``GET /users/{id}/features`` (``serving/features_api.py`` on an
-in-process uvicorn) until the user shows; the latency counts from the ingest API's 2xx.
-
-The job writes filesystem checkpoints (as on the cluster) to a temporary folder, removed after. The CPU figure is
-the job process group's CPU time over the measured interval (JIT compilation included), the
-comparable figure on a shared machine. ``--cluster`` submits the throughput job to the running
-standalone cluster instead (e.g. two TaskManager JVMs of one slot each: one Python
-interpreter lock per subtask); CPU is then the JobManager's and TaskManagers' process groups. Which API does what, and the measured table behind the
-choice: ``stream/flink/job.py``; this bench is its evidence.
+Needs Kafka and Redis up (``streamrec up``, or the test stack). Throughput: a preloaded topic
+read by the job as fast as it can, timed from the first feature in Redis to the last sentinel
+(JVM start-up not counted). Freshness: ingest API -> feature visible through serving's
+features API. This bench is the evidence behind ``stream/flink/job.py``'s shape; how it
+measures: docs/internals.md.
 
     streamrec bench features --json bench/results/features.json
     python bench/features.py --events 100000 --parallelism 1 2 --json out.json

@@ -1,54 +1,11 @@
 """Freshness of the running pipeline: how soon an event shows in features, model, answers.
 
-Needs the stack up (`streamrec up`). A simulator keeps background load on the ingest API;
-every ``--interval`` seconds on average a probe posts one click of a simulated user on an item and then
-polls, each on its own thread, until:
-
-  (a) feature_s         the click is in the user's history (GET /users/{id}/features)
-  (b) model_s           the served model version was trained through the click's event time
-                        (GET /model ``trained_through_ms`` >= the click's ts; the trainer reads
-                        the samples topic in order per partition, so this is when a version that
-                        can contain the click is served)
-  (c) recommendation_s  the user's recommendations differ from those just before the click
-
-Probe items (``--probe-items``): ``served`` (default) clicks an item of the served model
-version's catalog — what users can be shown — outside that user's current top 20 (so the
-change comes from the user's new history, not from hiding the clicked item); ``any`` draws
-from the simulator's whole catalog, where an item nobody clicked yet has no row in the served
-version and can only move that user's answers once a version trained on the click is served
-(i.e. after (b)). Either way each probe records whether its item was in the served version
-at click time, and (c) is also reported split by that (``recommendation_s_by_item``).
-
-With deltas on (``trainer.delta_every_s``), (b) is the served delta's trained-through time.
-``--new-items N`` adds N probes that click a brand-new item id (never seen before) and time
-
-  (d) new_item_s        the first click -> the item is in the served catalog, recommendable
-                        (GET /model/items/{id})
-
-and the run also reports the delta stream's bytes/s as the trainer sent it (its
-``GET /delta``, ``--trainer``) and the serving worker's last apply cost (``GET /model``).
-
-The gaps between probes are drawn uniformly from 0.5-1.5x ``--interval`` (:func:`gap`): the
-deltas and versions come on a period of their own, and probes on a fixed gap that is near a
-multiple of it all meet it at nearly one phase (40 probes 2 s apart against deltas every
-~1.02 s swept one and a half periods in a slow ramp), so (b) and (d) measured where in
-the period they fell more than the freshness. Drawn gaps meet every phase alike.
-
-Before the first probe the background load runs ``--warmup`` seconds, and then until the
-served model is trained through events at most ``--steady-lag`` seconds old (deadline
-``--warmup-timeout``; past it the run FAILS, exit 3, naming the lag and any quality guard
-hold): a stack just started, or a trainer still working off a backlog or held by its guard,
-would otherwise time its catching up rather than its freshness.
-
-The causes of slow figures are read from the trainer's ``/metrics`` at the start and the end
-of the probes: the quality guard's holds and rollbacks during the run (a held guard
-publishes nothing, so ``model_s`` waits for its resume) and the deltas published per second.
-
-Prints p50/p95/p99 of each in seconds and those causes; ``--json FILE`` writes
-``feature_s``, ``model_s`` and ``recommendation_s`` each with ``p50``, ``p95``, ``p99`` (and
-the raw values), beside ``guard_holds``, ``guard_rollbacks`` and ``deltas_per_s`` (null: the
-trainer's metrics could not be read); ``--png FILE`` draws their distributions (matplotlib,
-if installed).
+Needs the stack up (``streamrec up``). Under background load from the simulator, probes click
+items and time (a) the click in the user's features, (b) a served model trained through it,
+(c) the user's recommendations changing and, with ``--new-items``, (d) a brand-new item
+becoming recommendable. Probe gaps are drawn at random so they do not lock onto the delta
+period; a warm-up waits for a steady stack (exit 3 if it never gets there); the guard's holds
+and the deltas/s of the run are reported beside the figures. Details: docs/internals.md.
 
     streamrec bench freshness --probes 20 --interval 2 --json bench/results/freshness.json
 """

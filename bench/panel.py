@@ -1,19 +1,16 @@
 """The real-log panel: ``streamrec evaluate`` on every log of a folder, over several seeds.
 
-Each (log, seed) runs as its own ``streamrec evaluate LOG --seed S --json F`` process (so
-its runtime and peak memory are its own, and the model starts fresh), one after another.
-The table gives, per log: the model's Recall@10 and NDCG@10 (median over the seeds, and the
-lowest seed), every baseline (they do not depend on the seed: the first run's figures, and
-the panel checks the others agree), the model's ratio to the best baseline per seed, the
-towers alone (``model-tower``), Recall@10 of the model and the best baseline for users with
-0, 1-4 and 5+ earlier items, and each run's seconds and peak memory. Quality claims of the
-project come from this table (README, ``docs/decisions.md#real-log-panel``).
+Each (log, seed) runs as its own ``streamrec evaluate LOG --seed S --json F`` process (its own
+runtime, peak memory and a fresh model), one after another. Per log: the model's Recall@10 and
+NDCG@10 (median and lowest seed), every baseline (seed-independent; checked to agree), the
+ratio to the best baseline, the towers alone, Recall@10 by history size (0, 1-4, 5+), seconds
+and peak memory. Today's panel: ``docs/benchmarks.md#real-log-panel``; the full table and how
+the baselines were tuned: ``docs/decisions.md#real-log-panel``.
 
     streamrec bench panel ../shared/data/real /tmp/ml100k --seeds 1,2,3 --json panel.json
     streamrec bench panel LOG.ndjson --seeds 1 -- --epochs 5   # after --: evaluate's options
 
-A folder stands for its ``*.ndjson`` files (sorted by name); a file is taken as it is
-(format detected by ``streamrec evaluate`` unless it ends in ``.ndjson``).
+A folder stands for its ``*.ndjson`` files (sorted by name); a file is taken as it is.
 """
 
 from __future__ import annotations

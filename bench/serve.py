@@ -1,20 +1,14 @@
 """Serving benchmark: p50/p99 latency and requests/s of GET /recommend.
 
-For each item count (default 10k and 100k) it builds a random artifact (d=32, two dense
-layers, a co-visitation term with 40 neighbours per item and its last-item part, format 6), seeds a throwaway ``redis-server`` with user histories and a trending list, starts
-``streamrec serve`` as its own process, and drives it at each concurrency with the load
-generator ``bench/serve.py loadgen`` — a separate process: an asyncio (uvloop) client that
-keeps one HTTP/1.1 keep-alive connection per concurrent worker and sends requests back to
-back (closed loop). Each concurrency is run twice: steady, and while a new version is
-published every ``--swap-every`` seconds (errors counted).
+For each item count it builds a random artifact, seeds a throwaway ``redis-server``, starts
+``streamrec serve`` as its own process and drives it with a closed-loop load generator
+(``bench/serve.py loadgen``, its own process, one keep-alive connection per concurrent
+client), steady and while a new version is published every ``--swap-every`` seconds.
 
     streamrec bench serve [--items 10000,100000] [--concurrency 1,16,64] [--duration 8]
                           [--json FILE]
 
-JSON: a list with one object per run: concurrency, items, p50_ms, p99_ms, rps, errors,
-swapping, workers (plus requests, non_model answers, versions swapped in during the run —
-with several workers, summed over them by /metrics — and the machine's 1-minute load average
-at its end: the figures are only comparable at equal load).
+The artifact, the JSON fields and the load record: docs/internals.md.
 """
 
 from __future__ import annotations

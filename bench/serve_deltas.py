@@ -1,36 +1,15 @@
 """Serving latency while deltas apply: p50/p99 of GET /recommend at c=16 with and without a
-delta stream, alternating, over a ~120k-item catalog and 2 workers (issue 20's target:
-p99 <= 20 ms, zero errors, while a delta applies every second).
+delta stream, alternating, over a ~120k-item catalog and 2 workers (target: p99 <= 20 ms, zero
+errors, while a delta applies every second).
 
     python -m bench.serve_deltas [--concurrency 16] [--workers 2] [--duration 10]
                                  [--rounds 2] [--every 1] [--fill 100000]
                                  [--baseline REV] [--json FILE]
 
-A trainer (the live defaults, as ``bench.deltas``) is warmed on the synthetic stream, its
-tables filled with ``--fill`` random named rows (so the catalog is ~``fill`` + the stream's
-items), and a full version with its delta snapshot is published into a throwaway registry;
-then the deltas of ``--rate`` samples each are built ahead (the trainer's cost is not the
-point here: it runs in another process in production), encoded as the trainer publishes
-them (``trainer.delta_codec``, int8 rows by default; ``--codec``). A throwaway Kafka and Redis
-(``deploy.stack``, own run dir and ports) carry the deltas and the users' histories;
-``streamrec serve --workers N`` follows the updates topic. The load generator
-(``bench/serve.py loadgen``, its own process, closed loop) runs ``--rounds`` pairs of
-phases: without deltas, then with one delta sent every ``--every`` seconds.
-
-``--baseline REV``: the serving code of git revision REV (``git archive``, in the temporary
-directory) is measured too, in the same run: each round serves REV's code, then this
-tree's (a restarted server replays the lineage from the topic before it is measured).
-
-Reported per phase: p50/p99/rps/errors, the workers' CPU ms per request (``bench.workers``:
-their CPU seconds over the phase / the requests answered; far less load-sensitive than p99)
-and the split of the connections over them, the CPU seconds of the workers' delta composer
-(``serving.shared_state``; none when each worker applies the deltas), deltas sent, and
-the applied count and last apply (decode + apply + compose; wall and the follower thread's
-CPU ms) from ``/model`` with each worker's last map of a shared state; per code and phase the
-medians over rounds; ``apply_ms_in_process``: the same deltas decoded, applied and
-composed in one process by each code, as its follower does; ``rows_per_delta``; the load
-average (the machine is shared: figures compare at equal load only); ``host``: the processor
-and its speed probes (``bench.host``: figures compare on the same host only).
+Deltas are built ahead by a warmed trainer and sent over a throwaway Kafka while the load
+generator runs phases without and with them; ``--baseline REV`` measures another revision's
+serving code side by side in the same run. Reported per phase: latency, rps, the workers' CPU
+per request, the apply cost, the load and the host record. Details: docs/internals.md.
 """
 
 from __future__ import annotations

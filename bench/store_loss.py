@@ -1,22 +1,10 @@
 """The online store's durability: AOF cost on the feature job, and recovery after a kill -9.
 
-Needs Kafka up (``streamrec up --infra``, or the test stack with ``STREAMREC_KAFKA__PORT=19092``).
-Starts its own Redis servers on free ports (in a temporary folder), so the stack's Redis is
-never touched.
-
-AOF cost (``--aof-events``): the feature job's throughput (``bench/features.py``'s
-measurement: a MiniCluster reading a preloaded topic as fast as it can) against a Redis with
-``--appendonly no`` and one with ``--appendonly yes --appendfsync everysec``, alternating
-(off, on, off, on, ...: ``--rounds``), so both see the same machine load.
-
-Recovery (``--users``): the job builds the features of ``--users`` users (two events each),
-then a producer keeps sending events of other users at ``--rate`` events/s (acks=all: each
-acknowledged send is an acknowledged event) while Redis is killed with SIGKILL and restarted
-``--down-s`` later (empty when ``--recovery-aof`` is off: the worst case). Reported: seconds
-from Redis being ready again until every one of the users reads back with the features it had
-before the kill (and the rate), the time until serving's reading of the store
-(``serving.store_health``) says ``whole`` again, and the acknowledged events missing from the
-store at the end (each load user's 7-day count must equal its acknowledged events).
+Needs Kafka up; starts its own Redis servers on free ports, so the stack's Redis is never
+touched. AOF cost: the feature job's throughput against Redis without and with
+``appendfsync everysec``, alternating. Recovery: Redis killed with SIGKILL under load and
+restarted empty; timed until every user's features are back and serving says ``whole``, and
+the acknowledged events missing at the end counted. Details: docs/internals.md.
 
     python bench/store_loss.py --json bench/results/store_loss.json
     python bench/store_loss.py --skip-aof --users 100000

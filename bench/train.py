@@ -4,51 +4,12 @@ size, and model freshness.
     streamrec bench train [--json FILE] [--batches 512,2048] [--e2e-samples 300000]
                           [--export-ids 100000,1000000] [--freshness-s 75] [--skip ...]
 
-Samples come from the synthetic stream (10k users, 20k items) after its first
-``--warm-samples`` (200k): every user has had ~20 events, so histories are as full as in a
-long-running stream (its first 100k samples carry ~3 history entries per row, which makes
-the step look faster than it runs in steady state).
-
-* step: the compiled train step alone on pre-built batches, the live model
-  (``ModelConfig()``, its history window unless ``--step-history``; d 32), after warm-up; at
-  each batch size, plus batch 512 with history rows frozen (``--no-history-grad``).
-  Test-then-train evaluation is off here, and so is the co-visitation term's learning
-  (``model.scoring.covisit``): the live trainer has it done on its evaluation thread, which the e2e
-  figure includes. The mean number of history entries per row is
-  reported. With ``--compare-rounds N`` also the deduplicated step and the reference step
-  (``TrainOptions.dedup_lookups``) side by side in one process: N alternating rounds on the
-  same batches, taken from a longer stream (histories fill up to 50 items), medians reported.
-* e2e: ``--e2e-samples`` samples pre-produced to a fresh topic of the Kafka in the settings
-  (``STREAMREC_KAFKA__PORT``), then the trainer service as ``streamrec train`` builds it (the
-  live model defaults, e.g. its history window; decode, evaluate 128 rows/batch,
-  train, checkpoint + export at the default cadence) drains them, starting empty; rate =
-  samples / wall time of ``run()`` (the step is traced before the clock starts; connecting
-  and the final export are inside it), and the rate while training: samples / wall time
-  from the first batch's start to the last one's end (what a running trainer sustains, the exports at
-  the default cadence inside it; the startup and the final export, fixed costs that weigh
-  ~1/10 of a 300k-sample run, are reported beside it). ``--e2e-consumer
-  confluent,kafka-python --e2e-rounds 3`` times both samples consumers in alternating order;
-  ``--no-fused-loss`` runs the trainer with its loss op by op (``TrainOptions.fused_loss``).
-* export: tables filled with N users and N items (random rows), time to write the artifact
-  (``model.trainer.export.write_version``), its size on disk, and the time to load and verify it
-  (``model.artifact.files.load_artifact``, what serving does).
-* freshness: a producer writes samples stamped with the wall clock at ``--freshness-rate``
-  per second for ``--freshness-s`` seconds while the trainer runs with the default export
-  interval (``trainer.export_every_s``); a sample's freshness is the publication time of the
-  first version whose Kafka offsets cover it minus its event time.
-
-JSON keys: ``step_examples_per_s`` (batch 512), ``step_examples_per_s_by_batch``,
-``step_history_len``, ``step_tower`` (``--user-tower``, ``--attention-len``,
-``--attention-blocks``: the step's user tower), ``step_mean_history_entries``,
-``step_examples_per_s_frozen_history``, ``step_compare_512`` (with ``--compare-rounds``: the
-deduplicated and the reference step, median and rounds) (and ``*_per_cpu_s*``: examples per CPU second of the
-process, steadier than wall time on a shared machine), ``e2e_examples_per_s`` (and
-``e2e_examples_per_cpu_s``, ``e2e_examples_per_s_steady``: the rate while training;
-``e2e_fused_loss``;
-``e2e_by_consumer`` with several consumers or rounds: medians, the startup's and the final
-export's seconds, and each run),
-``export`` (list),
-``model_freshness_s`` {p50, p95, n}, ``load_avg`` (the machine is shared: read figures with it).
+Samples come from the synthetic stream after a warm-up long enough for histories to be as
+full as in a long-running stream. Parts (each skippable): ``step`` (the compiled train step on
+pre-built batches), ``e2e`` (the trainer service draining a pre-produced topic),
+``export`` (write and load an artifact of N ids), ``freshness`` (sample event time ->
+published version). Each part and its JSON keys: docs/internals.md; today's figures:
+docs/benchmarks.md.
 """
 
 from __future__ import annotations

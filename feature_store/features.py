@@ -1,53 +1,15 @@
 """Feature definitions: each feature is a deterministic function of (state, event), defined once.
 
 The Flink feature job (``stream/flink/job.py``), the replay/backfill path and serving are
-thin adapters around these functions; nothing else computes a feature. No I/O, no clocks: the
-only notion of time is the event time carried by the events (``ts_ms``, epoch milliseconds).
+thin adapters around these functions; nothing else computes a feature, so training and
+serving cannot drift apart. No I/O, no clocks: the only notion of time is the event time
+carried by the events (``ts_ms``, epoch milliseconds).
 
-Per user (:class:`UserState`, updated by :func:`update_user`):
-
-* ``history`` — the last ``history_len`` interactions as ``(item_id, event_type, ts_ms)``,
-  most recent first: the positive events (weight > 0) and the events of a type in
-  ``history_types`` whatever their weight (``features.history_event_types``, default
-  ``rating``: an explicit rating is an interaction even when it is not a positive, as a
-  MovieLens rating below the like threshold). Ties on ``ts_ms`` keep arrival order (the
-  later arrival first).
-* ``counts`` — per window (``1h``, ``24h``, ``7d``) and event type, the number of events in the
-  window that ends at ``as_of_ms`` (the newest event time seen for the user). Counts are kept in
-  buckets of ``bucket_ms`` (default one minute) aligned to the epoch: a window of length ``W``
-  covers the bucket holding ``as_of_ms`` and the ``W / bucket_ms - 1`` buckets before it. With
-  ``bucket_ms = 1`` the windows are exact: ``(as_of_ms - W, as_of_ms]``.
-* ``last_seen_ms`` — the newest event time of any event of the user (equals ``as_of_ms``).
-
-Per item (:class:`ItemState`, :func:`update_item`; only positive events reach an item):
-
-* ``score`` — sum of ``weight * 2 ** (-(as_of_ms - ts_ms) / half_life)`` over the item's
-  events, valid at ``as_of_ms`` (newest event time of the item). Order independent.
-* ``counts`` — number of positive events in the ``1h`` and ``24h`` windows ending at
-  ``as_of_ms`` (same bucket rule as users).
-
-Global (:class:`TrendingState`, :func:`update_trending`): the top ``n`` items by decayed score,
-every score decayed to the same instant (the newest item ``as_of_ms`` seen), best first; ties
-broken by item id. Pruning to ``n`` is exact: scores of items without new events all decay at
-the same rate, so their order never changes, and an item re-enters with its next update.
-
-Out-of-order and late events (event time older than ``as_of_ms`` or than the job's watermark)
-are applied at their event time: they land in the right bucket and the right history position
-(or fall off the end of a full history), and they never move ``as_of_ms`` backwards. Buckets
-older than the largest window are dropped. Nothing is discarded for being late; the caller may
-count lateness (:func:`is_late`).
-
-Duplicates: an event whose ``event_id`` the user has already applied changes nothing
-(:attr:`UserOutcome.duplicate`). Ids are remembered for ``dedupe_horizon_ms`` of event time
-behind ``as_of_ms`` (default: the largest window) and, beyond that, through the ids of the
-history entries; an older duplicate can no longer change a count (its bucket is outside every
-window) nor the history (it is older than a full history), so state stays exact. Only its
-training sample could be emitted again; samples carry ``sample_id`` = ``event_id`` so the
-trainer drops it.
-
-Training samples (:func:`make_sample`) are point-in-time correct: the history of a sample is
-built from the user state *before* the event and holds only interactions strictly earlier than
-the event (``ts < event.ts_ms``), never the sample's own item, at most ``history_len`` entries.
+Per user (:func:`update_user`): history and windowed counts; per item (:func:`update_item`):
+a decayed score and counts; globally (:func:`update_trending`): the top items. Late and
+out-of-order events apply at their event time, duplicates change nothing, and training
+samples (:func:`make_sample`) are point-in-time correct. The exact rules (windows, buckets,
+dedupe horizon, trending pruning): docs/internals.md.
 """
 
 from __future__ import annotations

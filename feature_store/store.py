@@ -1,22 +1,14 @@
 """The online store seam: what the Flink job writes and serving reads.
 
 One backend for now (Redis, ``feature_store.redis_store``), picked by ``settings.store.backend``
-in :func:`open_store`, which every writer and reader builds its store with. The Redis key
-layout is the written spec ``feature_store/FORMAT.md``.
+in :func:`open_store`; the key layout is the written spec ``feature_store/FORMAT.md``.
 
-Writes are idempotent and versioned: every record carries ``as_of_ms``, the event time it is
-current to, and is written with a ``seq`` (the number of events its writer had applied to the
-record's state, 0 if the writer does not count). A write whose ``(as_of_ms, seq)`` is older
-than what the store holds is ignored, so a replay never overwrites newer state with older
-state, and rewriting the same version is harmless.
-
-Generation (FORMAT.md "Generation"): a writer that keeps the state behind its records (the
-feature job) names itself by *part* and counts its write batches; each batch carries a
-:class:`Mark` ``(part, writes before, writes after)``. The store keeps the newest count of
-each part; a count behind the writer's means the store lost writes (it restarted empty, or
-from an older snapshot), and the store then flags the part as rehydrating until the writer
-has re-written its whole state (:meth:`OnlineStore.finish_rehydration`). Readers ask
-:meth:`OnlineStore.read_generation` whether the store is whole.
+Writes are idempotent and versioned by ``(as_of_ms, seq)``: an older write is ignored, so a
+replay never overwrites newer state with older state. A writer that keeps the state behind its
+records (the feature job) also counts its write batches per *part* (:class:`Mark`), so a store
+that lost writes is detected and flagged as rehydrating until the writer has re-written it
+(:meth:`OnlineStore.read_generation` says whether the store is whole). Details:
+docs/internals.md and FORMAT.md "Generation".
 """
 
 from __future__ import annotations

@@ -1,24 +1,14 @@
 """Keep-alive connections evened out over the workers of one port (Linux ``/proc``).
 
-Each worker of ``serve --workers N`` listens on its own ``SO_REUSEPORT`` socket and the
-kernel hands it new connections by their hash (``serving.cli``). With a few long-lived
-keep-alive connections (a load balancer's upstream pool, a client's connection pool) that
-split is a coin toss that lasts as long as the connections: 16 over 2 workers came out
-13/3, 10/6, 9/7 and 8/8 in the serving benchmark, and the busier worker's queue sets the
-p99 of everyone.
-
-A :class:`ConnectionBalancer` in each worker counts, once a second, the established
-connections to the port (``/proc/net/tcp``, or ``tcp6`` for an IPv6 listener: every
-worker's) and those among them that are its own (its file descriptors' socket inodes).
-The count runs on a thread, not on the event loop: reading a ``/proc/net`` table walks the
-kernel's whole established-connections hash, however few connections it lists (~3.5 ms
-per table on a host whose hash has 262,144 buckets), and the event loop would answer no
-request meanwhile. A worker holding more than
-its share, ``ceil(total / workers)``, answers that many of its next responses with
-``Connection: close`` (``serving.fastpath``): the client opens a new connection after the
-response (HTTP/1.1; nothing is lost or retried) and the kernel hashes it anew, so the
-split converges over a few seconds to the even one and stays there. The same remedy as
-load balancers' connection draining; no state is shared between the workers.
+Each worker of ``serve --workers N`` listens on its own ``SO_REUSEPORT`` socket and the kernel
+hands it new connections by their hash. With a few long-lived keep-alive connections that
+split is a coin toss that lasts as long as the connections, and the busier worker's queue
+sets everyone's p99. A :class:`ConnectionBalancer` in each worker counts, once a second on a
+thread (reading ``/proc/net`` is slow and would stall the event loop), the connections to the
+port and its own; a worker over its share, ``ceil(total / workers)``, answers that many
+responses with ``Connection: close`` (``serving.fastpath``), and the clients' new connections
+are hashed anew until the split is even. No state is shared between the workers. Figures:
+``docs/decisions.md#serving-request-path``.
 """
 
 from __future__ import annotations

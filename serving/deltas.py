@@ -1,32 +1,14 @@
 """Serving's follower of the delta stream: applies deltas off the request path, in order.
 
-One :class:`DeltaFollower` per serving process: ``serve`` with one worker runs it in the
-worker; ``serve --workers N`` runs one for the host in a composer process whose states the
-workers map (``serving.shared_state``; ``serving.shared_deltas`` false: one per worker,
-each following the topic itself). Its thread reads the updates topic's partition
-(``stream.kafka_client.updates_consumer``: assigned, no group) and, for each record:
-
-* a record of a base that is not the registry's ``CURRENT`` version is skipped (an older
-  lineage, or a pin/rollback that moved the pointer elsewhere);
-* a record of ``CURRENT`` when the follower holds another lineage (or none) starts that
-  lineage: the version's snapshot (``model.delta.SNAPSHOT_FILE``) is loaded from the
-  registry and the deltas replayed on it; so does a move of ``CURRENT`` itself (checked
-  after every poll), so a pin, a rollback or a new version is followed at once;
-* ``seq`` at or below the applied one is skipped (idempotent); a gap, or a record that
-  fails its checksum, makes it *resync*: reload the snapshot and replay the lineage from
-  the topic, sought by time to just before the version was created;
-* otherwise the delta is applied (``model.delta.apply``: new arrays, the served ones are
-  never written), composed into an artifact (``model.delta.served.Composer``: the last
-  artifact patched where the delta changed it, equal to a full compose), checked, and
-  swapped in as one reference.
-
-In a worker the follower shares the CPU with the requests: a delta's apply is paced
-(:class:`Pacer`, ``serving.delta_apply_share``), so its ~30 ms of CPU at ~100k items
-spreads over a few times that and requests in flight keep most of the worker instead of
-half of it while the delta applies (figures: ``docs/decisions.md#delta-stream``).
-
-On start it seeks to the lineage of the current version the same way. ``status()`` is what
-``/model`` shows under ``delta``.
+One :class:`DeltaFollower` per serving process (or, with ``serve --workers N``, one for the
+host in a composer process whose states the workers map: ``serving.shared_state``). Its
+thread reads the updates topic and follows the registry's ``CURRENT`` version: records of
+other bases are skipped, a new base starts its lineage from the version's snapshot, a seq
+already applied is skipped, a gap or a bad checksum resyncs, and a delta is applied, composed
+(``model.delta.served.Composer``), checked and swapped in as one reference. In a worker the
+apply is paced (:class:`Pacer`, ``serving.delta_apply_share``) so requests keep most of the
+CPU meanwhile (figures: ``docs/decisions.md#delta-stream``). ``status()`` is what ``/model``
+shows under ``delta``. The record rules in full: docs/internals.md.
 """
 
 from __future__ import annotations
@@ -93,8 +75,8 @@ def serve_in(loader: ModelLoader, artifact: Any, clock: Callable[[], datetime]
              ) -> LoadedModel | None:
     """Swap ``artifact`` in; returns the model it replaced, for the caller to hold until its
     next swap: requests still on it finish, and the one that drops it last is then the
-    follower's thread, not a request's (freeing ~50 MB of arrays and an id map of ~100k
-    entries is a millisecond or more)."""
+    follower's thread, not a request's (freeing a large catalog's arrays and id map takes
+    time: ``docs/decisions.md#delta-stream``)."""
     previous = loader.current
     loader.swap(LoadedModel(artifact, artifact.manifest, clock().astimezone(UTC)), quiet=True)
     return previous

@@ -1,19 +1,13 @@
 """Every Prometheus metric the serving API exports (names in ``feature_store.metric_names``).
 
-Metrics live on a per-app ``CollectorRegistry`` (no process-global state), so several apps
-(tests) can coexist in one process. Lifetime counters only; windowed rates are PromQL's job.
-
-With several worker processes (``streamrec serve --workers N``) the values live in
-``prometheus_client``'s multiprocess files under ``multiprocess_dir`` (the
-``PROMETHEUS_MULTIPROC_DIR`` the CLI sets before the workers start), and
-:attr:`ServingMetrics.exposition` merges every worker's files, so ``/metrics`` and the
-dashboard of any worker show the whole server: counters and histograms summed, the model
-gauges over the live workers (the oldest version served, the largest item count).
-
-Ages are computed at scrape time from stored timestamps (a ``set_function`` gauge cannot be
-shared between processes): ``*_model_created_timestamp_seconds`` is stored,
-``*_model_version_age_seconds`` is derived from it with the app's clock when ``/metrics`` is
-read. A worker without a model stores ``+Inf`` (so it does not hide the others' age).
+Metrics live on a per-app ``CollectorRegistry`` (no process-global state); lifetime counters
+only, windowed rates are PromQL's job. With several workers the values live in
+``prometheus_client``'s multiprocess files under ``multiprocess_dir`` and
+:attr:`ServingMetrics.exposition` merges every worker's, so ``/metrics`` and the dashboard of
+any worker show the whole server (counters and histograms summed; the model gauges over the
+live workers: the oldest version, the largest item count). Ages are computed at scrape time
+from stored timestamps (``*_model_created_timestamp_seconds`` -> ``*_model_version_age_seconds``);
+a worker without a model stores ``+Inf`` so it does not hide the others' age.
 """
 
 from __future__ import annotations

@@ -1,31 +1,14 @@
 """One delta composer per host: ``serve --workers N`` applies each delta once, not N times.
 
-Without it every worker follows the updates topic and decodes, applies and composes every
-delta itself (``serving.deltas``): N times the CPU of one, taken from requests, beside N
-copies of the same arrays in memory. With it (``serving.shared_deltas``, N > 1):
-
-* **The composer** — a process of its own, started (and restarted if it dies) by the
-  supervisor of the workers (``serving.cli``), at a lower priority
-  (``serving.delta_composer_nice``) — runs the one :class:`~serving.deltas.DeltaFollower` of
-  the host with :class:`Publisher` as its sink: each state it would have served is written
-  into a *slot* file of the host's directory (``model.delta.shared``; in memory, under
-  ``/dev/shm``), then named with its generation in the pointer ``current.json`` (written
-  under a temporary name and renamed: a reader sees the old pointer or the new one,
-  whole). Slots are rewritten in place, so their pages stay allocated and mapped: a slot is
-  written only when the pointer does not name it and no live worker holds it.
-* **Each worker** runs a :class:`SharedFollower`: its thread looks at the pointer every
-  ``poll_s``, lists the slot and generation in its ``held-*`` file, reads the state from
-  its mapping of the slot (mapped once per slot, its pages populated then) and swaps it in
-  as one reference: exactly the artifact the composer composed and checked, for ~2-3 ms of
-  a worker's CPU per delta instead of ~30. A state stays held while anything of the worker
-  still uses it (a request in flight included: a finalizer of the artifact lets it go).
-
-A state is served only if it is of the registry's ``CURRENT`` version, as the follower does
-with the records it reads (a pin or a rollback is followed by the composer). A worker that
-starts or restarts maps the pointer's state at once; a composer that restarts resyncs from
-the registry and the topic (the workers keep serving the last state meanwhile). Every
-worker of the host serves the same file, so they converge by construction; ``/model``
-shows the composer's status with the worker's own state (``delta.composer``).
+Without it every worker decodes, applies and composes every delta itself (``serving.deltas``):
+N times the CPU, taken from requests, and N copies of the arrays. With it
+(``serving.shared_deltas``, N > 1) the composer — a lower-priority process the workers'
+supervisor starts and restarts — runs the host's one ``DeltaFollower`` and writes each state
+into a slot file under ``/dev/shm`` (``model.delta.shared``) named by an atomically replaced
+pointer; each worker's :class:`SharedFollower` maps the pointed slot and swaps the state in
+as one reference, a fraction of the CPU of applying it. Only states of the registry's
+``CURRENT`` are served; every worker serves the same file, so they converge by construction.
+Slots, holds and restarts in detail: docs/internals.md.
 """
 
 from __future__ import annotations

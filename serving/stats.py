@@ -1,26 +1,13 @@
 """The dashboard's data: a collector that scrapes every component every ``interval_s``.
 
 :class:`StatsCollector` is owned by the serving app's lifespan (no module state). Each tick it
-reads, concurrently and each under its own deadline:
-
-* the ingest API's ``/metrics`` (``streamrec_ingest_events_accepted_total``),
-* the trainer's ``/metrics`` (``streamrec_trainer_samples_total`` and the rolling
-  test-then-train gauges ``streamrec_trainer_quality_rolling{metric="recall@K"}`` /
-  ``{metric="popularity_recall@K"}``),
-* the serving app's metrics, every worker's (``streamrec_serving_request_seconds`` by answer
-  source; see ``serving.metrics``),
-* the end offsets of the ``samples`` topic (what the feature job has produced; any callable
-  returning that sum, e.g. :class:`serving.dashboard.TopicEndOffsets`),
-* the served model version and its age (from the app's loader),
-* with a trainer cluster, its per-role figures (``serving.cluster_stats``: the page's
-  cluster panel; ``cluster`` is null for a one-process trainer).
-
-It keeps ``window_s`` (15 minutes) of points in memory. Rates and latency quantiles are
-computed over the last ``rate_window_s`` from lifetime counters (a counter that went backwards,
-i.e. a restarted process, gives no rate for that window). A source that cannot be read is
-marked down with the reason (``connection refused``, ``timeout``, ``HTTP 503``, ...); its series
-get ``null`` points and the others keep going. :meth:`StatsCollector.snapshot` is the JSON of
-``GET /stats``.
+reads, concurrently and each under its own deadline, the ingest API's and the trainer's
+``/metrics``, the serving app's own metrics, the ``samples`` topic's end offsets, the served
+version and its age and, with a trainer cluster, its per-role figures. It keeps ``window_s``
+of points; rates and quantiles come from lifetime counters over ``rate_window_s`` (a counter
+that went backwards gives no rate). A source that cannot be read is marked down with the
+reason and its series get ``null`` points. :meth:`StatsCollector.snapshot` is the JSON of
+``GET /stats``; the series read: docs/internals.md.
 """
 
 from __future__ import annotations

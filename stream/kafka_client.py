@@ -205,10 +205,11 @@ class _Acked:
 class ReplayProducer:
     """The replay's producer: kafka-python's ``send``/``flush``/``close`` over librdkafka.
 
-    kafka-python spent ~45 us of CPU per replayed record (record batches, partitioning and
-    futures in Python); librdkafka does that in C. Delivery callbacks run on the caller's
-    thread, in ``send`` (served every :data:`POLL_EVERY` records) and in ``flush``. A full
-    queue (Kafka down) blocks ``send`` up to ``max_block_s`` waiting for room.
+    kafka-python does record batches, partitioning and futures in Python, at several times the
+    CPU per replayed record (``docs/decisions.md#backfill-cpu``); librdkafka does that in C.
+    Delivery callbacks run on the caller's thread, in ``send`` (served every
+    :data:`POLL_EVERY` records) and in ``flush``. A full queue (Kafka down) blocks ``send`` up
+    to ``max_block_s`` waiting for room.
     """
 
     POLL_EVERY = 256
@@ -327,11 +328,11 @@ def updates_consumer(kafka: KafkaSettings, backend: str = "auto") -> Any:
     ``offsets_for_times``, ``seek``, ``seek_to_end``, ``close``; :func:`seek_to_time`).
 
     ``backend`` (:func:`consumer_backend`): "confluent" is librdkafka behind
-    :class:`UpdatesConsumer` — it fetches and checks records in C threads, ~1.7 ms of a
-    serving worker's CPU per 345 kB delta against ~8.5 ms for kafka-python's Python client
+    :class:`UpdatesConsumer` — it fetches and checks records in C threads, a fraction of a
+    serving worker's CPU per delta that kafka-python's Python client takes
     (``docs/decisions.md#delta-stream``). Either way the broker answers a fetch as soon as
     a record arrives, so the longest wait (500 ms) only sets how often an idle consumer asks
-    again: kafka-python's costs a worker ~10 ms of CPU per second against ~32 at 50 ms."""
+    again, and a long wait keeps an idle consumer's CPU low."""
     if consumer_backend(backend) == "confluent":
         return UpdatesConsumer(kafka)
     from kafka import KafkaConsumer, TopicPartition

@@ -1,19 +1,13 @@
 """The pipeline exporter: what no single process can report about itself, as Prometheus
 metrics (names in ``feature_store.metric_names``).
 
-Read at every scrape, each under its own deadline:
-
-* the records ever written to the ``events``, ``events.dlq`` and ``samples`` topics (the sum
-  of their end offsets; ``rate()`` of it is the topic's write rate, e.g. the DLQ rate),
-* the feature job's consumer lag on ``events`` (end offsets minus the offsets its consumer
-  group committed at its last checkpoint), in records,
-* whether Kafka and Redis answer, and the feature store's freshness: seconds since the event
-  time the trending list is current to (its ``as_of``, ``feature_store/FORMAT.md``).
-
-The trainer commits no offsets to Kafka (they live in its checkpoints): its lag is the
-``samples`` end offsets minus its own ``streamrec_trainer_consumed_offsets``, a recording rule
-in ``deploy/prometheus/rules.yml``. Served as ``GET /metrics`` and ``GET /health`` by
-``streamrec exporter`` (port ``monitor.port``).
+Read at every scrape, each under its own deadline: the records ever written to ``events``,
+``events.dlq`` and ``samples`` (their end offsets; ``rate()`` gives the write rate), the
+feature job's consumer lag on ``events`` (against the offsets it committed at its last
+checkpoint), whether Kafka and Redis answer, and the feature store's freshness (seconds since
+the trending list's ``as_of``). The trainer commits no offsets: its lag is a recording rule in
+``deploy/prometheus/rules.yml`` over its own ``streamrec_trainer_consumed_offsets``. Served
+by ``streamrec exporter`` (port ``monitor.port``).
 """
 
 from __future__ import annotations

@@ -3,30 +3,13 @@
 One set of rules serves the ingest API and the replay of NDJSON logs (docs/design.md, "Contracts");
 its limits and predicates live in :mod:`stream.rules`, shared with the Flink parser.
 
-Event (input)
-    ``user_id``, ``item_id``: strings of 1–128 characters (any Unicode; no lone surrogates).
-    ``event_type``: one of the configured types (``features.event_weights``).
-    ``ts``: event time, see :func:`parse_ts`; defaults to the receive time.
-    ``event_id``: optional string of 1–128 characters (the dedupe key); generated if absent.
-    ``value``: optional finite number (e.g. a rating).
-    ``context``: optional flat object of at most :data:`MAX_CONTEXT_KEYS` entries, keys of
-    1–64 characters, values strings (≤ 256 characters), 64-bit integers, finite numbers or
-    booleans.
-    Any other field is rejected. Types are strict: ``"5"`` is not a number, ``true`` is not 1.
-
-Wire format (``events`` topic, UTF-8 JSON, key = ``user_id``): exactly the keys
-``event_id, user_id, item_id, event_type, ts (epoch ms), value (float|null), context (obj|null)``.
-
-Timestamp rule (:func:`parse_ts`)
-    * A JSON string must be RFC 3339 with a time zone: ``2024-05-01T12:00:00Z``,
-      ``2024-05-01 12:00:00.250+02:00``. A time without an offset is ambiguous and rejected;
-      a string of digits is rejected (send epoch times as JSON numbers).
-    * A JSON number is epoch **seconds** if its magnitude is below ``1e11`` and epoch
-      **milliseconds** otherwise. Between 1990 and 2100 epoch seconds lie in [6.3e8, 4.2e9]
-      and epoch milliseconds in [6.3e11, 4.2e12], so the two never meet; a number that falls
-      in neither band (e.g. ``5e10`` or microseconds) lands outside the accepted range below.
-      Seconds may carry a fraction (kept to the millisecond); milliseconds must be whole.
-    * The result must lie in [1990-01-01T00:00:00Z, receive time + 1 day]; otherwise rejected.
+Input: ``user_id``, ``item_id`` (1–128 characters), ``event_type`` (``features.event_weights``),
+``ts`` (:func:`parse_ts`; defaults to the receive time), optional ``event_id`` (1–128; the
+dedupe key, generated if absent), ``value`` (finite number) and ``context`` (a flat object of
+at most :data:`MAX_CONTEXT_KEYS` entries). Any other field is rejected; types are strict.
+Wire format (``events``, UTF-8 JSON, key ``user_id``): exactly ``event_id, user_id, item_id,
+event_type, ts (epoch ms), value (float|null), context (obj|null)``. The full rules, with the
+timestamp bands: docs/internals.md.
 """
 
 from __future__ import annotations

@@ -1,27 +1,14 @@
 """Click-stream simulators for demos, end-to-end tests and offline evaluation.
 
-Rating mode (:class:`ClickSimulator`): users have latent tastes (unit vectors in a small
-space) that drift slowly; items have latent vectors and a popularity ``p_i`` (Zipf by rank,
-exponent ``popularity_exponent``). Each step picks a user, who chooses the items they click
-from the whole catalogue with probability ``softmax_i(sharpness * <taste, item_i> + log
-p_i)`` (a multinomial-logit choice: taste times popularity), about ``clicks`` of them, and
-sees them among a slate of popular items (the impressions). What a user clicks is predictable
-from what they clicked before and from similar users; popularity alone predicts only part of
-it (an earlier version drew clicks from random slates, where popularity was nearly all there
-was to learn: docs/decisions.md#simulator).
-
-Session mode (:class:`SessionSimulator`): anonymous short sessions, each its own user id.
-Items have a popularity and a sparse random transition matrix (``fanout`` successors each,
-Dirichlet weights). A session clicks a popular item first, then each next click re-clicks
-an item it already clicked (probability ``reclick``), else follows the transition matrix
-from the last click (``follow``), else jumps to a popular item. ``concurrent`` sessions are
-open at once and their clicks interleave. What a session clicks next is predictable from
-its last click, hardly from who clicked.
-
-Both are pure (seeded numpy, time passed in). :func:`run` posts events to the ingest API at
-a target rate; :func:`simulated_log` yields a log with event times (deterministic given the
-seed) and :func:`write_ndjson` writes it in the NDJSON format of ``streamrec replay`` and
-``streamrec evaluate --format ndjson``.
+Rating mode (:class:`ClickSimulator`): users with slowly drifting latent tastes click items by
+a multinomial-logit choice of taste times Zipf popularity, among a slate of popular
+impressions, so clicks are predictable from earlier clicks and similar users, not from
+popularity alone (``docs/decisions.md#simulator``). Session mode (:class:`SessionSimulator`):
+anonymous short interleaved sessions that re-click, follow a sparse transition matrix from the
+last click, or jump to a popular item. Both are pure (seeded numpy, time passed in).
+:func:`run` posts to the ingest API at a target rate; :func:`simulated_log` and
+:func:`write_ndjson` produce a log for ``streamrec replay`` / ``streamrec evaluate``. The
+models in detail: docs/internals.md.
 """
 
 from __future__ import annotations

@@ -8,13 +8,11 @@
         for item in sr.recommend("alice", k=5).items:
             print(item.item_id, item.score)
 
-:meth:`Client.send` cuts the events into batches of ``batch_size``; every event without an
-``event_id`` gets one before its first attempt, so a retried batch carries the same ids and
-the pipeline deduplicates what an earlier attempt already wrote. A batch is retried on 503
-and 429 (after ``Retry-After``, or an exponential backoff with jitter when there is none) and
-on connection errors, up to ``retries`` times; then :class:`Unavailable`. A 422 raises
-:class:`InvalidEvents` naming each invalid event and field; other refusals
-:class:`RequestFailed`. :class:`AsyncClient` has the same methods as coroutines.
+:meth:`Client.send` batches events and gives each one without an ``event_id`` one before its
+first attempt, so a retry is deduplicated downstream; 503, 429 and connection errors are
+retried (``Retry-After``, else backoff with jitter), then :class:`Unavailable`; a 422 raises
+:class:`InvalidEvents` naming each bad field, other refusals :class:`RequestFailed`.
+:class:`AsyncClient` has the same methods as coroutines.
 """
 
 from __future__ import annotations

@@ -1,21 +1,11 @@
 """Versioned model registry on a shared directory, announced through Redis.
 
-API (``Registry(root, model_name, redis_client=None, key_prefix="sr:", keep=5)``)::
+``Registry(root, model_name, redis_client=None, key_prefix="sr:", keep=5)``: ``publish``
+(or ``stage`` + ``commit``) writes a version into a temp dir, verifies it, renames it into
+place, moves ``CURRENT``, announces it and prunes old ones; ``import_dir``, ``versions``,
+``current``, ``pinned``, ``path``, ``show``, ``pin``, ``unpin`` and ``rollback`` do what they say.
 
-    reg.publish(version, write)    stage a temp dir, call write(path) (e.g. a closure around
-                                   model.artifact.files.write_artifact), verify, rename into place,
-                                   move CURRENT, announce, prune; returns the version
-    reg.stage(version) -> Path     the same in two steps: write into the returned dir, then
-    reg.commit(staged) -> str      verify + rename + pointer + announce + prune
-    reg.import_dir(src) -> str     copy an existing artifact dir in (via a staged copy)
-    reg.versions() -> [str]        kept versions, oldest first
-    reg.current() / reg.pinned()   version names or None
-    reg.path(version) / reg.show(version) -> manifest
-    reg.pin(version) / reg.unpin() / reg.rollback(to=None) -> str
-
-The layout under ``<root>/<model_name>/`` (version directories, ``CURRENT``, ``PINNED``,
-``.staging/``, ``.lock``), version names and their order, the publish protocol (temp dir,
-verify, rename, ``CURRENT``, Redis key, pub/sub), pins, rollback and pruning are the written
+The layout, version names, the publish protocol, pins, rollback and pruning are the written
 spec ``model/artifact/FORMAT.md``. The files are the source of truth: a Redis failure is
 logged and the pointer change still stands (serving also polls ``CURRENT``).
 """

@@ -1,37 +1,12 @@
 """Per-role metrics of the trainer cluster, exported by the chief (names in
 ``feature_store.metric_names``; every series has a ``role`` and an ``index`` label).
 
-The parameter servers and workers are bare ``tf.distribute.Server`` processes: no Python of
-ours runs in them per step, so they serve no ``/metrics`` of their own. The chief represents
-them: the step books what each role does in small TF variables on the parameter servers
-(``model.cluster.stats``), and a :class:`ClusterSampler` thread of the chief reads those and
-the shard sizes every few seconds into a :class:`ClusterSnapshot`, never on the step path.
-The chief's own figures (its time per step, its waits, its bytes) are measured in Python.
-
-Series (``docs/cluster.md``):
-
-* ``streamrec_cluster_role{role, index, address}`` 1 per role of the layout;
-* ``streamrec_cluster_shard_rows{role="ps", index, table}`` rows a shard holds (user, item);
-* ``streamrec_cluster_admitted_rows{role="chief", table}`` rows the chief admitted: the shards
-  hold them (plus each table's default row) once the steps in flight ran;
-* ``streamrec_cluster_sent_bytes_total`` / ``..._received_bytes_total{role, index}``: payload
-  bytes of the step's tensors at the boundaries the step controls (keys, rows, gradients,
-  dense weights and their gradients between workers and PS; the step's inputs from the chief
-  to a worker; the results the chief fetches, booked by the chief only), not gRPC framing or
-  control messages;
-* ``streamrec_cluster_step_seconds{role="worker", index}`` (histogram) a step's time on the
-  worker, from its first op to its last write (TF timestamps on the worker);
-* ``streamrec_cluster_schedule_seconds{role="chief"}`` (histogram) the chief's part of a step
-  (admission, negatives) plus handing it to the coordinator;
-* ``streamrec_cluster_wait_seconds{role="chief", wait}`` (histogram) the chief blocked on the
-  coordinator: ``fetch`` a step's result (test-then-train heads; on the evaluation thread,
-  a few steps after the step was scheduled), ``join`` every step in flight (checkpoints,
-  eviction);
-* ``streamrec_cluster_steps_in_flight{role="chief"}`` steps scheduled, not yet finished on a
-  worker (as of the last sample); ``streamrec_cluster_sampled_timestamp_seconds`` when.
-
-The samples queue's wait (the loop waiting for the fetch process) is the trainer's own
-``streamrec_trainer_fetch_wait_seconds``, kept in one process too.
+The parameter servers and workers are bare ``tf.distribute.Server`` processes with no Python
+of ours per step, so the chief represents them: the step books what each role does in small
+TF variables on the parameter servers (``model.cluster.stats``), and a
+:class:`ClusterSampler` thread of the chief reads those and the shard sizes every few seconds
+into a :class:`ClusterSnapshot`, never on the step path. The series are listed in
+``docs/cluster.md`` and docs/internals.md.
 """
 
 from __future__ import annotations

@@ -1,25 +1,13 @@
 """Sharded dynamic-embedding tables and the stateless sparse optimizers of the cluster step.
 
-A :class:`ShardedTable` is a TFRA ``de.Variable`` whose shards live on the parameter servers
-(``key % num_ps``), plus, for Adagrad, a second ``de.Variable`` holding the accumulator.
-The step never goes through TFRA's shadow variables or ``DynamicEmbeddingOptimizer`` (one
-coordinator-side buffer shared by every worker loses updates: docs/cluster.md); it is
-"stateless" instead:
-
-1. :meth:`ShardedTable.read` reads the rows of a step's distinct keys. A key without a row
-   gets its initial row by an *insert-if-absent* (``accum`` with ``exists=False`` is a no-op
-   for a key present by then), and is read again: two workers that first see a key at once
-   both start from the one row that won. Lookup, insert and re-read run on the parameter
-   server (one round trip per shard).
-2. The worker computes the gradient with respect to those rows and sends it to each shard.
-3. :meth:`ShardedTable.sgd` / :meth:`ShardedTable.adagrad` turn it into a delta on the
-   parameter server (Adagrad reads and increases its accumulator there: it never travels)
-   and add it with ``accum(exists=True)``, so concurrent steps of other workers on the same
-   key are added, never overwritten.
-
-Optionally rows and gradients travel as bfloat16 (``wire_dtype``): rows cast on the
-parameter server before sending, gradients on the worker; the PS computes and accumulates
-in float32.
+A :class:`ShardedTable` is a TFRA ``de.Variable`` sharded over the parameter servers
+(``key % num_ps``), plus an accumulator variable for Adagrad. The step never goes through
+TFRA's shadow variables (one coordinator-side buffer shared by every worker loses updates:
+docs/cluster.md); it is stateless instead: read the rows of the step's distinct keys
+(insert-if-absent), compute the gradient on the worker, and add the optimizer's delta on the
+parameter server with ``accum(exists=True)``, so concurrent steps add up, never overwrite.
+Rows and gradients may travel as bfloat16 (``wire_dtype``). The three steps in detail:
+docs/internals.md.
 """
 
 from __future__ import annotations

@@ -1,55 +1,15 @@
 """The two-tower trainer with its step on a parameter-server cluster.
 
-:class:`ClusterTrainer` is a :class:`model.trainer.core.Trainer` (same ModelConfig, the same
-loss with logQ correction, sampled negatives, history pooling, the same numpy
-co-visitation / mixer / evaluator on the chief) whose embedding tables, dense layers and
-their Adagrad state live on the parameter servers, and whose train step runs on the
-workers (``model.cluster.sparse``: stateless reads, delta writes).
-
-Split of one step:
-
-* chief (this process, local TF): the frequency estimate and logQ, the step counter,
-  admission (the stats tables) and the negatives' validity — cheap, and it keeps every
-  admission decision in one place, in training order;
-* a worker (scheduled by the ``ClusterCoordinator``, asynchronously): the lookup plan,
-  row reads, towers, loss, gradients, sparse Adagrad on the tables and Adagrad on the dense
-  layers (``assign_add`` of the accumulator and of the weights' deltas on the PS).
-
-The chief never waits for the step of a new batch: the test-then-train head of an evaluated
-batch (user vectors the step computed before its update) stays on the worker until the
-evaluation thread fetches it, ``head_lag_steps`` batches later and in training order
-(:meth:`ClusterTrainer._evaluation`). A further pass over the same batch (spare epochs,
-evaluate's ``--epochs``) waits for every step scheduled before it: it refines the state
-its previous pass left, as in one process. Both functions are traced once, without
-autograph, before the first step (:meth:`ClusterTrainer.warm`).
-
-:meth:`sync` waits for every scheduled step and copies the dense weights into the chief's
-local model; the rows never leave the parameter servers for a cut. A checkpoint (one
-consistent cut: shards, dense weights, chief state and the Kafka offsets of exactly the
-scheduled batches) saves each shard from its server — TF's checkpoint writes a variable's
-data on its device, so every PS writes its own data file beside the chief's (they share
-the checkpoint directory: one file system, as TF's parameter-server training requires) —
-and restores it there. Exports (``model.trainer.export``) read the rows through
-:meth:`known_rows`, one shard at a time.
-
-Failures: a lost server ends the chief (``model.cluster.liveness``) and its restart
-resumes from the last cut, so a step is never re-run on the live state. As a second line,
-every step increments a counter on the PS before any of its writes; :meth:`sync` compares
-it with the steps scheduled and raises :class:`StepsReplayed` when a step began more than once (a function
-the coordinator re-ran after a worker failure, which could apply part of its ``accum``
-writes twice) — the chief then exits without saving, back to the last cut too.
-
-Eviction (:meth:`ClusterTrainer.maybe_evict`) is the one-process rule applied to the shards.
-
-Metrics (``model.cluster.metrics``): the step books its payload bytes and its time on the
-worker in variables on the PS (``model.cluster.stats``), read with the shard sizes by
-:meth:`ClusterTrainer.snapshot` off the step path; the chief times its own part of each step
-and its waits on the coordinator (``metrics``, optional; the ``fetch`` wait is the
-evaluation thread's).
+:class:`ClusterTrainer` is a :class:`model.trainer.core.Trainer` (same model, loss and numpy
+terms on the chief) whose tables, dense layers and their Adagrad state live on the parameter
+servers and whose train step runs on the workers (``model.cluster.sparse``). The chief keeps
+admission and the frequency estimate, in training order, and never waits for a new batch's
+step; :meth:`sync` joins every step for a consistent cut (checkpoint: every PS writes its own
+shards), and a lost server or a re-run step ends the chief, which resumes from the last cut.
 
 Not supported yet (refused by :func:`check_supported`): the attention user tower,
-``train_history=False``, gradient accumulation, bfloat16 compute, and
-``dedup_lookups=False`` (the cluster step is the deduplicated step).
+``train_history=False``, gradient accumulation, bfloat16 compute, ``dedup_lookups=False``.
+The split of a step, checkpoints, failures and metrics in detail: docs/internals.md.
 """
 
 from __future__ import annotations

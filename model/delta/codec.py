@@ -4,18 +4,13 @@ Record layout (one Kafka value)::
 
     b"SRD1" | u32 little-endian header length | header (UTF-8 JSON) | payload
 
-The header holds the delta's scalars and, per array, its name, dtype, shape, codec and byte
-range in the payload; ``checksum`` is the BLAKE2b-128 of the header (without ``checksum``,
-keys sorted) followed by the payload, so a flipped bit anywhere is caught on decode. With
-``zlib`` the payload is deflated (level 1) after the checksum's input is taken.
-
-Row codecs (:data:`CODECS`), for the float32 ``[n, d]`` row arrays only (the dense layers,
-the prior and the co-visitation weights stay exact):
-
-* ``float32`` — as trained;
-* ``float16`` — IEEE half precision;
-* ``bfloat16`` — the upper 16 bits of float32, rounded to nearest even;
-* ``int8`` — per row ``q = round(x / s)``, ``s = max|x| / 127`` (``s`` float32 beside it).
+The header holds the delta's scalars and each array's name, dtype, shape, codec and byte range;
+``checksum`` (BLAKE2b-128 of the header without it, keys sorted, then the payload) catches a
+flipped bit anywhere. With ``zlib`` the payload is deflated (level 1) after the checksum.
+Row codecs (:data:`CODECS`), for the float32 ``[n, d]`` row arrays only: ``float32``,
+``float16``, ``bfloat16`` (upper 16 bits, round to nearest even) and ``int8`` (per row
+``q = round(x / s)``, ``s = max|x| / 127``); the dense layers, prior and co-visitation weights
+stay exact. Spec: ``model/delta/FORMAT.md``.
 """
 
 from __future__ import annotations

@@ -1,32 +1,13 @@
 """Composing successive states of a lineage into servable artifacts, patched per delta.
 
-:func:`model.delta.compose` builds an artifact from a state from scratch: it looks every
-catalog item up in the history table and the prior (binary searches over the catalog), sorts
-the catalog to place the co-visitation pairs, and builds the id -> row map. Done for every
-delta in every serving worker, that was ~300 ms per delta at ~110k items. A
-:class:`Composer` keeps, privately (never read by a request), what those searches produce,
-aligned with the catalog's rows:
-
-* each item's normalised history row, rewritten only for the rows a delta changed and
-  the items it added;
-* each item's prior ``base``, rewritten only for the items whose bucket changed or that
-  joined (the buckets' items found through a sorted bucket index, merged per delta);
-* the catalog's sorted key index (``ModelState.catalog_index``, which ``apply`` merges).
-
-Every delta does change a few scalars that reach every item's served vector: the mix's
-towers and prior weights and the prior's decay and normaliser (and the co-visitation's
-global decay, every pair's weight). Since the result must be exactly a full compose, the
-served item matrix is recomputed from the cached rows each delta: elementwise passes over
-``N x d`` floats (milliseconds), a new array each time, so requests in flight keep the one
-they started with and the swap stays one reference. Block copy-on-write of the matrix
-would not save that (every block changes with the scalars); moving the scalars into the
-query would, but then a delta's scores would differ in the last bits from a full version's.
-The co-visitation CSR is rebuilt from the pairs (O(pairs), no catalog sort). What remains
-O(catalog) is copying: the matrix, the id map (a dict copy plus the new ids), and
-``apply``'s copy-on-write of the tables it upserts into.
-
-A delta that removes items (eviction) renumbers the catalog: that one is composed from
-scratch, as are the first state of a lineage and any state not the successor of the last.
+:func:`model.delta.compose` builds an artifact from a state from scratch (catalog lookups,
+a sort, the id map): too slow to run for every delta in every serving worker. A
+:class:`Composer` keeps, privately, what those lookups produce aligned with the catalog's
+rows, rewrites only what a delta changed, and recomputes the served item matrix from the
+cached rows into a new array, so the result equals a full compose and requests in flight keep
+the array they started with. A delta that removes items, the first state of a lineage and any
+state not the successor of the last are composed from scratch. What is cached and why the
+matrix is recomputed: docs/internals.md; the costs: ``docs/decisions.md#delta-stream``.
 """
 
 from __future__ import annotations

@@ -1,25 +1,17 @@
 """A state and its served artifact in a file that other processes map (numpy only).
 
-With ``serve --workers N`` one composer per host applies the deltas
-(``serving.shared_state``) and writes each state it serves into one of a few *slot* files;
-the workers map the slots read-only instead of each decoding, applying and composing every
-delta themselves. A slot holds everything :class:`ModelState` is (so a worker's ``/model``
-checksum is the state's) plus what :class:`~model.delta.served.Composer` computed from it
-(the served item vectors and the co-visitation CSR), so a reader rebuilds the very artifact
-the composer checked, without arithmetic.
+With ``serve --workers N`` one composer per host applies the deltas (``serving.shared_state``)
+and writes each state it serves into one of a few *slot* files; the workers map the slots
+read-only and rebuild the very artifact the composer checked, without arithmetic.
 
 Layout::
 
     b"SRS1" | u64 LE generation | u32 LE header length | header (UTF-8 JSON) | arrays
 
-The header holds the state's scalars (``meta``), the composer's status (``status``), the
-bytes in use (``size``; the file may be longer: a slot is rewritten in place and only
-grows, with room to spare) and, per array, its name, dtype, shape and byte offset from the start of the file
-(each a multiple of :data:`ALIGN`). The generation identifies one write of the slot: it is
-0 while the slot is being written (:func:`mark_writing` first, :func:`write_shared` last),
-so a reader that finds another generation than the one it was told of does not read on.
-No checksum: the file never leaves the host and was built from deltas whose checksums were
-verified; a reader checks the magic, the generation, the size and every array's bounds.
+The generation is 0 while a slot is written (:func:`mark_writing` first, :func:`write_shared`
+last), so a reader that finds another generation than the one it was told of does not read
+on. No checksum (the file never leaves the host); a reader checks the magic, the generation,
+the size and every array's bounds. The header in detail: docs/internals.md.
 """
 
 from __future__ import annotations

@@ -1,24 +1,14 @@
 """The served model as deltas build it: :class:`ModelState`, and what it computes.
 
 A state holds what the served score depends on in the form the trainer changes it, so a
-delta replaces only what moved (the format: ``model/delta/FORMAT.md``):
-
-* user rows and history (item table) rows by key, the default user row, the user tower's
-  dense layers (already folded, as a full version exports them);
-* the catalog: item keys with their external ids, in row order (new items are appended);
-  an item's scoring vector is composed from its history row, never shipped;
-* the popularity prior by hash bucket of the frequency estimate: ``base[h]`` such that
-  ``log q = max(base[h] - shift, floor) - log_norm`` (``model.towers.frequency``: the
-  decay of every count is the scalar ``shift``, the batch normaliser the scalar
-  ``log_norm``; the gap estimator has ``shift = log_norm = 0``, ``floor = -inf``);
-* the co-visitation pairs as the trainer stores them (``model.scoring.covisit``: dense ids
-  ``a << 32 | b``) with values relative to the lineage's reference sample count; the
-  current weight is ``value * covisit_scale``, the global decay since then;
-* the learned mix weights (``Trainer.score_weights``, ``Trainer.last_weight``).
+delta replaces only what moved (format: ``model/delta/FORMAT.md``): user and history rows by
+key and the user tower's dense layers, the catalog in row order, the popularity prior by hash
+bucket, the co-visitation pairs relative to the lineage's reference count, and the mix weights.
 
 :func:`compose` turns a state into a :class:`model.artifact.files.ServingArtifact` with the
 arithmetic of ``Trainer._scoring_items`` and ``CoVisitation.csr``; :func:`state_checksum`
-hashes a state in a canonical order (replicas that applied the same deltas hash equal).
+hashes a state in a canonical order (replicas that applied the same deltas hash equal). Each
+part in detail: docs/internals.md.
 """
 
 from __future__ import annotations
@@ -245,9 +235,8 @@ def insert_sorted(
     """``np.insert(keys, at, new_keys)`` and ``np.insert(values, at, new_values, axis=0)``
     for non-decreasing ``at``. Rows of ``values`` (2-D) are copied as the runs between
     insertion points, one slice copy each: ``np.insert`` goes through a boolean mask over
-    every row, 4.0 against 2.9 ms per delta for ~115k rows of 32 floats and ~200 new keys.
-    A 1-D table keeps ``np.insert`` (its mask is cheap; a run per key was 3x slower at
-    ~2.5k new keys)."""
+    every row, which costs more (``docs/decisions.md#delta-stream``). A 1-D table keeps
+    ``np.insert`` (its mask is cheap; a run per key was slower)."""
     if values.ndim == 1:
         return np.insert(keys, at, new_keys), np.insert(values, at, new_values)
     m, n = at.size, keys.shape[0]

@@ -1,28 +1,13 @@
 """Baselines of the test-then-train evaluation (``model.evaluation.replay``), numpy only.
 
-Items are identified by their position in the evaluation's candidate list (first appearance
-in the stream), users by their first appearance; arrays grow as new ones appear. Every
-baseline learns from the positive events of the learned micro-batches only, in stream order
-("learned before": the state the evaluation scores a batch with).
-
-Shared scores (one list for all users; ranked by score, ties to the item seen first):
-
-* :class:`PopularityBaseline` — number of learned positive events per item.
-* :class:`RecentPopularityBaseline` — the same count over the last ``window`` learned
-  positive events only (a sliding window in event order, not in time).
-
-Per-user scores, ranked by score, ties to the more popular item (the counts of
-:class:`PopularityBaseline`), then to the item seen first:
-
-* :class:`CooccurrenceBaseline` — symmetric co-occurrence counts summed over the user's
-  recent items (``model.evaluation.neighbours``).
-* :class:`ItemKNNBaseline` — the same sums, position-weighted, divided by
-  ``(count_i + 1) ** alpha``: popularity-damped item-kNN.
-* :class:`SequentialRulesBaseline` — directional rules "``b`` followed ``a``", weighted by
-  the distance between them, read from the user's most recent items
-  (``model.evaluation.sequential``).
-* :class:`SessionKNNBaseline` — session-kNN (V-SKNN family): the items of the recent
-  histories most similar to the user's.
+Items are identified by their position in the evaluation's candidate list, users by their
+first appearance. Every baseline learns from the positive events of the learned micro-batches
+only, in stream order. Shared scores: :class:`PopularityBaseline`,
+:class:`RecentPopularityBaseline`. Per-user scores (ties to the more popular item, then the
+item seen first): :class:`CooccurrenceBaseline`, :class:`ItemKNNBaseline` (popularity-damped),
+:class:`SequentialRulesBaseline`, :class:`SessionKNNBaseline` (V-SKNN family). They are the
+strong forms practitioners use, so the model's ratio to the best of them means something.
+Each baseline's rule: docs/internals.md.
 """
 
 from __future__ import annotations

@@ -1,49 +1,14 @@
 """Test-then-train replay evaluation of a historical log (``streamrec evaluate``).
 
-Protocol (the default; every number below is an :class:`EvalOptions` field):
-
-1. The log is read and ordered exactly as ``streamrec replay`` sends it
-   (``stream.replay.runner.build_plan``: same readers, same schema, order by event time, then file
-   order, then line). Each event goes through the feature definitions the Flink job runs
-   (``feature_store.features.update_user``), which yields the point-in-time training
-   sample of every *positive* event (weight > 0: its history holds the user's earlier
-   interactions). For MovieLens formats the positives are the ratings >= ``like_threshold``
-   (4.0): the reader makes them ``like`` events and the other ratings ``rating`` events,
-   which the evaluation gives weight 0 (they are interactions, not positives: they enter
-   the history, ``features.history_event_types``, but are never a target or scored).
-2. The first ``warmup_fraction`` (10%) of the positive events are a warm-up: learned
-   from, not scored.
-3. Every later positive event, in order, is scored: each method ranks the candidates for
-   the event's user — every item seen in any event before the event's micro-batch, minus
-   the user's earlier items (``exclude``, below) — and the event counts a hit at K if its
-   item is among the first K. One relevant item per event, so ``recall@K = [rank < K]``
-   and ``NDCG@K = 1 / log2(rank + 2)`` if ``rank < K``.
-
-   ``exclude`` says which of the user's earlier items leave the candidates: ``rated`` (the
-   default) every item of any event of the user before this one (any event type: a
-   MovieLens rating below the threshold, an impression); ``positives`` only the items of
-   the user's earlier positive events, so an item merely rated or shown stays a candidate.
-   "Earlier" is stream order (event time, then file order).
-4. Then the methods learn from it. Learning happens in micro-batches of
-   ``batch_size`` (128) consecutive positives: the batch is scored with every method as it
-   was before the batch, then every method learns from the batch. The model takes
-   ``epochs`` optimizer steps on the batch (``model.trainer.core.Trainer.train_step``, the live
-   trainer's step, fed through the ``samples`` wire format: ``Sample.to_json`` ->
-   ``model.trainer.samples.decode_sample`` -> ``to_batch``).
-
-Methods: the two-tower model (in-process, the same ``Trainer`` as ``streamrec train``) and
-the baselines of ``model.evaluation.baselines`` (popularity, recent popularity,
-co-occurrence, item-kNN, sequential rules, session-kNN), all on the same stream, the same micro-batches, the same
-candidates and exclusions. The report names the best baseline by Recall@10.
-
-Figures: overall (all scored events), per chunk (the scored events split into
-``chunks`` consecutive, near-equal parts, in time order), and per history size: the scored
-events whose user had 0, 1-4 and 5 or more distinct earlier items (``HISTORY_GROUPS``;
-``Positive.seen``), so cold and sparse users are reported apart.
-
-Why B = 128: a larger B scores more events of a user's session before the model saw any of
-it, a smaller one costs more time (``docs/decisions.md#evaluation-batch``). Within a batch
-the history features are still exact (point-in-time).
+The log is ordered as ``streamrec replay`` sends it and run through the feature definitions
+the Flink job runs, so each positive event yields the point-in-time sample the live trainer
+would see. After a warm-up, each positive event is scored before anything learns from it:
+every method ranks the candidates for its user, the event counts a hit at K if its item is
+among the first K; then every method learns from it, in micro-batches (:class:`EvalOptions`).
+Methods: the two-tower model (the live ``Trainer``) and the baselines of
+``model.evaluation.baselines``, on the same stream, batches and candidates. Figures: overall,
+per chunk in time order, and per history size (0, 1-4, 5+ earlier items). The protocol step by
+step: docs/internals.md; why B = 128: ``docs/decisions.md#evaluation-batch``.
 """
 
 from __future__ import annotations

@@ -1,20 +1,11 @@
 """The model as serving holds it, scored in the evaluation: ``streamrec evaluate --row-codec``.
 
 Serving does not score with the trainer's rows but with what reached it over the delta
-stream (``model.delta``): a float32 snapshot beside each full version, then deltas whose
-user and item rows went through a row codec (``trainer.delta_codec``: float32, float16,
-bfloat16, int8 with a per-row scale). :class:`ServedRows` plays that stream inside the
-evaluation: at the first scored micro-batch it takes the trainer's snapshot (the lineage's
-base, float32 as the trainer writes it), and before each later scored micro-batch the
-delta of what the batches since then changed (``model.trainer.deltas.DeltaBuilder``),
-encoded in each codec and decoded (``encode_rows`` / ``decode_rows``), applied and composed
-as serving's follower does (``model.delta.apply``, ``Composer``). One lineage over the
-whole evaluation: every row trained after the warm-up reaches the scores quantised, the
-most any served state can hold.
-
-:class:`ServedLearner` scores a micro-batch with one codec's artifact exactly as serving
-ranks (``ServingArtifact.scores``); it learns nothing itself (the model's learner trains
-the trainer, once for every codec), so the codecs are compared on the same training run.
+stream, whose rows went through a row codec. :class:`ServedRows` plays that stream inside the
+evaluation (the trainer's snapshot at the first scored micro-batch, then before each later one
+the delta of what changed, encoded and decoded in each codec, applied and composed as serving
+does); :class:`ServedLearner` scores a micro-batch with one codec's artifact exactly as serving
+ranks and learns nothing itself, so the codecs are compared on one training run.
 """
 
 from __future__ import annotations

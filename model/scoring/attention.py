@@ -2,18 +2,12 @@
 ``model.towers.attention.AttentionTower``.
 
 Input: the item rows of a user's last ``N`` history entries ``[B, N, e]`` (most recent
-first; rows of unknown or padding entries are ignored) and their ``known`` mask ``[B, N]``.
-
-    x = rows + pos[:N]                       learned position (recency) embeddings
-    for each block (pre-norm):
-        q_in = x, or on the last block only x at the newest known position
-        x = q_in + MHA(LN1(q_in), LN1(x))    keys: known entries at the query's position or
-                                             older (causal: the newest attends to them all)
-        x = x + W2 relu(W1 LN2(x) + b1) + b2
-    out = x at the newest known position     (zeros for a history without known entries)
-
-``MHA`` splits ``e`` into ``heads`` heads: ``softmax(q k^T / sqrt(e / heads)) v`` per head
-(no Q/K/V biases), concatenated, then ``@ wo + bo``. Layer norms use :data:`LN_EPS`.
+first) and their ``known`` mask ``[B, N]``. ``x = rows + pos[:N]``; each pre-norm block
+computes ``x = q_in + MHA(LN1(q_in), LN1(x))`` (causal over known entries; on the last block
+the query is only the newest known position) then ``x = x + W2 relu(W1 LN2(x) + b1) + b2``;
+the output is ``x`` at the newest known position (zeros without known entries). ``MHA``:
+``softmax(q k^T / sqrt(e / heads)) v`` per head (no Q/K/V biases), concatenated, then
+``@ wo + bo``. Layer norms use :data:`LN_EPS`.
 """
 
 from __future__ import annotations

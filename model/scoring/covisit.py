@@ -4,33 +4,12 @@ The model's score of item i for a user is the two towers' score plus::
 
     covisit_weight * log1p(s_i),   s_i = sum_{j < window} decay ** j * C[h_j, i]
 
-where ``h_0, h_1, ...`` is the user's history (most recent first, the feature store's
-point-in-time history; entries the co-visitation has no pairs for add nothing) and
-``C[a, b]`` is the weight of item b following item a. Every positive training sample
-(history ``h``, target ``t``, weight ``w``) adds ``w * decay ** j`` to ``C[h_j, t]`` for each
-of the first ``window`` history entries (``h_j != t``), and ``reverse * w * decay ** j`` to
-``C[t, h_j]`` (what came before an item counts too, at ``reverse``; 0 = one direction); all
-weights decay with a half-life of ``half_life`` samples (0 = never), so pairs of a past
-season fade (why: ``docs/decisions.md#co-visitation``).
-
-Why: the towers' 32-dimensional rows blur which items follow which (sequels, a franchise, the
-titles of one rating session); exact pair weights of the last few items keep that, and the
-log damps items that co-occur with everything. The figures: ``docs/decisions.md#co-visitation``
-and ``#model-config``.
-
-The state (:class:`CoVisitation`) lives in the trainer and learns in ``Trainer.train_step``
-(once per batch, like the item-frequency estimate); it is checkpointed with the trainer and
-exported with each version as a CSR matrix over the version's items (``model.artifact.files``,
-format 4). :func:`accumulate` is the one sum both the trainer (``streamrec evaluate``, the
-live test-then-train figures) and serving (``ServingArtifact.covisit_scores``) compute.
-
-Storage: item keys get dense ids (first seen first); a pair is the int64 code
-``a << 32 | b`` in one sorted array with its weight beside it (row ``a`` is a contiguous
-slice). New pairs collect in a buffer; a read folds it into a small sorted array of the
-recent pairs and sums both arrays' slices, with the decay since the last merge as one factor;
-once the recent pairs reach ``merge_every`` (and before a checkpoint, an export or a delta)
-they are merged into the main array in bulk (sort + one insert + the decay in one pass). At
-most ``max_pairs`` pairs are kept after a merge (the lightest are dropped first).
+where ``h`` is the user's history (most recent first) and ``C[a, b]`` the decayed weight of
+item b following item a, learnt from every positive training sample (and, at ``reverse``, of
+b preceding a). Why: the towers' rows blur which items follow which; exact pair weights of the
+last few items keep that (``docs/decisions.md#co-visitation``). :class:`CoVisitation` lives in
+the trainer and is exported as a CSR matrix; :func:`accumulate` is the one sum trainer and
+serving compute. The update rule and storage: docs/internals.md.
 """
 
 from __future__ import annotations

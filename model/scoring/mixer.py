@@ -1,23 +1,13 @@
 """Learned weights of the parts of the retrieval score (numpy only).
 
-The served score of item i for a user is a weighted sum of parts::
-
-    score(u, i) = sum_k w_k * f_k(u, i)
-
-e.g. ``f = (<u, v_i> / T, log q_i, log1p(covisit s_i))``. The weights are not constants tuned
-on one log: :class:`ScoreMixer` learns them from the stream, by the same rule as the towers
-(softmax cross-entropy of the true next item), on scores computed *before* the model learns
-from the events (test-then-train), so it fits how the parts generalise, not how they
-memorise. For each scored row with its target among the candidates::
-
-    p_n    = softmax_n(sum_k w_k f_k[n])           over the row's candidates (finite scores)
-    loss   = -log p_target
-    dL/dw_k = sum_n p_n f_k[n] - f_k[target]
-
-averaged over the rows, then one Adagrad step (``lr / sqrt(accumulated squared gradient)``).
-Weights start at the given initial values (the former constants) and stay within
-``[min_weight, max_weight]``: the data can turn a part (nearly) off, never into its opposite,
-and a part that exists keeps a positive weight (the artifact's fields require one).
+The served score is ``score(u, i) = sum_k w_k * f_k(u, i)`` over parts such as
+``(<u, v_i> / T, log q_i, log1p(covisit s_i))``. :class:`ScoreMixer` learns the weights from
+the stream by the towers' rule (softmax cross-entropy of the true next item) on scores
+computed before the model learns from the events (test-then-train), so it fits how the parts
+generalise, not how they memorise: per scored row ``p = softmax(sum_k w_k f_k)``, gradient
+``sum_n p_n f_k[n] - f_k[target]``, averaged, one Adagrad step. Weights start at the former
+constants and stay within ``[min_weight, max_weight]``: a part can be turned (nearly) off,
+never into its opposite.
 """
 
 from __future__ import annotations

@@ -1,28 +1,13 @@
 """Popularity prior in the retrieval score, exported through the plain dot product.
 
-The in-batch softmax is trained with the logQ correction (``model.towers.loss``): its logits
-``<u, v> / T - log q`` make the towers learn a score *without* the popularity prior
-(Yi et al. 2019: the correction removes the sampling bias of in-batch negatives, and with
-it the prior ``log q`` that a full softmax would carry in its logits). Ranking by
-``<u, v>`` alone therefore under-ranks popular items. The score served instead is::
-
-    score(u, i) = <u, v_i> / T + prior_weight * log q_i
-
-where ``log q_i`` is the trainer's streaming frequency estimate of item i
-(``model.towers.loss.FrequencyEstimator``: a recency-weighted popularity, learnt from the same
-samples as the towers; nothing from the future enters it).
-
-Serving keeps computing ``item_vectors @ x`` in numpy: the prior rides on one extra
-dimension, item ``[v_i / T, prior_weight * log q_i]`` and user ``[u, 1]``. The user side's
-constant 1 follows the user tower's L2 normalisation: the artifact's ``score_bias`` flag
-(format 2, ``model.artifact.files``) appends it; :func:`export_fields` gives the arguments.
-
-``log q_i`` comes from the trainer's estimator (``TrainOptions.logq_estimator``): by default
-the decayed counts of ``model.towers.frequency`` (a recent popularity, in occurrences per batch).
-
-Format-1 path (kept for artifacts without the flag): :func:`exported_layers` carries the
-constant as an extra output of the last linear layer, which is exact only when the user
-vector is not normalised (:func:`check_exportable`).
+The logQ-corrected in-batch softmax (``model.towers.loss``; Yi et al. 2019) makes the towers
+learn a score without the popularity prior, so ranking by ``<u, v>`` alone under-ranks popular
+items. The served score is ``<u, v_i> / T + prior_weight * log q_i``, ``log q_i`` being the
+trainer's streaming frequency estimate (``TrainOptions.logq_estimator``). Serving keeps one
+``item_vectors @ x``: the prior rides on one extra dimension, item ``[v_i / T, prior_weight *
+log q_i]`` and user ``[u, 1]`` (the artifact's ``score_bias`` flag, format 2;
+:func:`export_fields`). Format 1 (:func:`exported_layers`) carries the constant in the last
+layer, exact only without normalisation (:func:`check_exportable`).
 """
 
 from __future__ import annotations

@@ -3,17 +3,13 @@
 Two shapes of the same job, each with its own tie rule (kept as they are: the evaluation's
 figures and serving's answers depend on them):
 
-* :func:`top_k_rows` — queries-major ``[B, N]`` scores, one ``argpartition`` over all rows:
-  the evaluation's ranking of a few thousand candidates (``model.evaluation``, the trainer's
-  rolling figures).
+* :func:`top_k_rows` — queries-major ``[B, N]`` scores, one ``argpartition``: the
+  evaluation's ranking of a few thousand candidates.
 * :func:`top_k_batch` / :func:`top_k` — items-major ``[N, B]`` scores with exclusions:
-  serving's request path over up to ~100k items. Per column an exact block-max pruning (the
+  serving's request path over up to ~100k items. An exact block-max pruning per column (the
   ``k`` blocks of :data:`BLOCK` rows with the largest maxima hold the top ``k``), then
-  ``argpartition`` over the few candidates. At 100k items and d=32 the matrix product costs
-  about 0.25 ms per query on one core and this selection about 0.04 ms, so no ANN index is
-  used. Items-major, the block maxima of all queries are one reduction over contiguous memory
-  and only each query's candidate rows are gathered (a batch of 16 ranks ~35% faster than
-  queries-major at 100k items).
+  ``argpartition`` over the few candidates. Exact search is cheap next to the matrix product,
+  so there is no ANN index (figures: ``docs/decisions.md#serving-exact-search``).
 """
 
 from __future__ import annotations

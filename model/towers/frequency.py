@@ -1,27 +1,12 @@
 """Streaming item-frequency estimate by decayed counts (``TrainOptions.logq_estimator="count"``).
 
-The estimate serves twice: as ``log q`` of the logQ correction of the in-batch softmax
-(``model.towers.loss``) and as the popularity prior of the score (``model.scoring.prior``). Both want
-``q_i`` = expected occurrences of item i per training step, as Yi et al.'s gap estimator
-(``model.towers.loss.FrequencyEstimator``, ``q = 1 / gap``) does. That estimator starts an item's
-gap at the step it was first seen and forgets it with rate ``alpha``, so an item seen a few
-times keeps a gap near its first-sighting step: items that appeared early look popular
-whatever their count. Counting avoids that:
-
-Time is counted in samples (the number of keys recorded so far), so the half-life means the
-same at any batch size:
-
-* per hash bucket ``h`` (``key mod H``): a count ``c[h]`` and the time it was last updated
-  ``a[h]``; counts decay by ``2 ** (-dt / half_life)`` over ``dt`` samples (no decay when
-  ``half_life`` is 0);
-* a batch count ``s``, decayed the same way (``s <- s * 2 ** (-n / half_life) + 1`` per
-  recorded batch of ``n`` keys);
-* recording a batch of ``n`` keys at time ``t`` -> ``t + n``: each of its buckets gets
-  ``c[h] <- c[h] * 2 ** (-(t + n - a[h]) / half_life) + (its occurrences)``, ``a[h] <- t + n``;
-* ``q_i = c[h] * 2 ** (-(t - a[h]) / half_life) / s``: occurrences per batch (at least
-  ``MIN_COUNT / s``), the in-batch sampling probability the logQ correction wants.
-
-The numpy class :class:`CountFrequencyNp` is the reference the TF code is tested against.
+The estimate serves twice: as ``log q`` of the logQ correction (``model.towers.loss``) and as
+the popularity prior (``model.scoring.prior``); both want ``q_i`` = expected occurrences of
+item i per training step. Yi et al.'s gap estimator keeps an item seen a few times near its
+first-sighting gap, so items that appeared early look popular whatever their count; decayed
+counts per hash bucket (half-life in samples, so it means the same at any batch size) avoid
+that. The update rule: docs/internals.md. :class:`CountFrequencyNp` is the numpy reference
+the TF code is tested against.
 """
 
 from __future__ import annotations

@@ -1,25 +1,13 @@
 """In-batch sampled softmax with logQ correction and streaming item-frequency estimation.
 
 Reference: X. Yi et al., "Sampling-Bias-Corrected Neural Modeling for Large Corpus Item
-Recommendations", RecSys 2019.
-
-* In-batch softmax: for a batch of (user vector u_i, positive item vector v_i) pairs the
-  other positives of the batch are the negatives. Logit ``s_ij = <u_i, v_j> / T - log q_j``
-  where ``q_j`` is the estimated probability that item j appears in a batch (the logQ
-  correction removes the popularity bias of in-batch negatives). Loss of row i is the
-  cross-entropy of the softmax over row i at column i, weighted by the event weight ``w_i``;
-  the batch loss is ``sum_i w_i * ce_i / sum_i w_i``. Columns j != i holding the same item
-  as row i are masked out (they are not negatives).
-* ``num_groups`` > 1 splits the batch into that many near-equal consecutive blocks and draws the
-  negatives of each row only from its own block — the loss that gradient accumulation over
-  ``num_groups`` micro-batches optimises (see ``model.trainer.core``).
-* Streaming frequency estimation (Yi et al., Algorithm 2): arrays ``A`` (global step an
-  item was last seen) and ``B`` (estimated steps between two sightings) over ``H`` hash
-  buckets. Seeing item y at step t: ``B[h] <- (1 - alpha) B[h] + alpha (t - A[h])``,
-  ``A[h] <- t``. The probability estimate is ``q = 1 / B[h]``. Item keys are already
-  64-bit hashes, so ``h = key mod H``.
-
-The numpy functions (``*_np``) are the references the TF code is tested against.
+Recommendations", RecSys 2019. Logit ``s_ij = <u_i, v_j> / T - log q_j``: the other positives
+of the batch are the negatives, and the logQ correction removes their popularity bias; the
+loss is the weighted cross-entropy at column i (same-item columns masked). ``num_groups`` > 1
+draws each row's negatives from its own block only (what gradient accumulation optimises).
+The streaming frequency estimate is Yi et al.'s Algorithm 2 over ``H`` hash buckets
+(``q = 1 / B[h]``). The numpy functions (``*_np``) are the references the TF code is tested
+against; the formulas in full: docs/internals.md.
 """
 
 from __future__ import annotations

@@ -1,36 +1,14 @@
 """Two-tower retrieval model on TFRA dynamic embeddings.
 
-* User tower: ``x = concat(user_row, pool(history item rows the model knows) or zeros)``
-  then dense layers (relu, last linear), plus ``pool_residual`` times the pool, optionally
-  L2-normalised — exactly the tower
-  ``model.artifact.files.ServingArtifact.user_vectors`` recomputes in numpy. The pool is the
-  recency-weighted mean of :func:`pool_weights` (``ModelConfig.history_decay``; 1 = mean).
-* Attention user tower (``ModelConfig.user_tower == "attention"``): the MLP reads
-  ``concat(user_row, attention(last attention_len rows), pool)`` (``model.towers.attention``;
-  with ``attention_pool`` False ``concat(user_row, attention)``, the residual then on the
-  attention output). The model's window is ``ModelConfig.window``; the pool reads its first
-  ``history_len`` entries.
-* Item tower: the item's row of the item table (the table the history shares), optionally
-  L2-normalised. Score = dot product (divided by the temperature in the loss).
-* Every sparse id goes through a ``tfra.dynamic_embedding`` table (no vocabulary, no hashing
-  into a fixed size).
-* Admission: a per-table stats hash table holds ``(sightings, last_step)`` per key. An id
-  counts as *known* once it was seen ``admit_after`` times as a training user / target item;
-  before that it uses the shared default row (key :data:`DEFAULT_KEY`) and, in a history,
-  it is skipped (as serving skips items it has no row for).
-* Eviction: :meth:`TwoTower.evict` keeps the ``max_rows`` most recently trained rows of a
-  table (by the trainer's step counter, not a wall clock), removing the evicted keys from
-  the table, the optimizer slots and the stats (so an evicted id must be re-admitted).
-
-* Training lookups (:meth:`TwoTower.plan` / :meth:`TwoTower.planned_towers`): each table is
-  read once per step for the batch's *distinct* keys (targets plus known history items share
-  one read of the item table); rows are then gathered, and the history pool is a sparse
-  ``[B, distinct items]`` matrix (the pool weights at the known entries only: padding and
-  unknown items cost nothing) times the distinct rows. The gradient with respect to the
-  distinct rows is thus already summed per key, so each optimizer touches every row once.
-
-All heavy lifting is TF; the class holds no global state and is checkpointed with
-``tf.train.Checkpoint`` (tables, stats, dense weights).
+User tower: the user's row and a recency-weighted pool of the known history items (plus, with
+``ModelConfig.user_tower == "attention"``, an attention tower over the last items) through
+dense layers, plus a pool residual, optionally L2-normalised — exactly what
+``ServingArtifact.user_vectors`` recomputes in numpy. Item tower: the item's row of the item
+table the history shares. Every sparse id goes through a ``tfra.dynamic_embedding`` table;
+ids are admitted after ``admit_after`` sightings and evicted by recency of training
+(:meth:`TwoTower.evict`). Training reads each table once per step for the batch's distinct
+keys (:meth:`TwoTower.plan`). No global state; checkpointed with ``tf.train.Checkpoint``.
+Admission, eviction and lookups in detail: docs/internals.md.
 """
 
 from __future__ import annotations

@@ -1,22 +1,14 @@
 """Model checkpoint and consumed Kafka offsets, saved together atomically.
 
-Layout under ``checkpoint_dir``::
-
-    ckpt-0000000042/        one complete checkpoint (never modified once renamed into place)
-        tf.index, tf.data-*   tf.train.Checkpoint of tables, stats, dense weights, optimizer
-                              slots (TFRA's Keras save keeps no slots, so we resume from this)
-        state.json            offsets {"<topic>:<partition>": next offset}, counters, digest
-        arrays.npz            auxiliary arrays (e.g. item key -> external item id, the
-                              co-visitation state of ``model.scoring.covisit``)
-    LATEST                  name of the newest complete checkpoint (temp file + rename)
-    .tmp-*                  a checkpoint being written (ignored, removed on the next save)
+Layout under ``checkpoint_dir``: ``ckpt-NNNNNNNNNN/`` (``tf.*`` files of the
+``tf.train.Checkpoint`` of tables, stats, dense weights and optimizer slots; ``state.json``
+with the offsets, counters and digest; ``arrays.npz`` auxiliary arrays such as the item id
+map and the co-visitation state), ``LATEST`` (the newest complete one) and ``.tmp-*``.
 
 A checkpoint is written into a temp directory, fsynced, renamed to ``ckpt-N`` and only then
 ``LATEST`` moves, so a crash at any point leaves the previous checkpoint — model state and
-offsets of the same moment — as the one a restart resumes from.
-
-:class:`LoopState` is what ``state.json`` holds; :func:`check_offsets` refuses a checkpoint
-whose offsets lie beyond the samples topic's end (another broker, or the topic made again).
+offsets of the same moment — as the one a restart resumes from. :class:`LoopState` is what
+``state.json`` holds; :func:`check_offsets` refuses offsets beyond the samples topic's end.
 """
 
 from __future__ import annotations

@@ -1,28 +1,13 @@
 """The trainer's side of the delta stream: which rows moved, and the delta that carries them.
 
-:class:`DeltaBuilder` listens to every train step (``Trainer.on_step``: user keys, target
-keys, the model's window of history keys, the sampled negatives — every row the optimizer
-may move) and, when asked, reads the current value of just those rows from the TFRA tables.
-A touched key that no longer has an own row (evicted, or never admitted) is sent as removed;
-after an eviction (``Trainer.evicted_rows`` moved) the keys published so far are read again
-too, so evicted keys that were not touched are removed as well. The prior is read for the
-hash buckets the step counted (the targets), the co-visitation pairs are diffed against the
-ones published (a pair whose value moved by more than :data:`PAIR_RTOL` is sent; the global
-decay of all pairs is one scalar), the mix weights and the dense layers are sent whole.
-
-The builder keeps the state it published (``mirror``, a :class:`model.delta.ModelState`)
-by applying each delta itself, so the trainer can give the checksum of the state it
-published (``model.delta.state_checksum``) and serving prove it converged to it. With a
-lossy row codec (``trainer.delta_codec``) the publisher applies the delta as decoded
-instead: the mirror holds the rows serving receives, not the trainer's float32 ones (those
-equal a full export only with ``float32``).
-
-Exactly-once (``docs/decisions.md#delta-stream``): deltas are provisional. Each full
-version starts a lineage (``base_version`` = the version, a snapshot beside it); a delta
-is published without a checkpoint. A trainer that restarts restores its checkpoint,
-publishes a new full version (a new base) before it trains, and the samples after the
-checkpoint are trained once more in that new lineage only; serving that sees the new base
-resyncs to it, so the state it converges to has trained every sample exactly once.
+:class:`DeltaBuilder` listens to every train step (``Trainer.on_step``: every key the
+optimizer may move) and, when asked, reads just those rows, the prior's touched buckets, the
+co-visitation pairs that moved and the mix and dense weights into one delta. It keeps the
+state it published (``mirror``) by applying each delta itself — as decoded, with a lossy row
+codec — so the trainer can give that state's checksum and serving prove it converged to it.
+Deltas are provisional: a restarted trainer publishes a new full version (a new lineage)
+before it trains, so what serving converges to trained every sample exactly once
+(``docs/decisions.md#delta-stream``). Details: docs/internals.md.
 """
 
 from __future__ import annotations

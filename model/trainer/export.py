@@ -1,30 +1,12 @@
 """Turn the trained tables into a serving artifact and publish it through the registry.
 
-Choice of format (issue 5): exported weights and table rows as ``.npy`` files
-(``model.artifact.files``), not a SavedModel carrying the TFRA ops — serving then needs numpy
-only, loads a version in milliseconds (no TF import, no graph load), and knows exactly
-which ids the model has rows for (TFRA returns a fresh random row for an unknown key).
-Figures: ``bench/train.py`` (export time and size for 100k and 1M ids).
-
-What is exported (the format is ``model/artifact/FORMAT.md``):
-
-* ``user_keys``/``user_rows``: every user with an own row; ``default_user_row``: the shared
-  row of users without one;
-* ``item_hist_keys``/``item_hist_rows``: every item with an own row (the history pool);
-* ``item_ids``/``item_vectors``: the item tower output of each known item whose external id
-  the trainer saw (ids come from the samples; the trainer keeps ``key -> item_id``);
-* the user tower's dense layers, the L2-normalisation flag of the user vector, the
-  model's history window (``ModelConfig.history_len``) and its history pooling
-  (``history_decay``: artifact format 3); the pool's residual (``pool_residual``) is folded
-  into the dense layers (``model.scoring.pooling.fold_pool_residual``);
-* with ``ModelConfig.prior_weight``, the popularity prior as one more dimension of both
-  sides (``model.scoring.prior``: the artifact's ``score_bias``);
-* with ``ModelConfig.covisit_weight``, the trainer's co-visitation pairs among the exported
-  items (``model.scoring.covisit``: artifact format 4);
-* with ``ModelConfig.user_tower == "attention"``, the attention tower's weights (artifact
-  format 5, ``model.artifact.attention``); the history window is then ``ModelConfig.window``
-  and the residual is folded on the last block of the MLP input (the pool, or the attention
-  output without ``attention_pool``).
+Exported as ``.npy`` files (``model.artifact.files``), not a SavedModel carrying the TFRA ops:
+serving then needs numpy only, loads a version in milliseconds and knows exactly which ids the
+model has rows for (TFRA returns a fresh random row for an unknown key). What is exported —
+user and history rows, item vectors with their ids, the user tower's dense layers with the
+pool residual folded in, the prior, the co-visitation pairs, the attention tower — is the
+format ``model/artifact/FORMAT.md``; the list with each part's condition: docs/internals.md.
+Export time and size: ``docs/benchmarks.md#export``.
 """
 
 from __future__ import annotations

@@ -1,21 +1,13 @@
 """Background fetching: Kafka poll + decode + batch assembly off the training thread.
 
-The TF step releases the GIL while it runs, so polling and decoding on this thread overlap
-with training on the other core. Everything per sample that does not need the training
-state is done here too (int64 keys, sample-id hashes for dedupe and the digest, event
-times), so the training thread does per chunk only what it must.
-
-The fetcher only reads: it owns the consumer (neither client's consumer is shared between
-threads) and hands over :class:`Chunk` objects in order; offsets are recorded by the
-training thread after a chunk is trained, so a chunk fetched but not trained is simply read
-again after a restart.
-
-Two record sources, one contract (:class:`RecordSource`): :class:`ConfluentSource` reads
-with librdkafka (``confluent-kafka``: record batches are parsed in C) and
-:class:`KafkaPythonSource` with kafka-python (pure Python record parsing, several times the
-CPU per record: ``docs/decisions.md#trainer-loop``). Both are assigned partitions at
-explicit offsets by the caller and never commit. A poll is decoded as a whole
-(``model.trainer.samples.decode_columns``) into columns, then cut into chunks.
+The TF step releases the GIL while it runs, so polling and decoding here overlap with training
+on the other core; everything per sample that needs no training state (keys, id hashes, event
+times) is done here too. The fetcher only reads: it owns its consumer and hands over
+:class:`Chunk` objects in order; the training thread records offsets after a chunk is
+trained, so a chunk fetched but not trained is read again after a restart. Two record
+sources, one contract (:class:`RecordSource`): :class:`ConfluentSource` (librdkafka, parsing
+in C) and :class:`KafkaPythonSource` (several times the CPU per record:
+``docs/decisions.md#trainer-loop``); both are assigned explicit offsets and never commit.
 """
 
 from __future__ import annotations

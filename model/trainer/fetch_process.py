@@ -1,23 +1,13 @@
 """The samples fetch in a child process (``LoopOptions.fetch_process``, the default).
 
-Decoding samples is Python work: on a thread of the training process it holds the GIL and
-a core while the compiled step wants both (what that cost:
-``docs/decisions.md#trainer-fetch-process``).
-
-The child runs the same :class:`model.trainer.fetch.ChunkFetcher` over its own consumer,
-assigned at the offsets the parent restored, and hands the chunks over a queue (numpy
-arrays and id lists pickle cheaply). The parent records a chunk's offsets only after
-training it, exactly as with the thread, so a chunk fetched but not trained is read again
-after a restart: the exactly-once contract is unchanged. The child exits when asked, when
-the parent is gone (checked 20 times a second, so a ``kill -9`` of the trainer leaves no
-consumer behind), or on an error, which it reports through the queue. It imports no
-TensorFlow (``spawn`` start: nothing of the parent's TF runtime is forked).
-
-It ignores SIGINT and SIGTERM: a Ctrl-C in a terminal and ``streamrec down`` signal the
-trainer's whole process group, and a child that died of the signal would fail the parent's
-next fetch (an error traceback in an orderly stop, or chunks lost mid-drain). The parent
-stops it through the stop flag; the parent gone is noticed within ``_CHECK_S``. The signals
-are blocked from before the spawn until the child ignores them, so none lands in between.
+Decoding samples is Python work: on a thread of the training process it holds the GIL and a
+core the compiled step wants (``docs/decisions.md#trainer-fetch-process``). The child runs
+the same :class:`model.trainer.fetch.ChunkFetcher` at the offsets the parent restored and
+hands chunks over a queue; the parent records offsets only after training, so exactly-once is
+unchanged. The child imports no TensorFlow (``spawn``), exits when asked, when the parent is
+gone (checked 20 times a second) or on an error it reports, and ignores SIGINT and SIGTERM
+(blocked from before the spawn) so a signal to the trainer's process group cannot kill it
+mid-drain; the parent stops it through the stop flag.
 """
 
 from __future__ import annotations

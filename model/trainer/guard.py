@@ -1,38 +1,14 @@
 """The quality guard of the trainer's publications (deltas and full versions).
 
-Every scored row of the test-then-train evaluation (``model.trainer.rolling``: a batch's
-head is scored by the state as it is *before* it trains on that batch) feeds the guard its
-Recall@K hit. Before each publication the trainer asks :meth:`Guard.check`:
-
-* **reference** (the healthy figure): the Recall@K over the last ``reference_rows`` scored
-  rows at the moment of the last publication judged healthy. A long window, because the
-  figure of a few hundred rows is noisy (Recall 0.3 over 500 rows: sd 0.02, a 7% relative
-  swing); it is frozen while the guard holds.
-* **current**: the Recall@K over the last ``min_scored`` scored rows (to a batch head;
-  fewer: no judgement,
-  the publication goes on). It is compared with the reference rather than each row scored
-  twice by the served and the current state: the trainer holds one state, and keeping a
-  second one to score the same rows would double the evaluation's cost. Scoring before
-  training means the rows a state is judged on were never trained by it.
-* a **window** test for the rows scored since the last publication (what the next
-  publication trained on): when they alone are below ``(1 - margin) * reference`` with a
-  one-sided binomial z of at least :data:`WINDOW_Z`, the guard holds too. A burst that
-  makes a whole window bad is so caught before its first delta, instead of after it has
-  pulled the sliding figure down (``margin * min_scored`` bad rows later).
-
-It HOLDS when ``current < (1 - margin) * reference`` (or the window test fails): no delta,
-no full version. The evidence of a hold starts at the last publication (window test) or
-``min_scored`` rows back (sliding figure): every publication after that point is suspect,
-and :attr:`Decision.rollback_to` names the newest *full version* published before it
-(serving can only return to a full version: its snapshot is a lineage's base). It
-RESUMES when ``min_scored`` rows scored after the hold have a figure at or above
-``(1 - margin) * reference``. ``margin`` 0 = off.
-
-A hold also keeps the time it began (``held_at``: the caller's clock, passed to
-:meth:`Guard.check`), so :meth:`Guard.status` can say how long it has lasted.
-
-Not thread-safe by itself: rows arrive on the evaluation thread, checks on the training
-thread; a lock keeps the two apart.
+Every scored row of the test-then-train evaluation (scored by the state before it trains on
+that batch) feeds the guard its Recall@K hit. Before each publication :meth:`Guard.check`
+compares the figure of the last ``min_scored`` rows, and of the rows since the last
+publication, with the reference figure at the last healthy publication. More than ``margin``
+below: it HOLDS (nothing is published) and names the newest full version before the evidence
+to roll back to; it RESUMES once ``min_scored`` rows after the hold recover. ``margin`` 0 =
+off. The reference, the window test and their reasons: docs/internals.md and
+``docs/decisions.md#quality-guard``. Not thread-safe by itself: a lock keeps the evaluation
+thread's rows and the training thread's checks apart.
 """
 
 from __future__ import annotations

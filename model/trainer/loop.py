@@ -1,35 +1,14 @@
 """The trainer service: ``samples`` from Kafka -> test-then-train -> checkpoints -> versions.
 
-Exactly once. The consumer is assigned every partition of the samples topic manually, with
-auto-commit off; it never commits to Kafka. The offsets of the samples a model state has
-trained on are saved *inside* the checkpoint of that state (``model.trainer.checkpoint``). On start
-the newest checkpoint is restored and every partition is sought to its saved offset (or to
-the beginning). A crash loses only work done after the last checkpoint — model state and
-offsets together — so those samples are trained again from the restored state, and the
-surviving model has trained each sample exactly once. ``samples_trained`` and an
-order-independent digest of the trained sample ids are part of the checkpoint (and of
-every manifest) to prove it.
-
-A record that does not decode goes to the dead-letter topic with the reason; its offset
-counts as consumed (in order with the trained ones) and training continues.
-
-Every ``export_every_s`` seconds or ``export_every_samples`` samples (whichever first) the
-trainer checkpoints and then publishes a version whose manifest carries the offsets, the
-event time it is trained through, the rolling test-then-train metrics and the digest.
-
-With ``delta_every_s`` > 0, every version also starts a lineage of deltas
-(``model.trainer.deltas``: a snapshot beside the version, then every ``delta_every_s`` the
-rows that moved, on ``kafka.updates_topic``; every ``delta_catchup_every_s`` while the trainer
-catches up on a backlog or trains only history: :func:`delta_interval`). Deltas are provisional (not checkpointed):
-a restarted trainer publishes a new full version before it trains, so serving resyncs to
-it and the samples after the checkpoint are trained once in the surviving lineage
-(``docs/decisions.md#delta-stream``).
-
-With ``trainer.guard_margin`` > 0 every publication (delta or version) first asks the
-quality guard (``model.trainer.guard``); while it holds, nothing is published (checkpoints
-go on), and when the state it holds against was already served, CURRENT is pinned back to
-the newest full version before the evidence. On recovery a new full version starts a new
-lineage, and the guard's pin is dropped once it is published.
+Exactly once: partitions are assigned manually and nothing is committed to Kafka; the offsets
+a model state has trained on are saved inside its checkpoint (``model.trainer.checkpoint``),
+restored on start, so a crash retrains only what came after the last checkpoint. A record
+that does not decode goes to the dead-letter topic and counts as consumed. Every
+``export_every_s`` / ``export_every_samples`` the trainer checkpoints and publishes a version;
+with ``delta_every_s`` > 0 deltas follow in between (provisional:
+``docs/decisions.md#delta-stream``); with ``trainer.guard_margin`` > 0 the quality guard
+(``model.trainer.guard``) may hold publication and pin CURRENT back. Details:
+docs/internals.md.
 """
 
 from __future__ import annotations

@@ -1,47 +1,11 @@
 """Options of the incremental trainer (:class:`model.trainer.core.Trainer`); imports no TensorFlow.
 
-Options (each changes the computation as stated; ``tests/unit/test_trainer_options.py``):
-
-* ``grad_accum_steps=N``: the batch is split into N near-equal consecutive micro-batches;
-  each micro-batch's loss (in-batch negatives from its own micro-batch) is differentiated
-  separately, gradients are summed (sparse ones per key) and applied once. This equals one
-  step on the whole batch with ``loss_groups=N`` (the same loss in one pass).
-* ``mixed_precision=True``: tower math and logits in bfloat16, tables, dense weights and
-  optimizer state stay float32 (master weights); softmax/loss in float32.
-* ``user_lr`` / ``item_lr`` / ``dense_lr``: one Adagrad optimizer per table and one for the
-  dense layers, each with its own learning rate.
-* ``evict_every_steps=E``: every E steps each table keeps its ``max_*_rows`` most recently
-  trained rows (0 = never evict).
-* ``dedup_lookups`` (default True): the single step reads each table once for the batch's
-  distinct keys and pools the history with a sparse matmul over its known entries
-  (``TwoTower.plan``); the gradient reaches each table already summed per key, so the
-  optimizer updates every row once. False runs the reference step (per-position lookups
-  through the Keras layer, dense ``[B, L, d]`` history pooling); both compute the same
-  update (``tests/unit/test_trainer_options.py``), the first faster (``bench/train.py``).
-* ``sampled_negatives=S`` (default 50): mixed negative sampling (``model.trainer.negatives``):
-  each step also contrasts every row with S items drawn uniformly from the items trained on
-  so far, logQ-corrected by their sampling probability and trained as negatives.
-* ``mask_same_user`` (default True): the in-batch columns of the row's own user are not
-  negatives (a micro-batch of a bursty stream holds a few users, each with many positives).
-* ``logq_estimator`` (default "count", ``model.towers.frequency``, half-life ``logq_half_life``
-  samples) or "gap" (Yi et al., ``model.towers.loss.FrequencyEstimator``): the item-frequency
-  estimate of the logQ correction and of the popularity prior (``model.scoring.prior``). It counts
-  each batch once (``train_step(count=False)`` for further passes over the same batch).
-* ``aux_weight`` (default 8): adds ``aux_weight`` times an auxiliary item-item term to the
-  loss (``model.towers.loss.history_pool_query``): the same sampled softmax (in-batch and sampled
-  negatives, logQ, own-user mask) with each row's normalised history pool as the query in
-  place of the user vector, so the shared item table learns which items follow which. It
-  only shapes training: the served user tower is unchanged.
-* ``fused_loss`` (default True): a full batch's loss and its gradient compiled together by
-  XLA (``model.towers.loss.fused_softmax_loss``: the same loss to float rounding, fewer
-  passes over the ``[rows, columns]`` logits; ~10% more examples/s end to end, at a
-  1-1.5 s compile once per process); partial batches keep the op-by-op loss, since XLA
-  compiles once per shape.
-* ``ModelConfig.history_len``: the step and the user vectors read the first (most recent)
-  ``history_len`` columns of a batch's history.
-
-Why these defaults (``streamrec evaluate`` on MovieLens latest-small, the sweeps and the step
-cost of ``aux_weight``): ``docs/decisions.md#train-options``.
+Each option changes the computation as its field says (``tests/unit/test_trainer_options.py``
+checks them): gradient accumulation, bfloat16 compute, per-table learning rates, eviction,
+deduplicated lookups, sampled negatives, the same-user mask, the frequency estimator, the
+auxiliary item-item loss term and the fused (XLA) loss. Each option's meaning in full:
+docs/internals.md; why these defaults, with the sweeps: ``docs/decisions.md#train-options``
+and ``#fused-loss``.
 """
 
 from __future__ import annotations

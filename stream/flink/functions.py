@@ -1,38 +1,14 @@
 """PyFlink operator functions of the feature job: thin adapters around ``feature_store.features``.
 
-Each keyed Python stage is called once per *batch*: the JVM collects the records of a key
-bucket over a short processing-time window (``ARRAY_AGG`` in SQL, ``--window-ms``, default
-100 ms; the item stage ``--item-window-ms``, default 1 s) and hands the stage one array (the
-graph is in ``stream/flink/job.py``):
-
-* :class:`UserBatchStage` (keyed by a user bucket, :data:`USER_BUCKET_SQL`): per record, parse +
-  validate (``stream.flink.parse``), dedupe, user features and the point-in-time sample, in
-  Kafka order (partition, offset) within the batch; it returns one row of three string arrays
-  (:data:`USER_BATCH_OUTPUT`): ``samples`` JSON, ``events.dlq`` JSON and item updates
-  (:func:`item_row`), which the JVM unnests into one Kafka record / item-stage row each;
-* :class:`ItemBatchStage` (keyed by an item bucket, :func:`item_bucket`): decayed score and
-  counts; each batch sends its ``(item_id, score, as_of)`` list to :class:`TrendingStage`
-  (one key, parallelism 1) as ONE record.
-
-Why batches: every record crossing between the JVM and the Python interpreter, every state
-read or write and every output row is a Python<->Java call with a conversion. Per batch: one
-call in, one ``put_all`` of the touched states, one row out, one Redis pipeline (why:
-``docs/decisions.md#feature-job-batches``).
-
-State: one ``MapState`` per stage (user_id / item_id -> packed state, :func:`pack_user` /
-``pack_item``), under the bucket key, written through at the end of every batch, so a
-checkpoint (taken between two calls) always holds every state the Redis writes before it
-reflect. A :class:`StateCache` of unpacked states sits in front of it: a state is read from
-Flink (and unpacked) only the first time this subtask touches its key.
-
-Redis: every batch is written in one pipeline before the call returns (so no checkpoint
-precedes a write it covers); a failed write is retried in place for up to 30 s
-(``stream.flink.rehydrate.RetryingWrites``: a Redis restart does not restart the job), then
-fails the task and Flink restarts it from the last checkpoint. A store that comes back
-without some of the job's writes is re-written from the job's state (``rehydrate``). Records are full snapshots written "only if newer (as_of, seq)"
-(``feature_store/FORMAT.md``): records re-emitted after a restart rewrite identical values and
-nothing is counted twice. Metric counters are added up locally and published once per batch
-(each is a Java call); the watermark (used only to count late events) is read once per batch.
+Each keyed Python stage is called once per *batch*: the JVM collects a key bucket's records
+over a short processing-time window and hands the stage one array (graph:
+``stream/flink/job.py``). :class:`UserBatchStage` parses, dedupes, updates user features and
+emits point-in-time samples, DLQ records and item updates; :class:`ItemBatchStage` keeps the
+decayed item scores and feeds :class:`TrendingStage`. Batches because every JVM<->Python
+crossing is a call with a conversion (``docs/decisions.md#feature-job-batches``). State is
+written through to Flink at the end of every batch and Redis in one pipeline before the call
+returns, so a checkpoint never precedes a write it covers. State, Redis retries and
+rehydration in detail: docs/internals.md.
 """
 
 from __future__ import annotations

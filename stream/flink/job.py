@@ -1,54 +1,14 @@
 """The Flink feature job: ``events`` -> user/item/trending features in Redis + ``samples``.
 
-Graph (SQL where it is cheap, Python ``KeyedProcessFunction``s in ``thread`` mode where the
-feature definitions run, called once per batch; functions in ``stream/flink/functions.py``)::
-
-    Kafka table source (raw value, partition, offset; JVM: user_id and event-time watermarks
-    from SQL JSON functions, a processing-time attribute)
-      -> SQL: user bucket (first hex digit of MD5(user_id)); ARRAY_AGG of the records per
-         bucket and processing-time window (TUMBLE, --window-ms, 100 ms) -> keyBy(bucket)
-      -> [Python] user stage, one call per batch: parse/validate, dedupe, user features,
-         point-in-time samples -> one row of three arrays
-         -> SQL UNNEST: samples -> Kafka, bad records -> events.dlq, item rows -> item
-            bucket, ARRAY_AGG per bucket and window -> keyBy(bucket)
-      -> [Python] item stage, one call per batch (1 s windows, --item-window-ms): decayed
-         score + counts
-      -> [Python] trending top-N (one key, parallelism 1)
-
-All feature logic is ``feature_store.features``; this module only wires it. Run it three ways:
-
-* submitted to a cluster: ``streamrec features`` (``flink run -py stream/flink/job.py``);
-* in-process MiniCluster for debugging or tests: ``python -m stream.flink.job --local``;
-* restored from a retained checkpoint: add ``--restore <chk dir>`` (``-s`` for ``flink run``).
-  A checkpoint of a job with other operators or state (e.g. the earlier per-record job) does
-  not restore into this one: Flink refuses it by name.
-
-Delivery: state and Kafka source offsets are checkpointed together (exactly-once state; the
-records collected in an open window are window state, checkpointed too). Redis writes are
-idempotent (only-if-newer ``(as_of, seq)``), so the records re-emitted after a restart rewrite
-identical values. The ``samples`` sink is at-least-once: after a restart the samples of the
-events since the last checkpoint are produced again with the same ``sample_id`` (= event_id),
-and consumers drop repeats by ``sample_id``. (An exactly-once transactional sink would delay
-every sample by a checkpoint interval and needs ``read_committed`` consumers; the trainer
-dedupes instead.) Samples carry no Kafka key. Order: a user's events share a Kafka partition,
-hence a source subtask and a bucket; the user stage applies each batch in (partition, offset)
-order, and the windows of a bucket reach it in time order.
-
-Why batches, thread mode and this split between SQL and Python: every JVM<->Python crossing
-is a call with a conversion, so each Python stage handles a key bucket's records of one
-window at once (a record waits at most one window per stage), parsing and feature logic stay
-in Python (one definition), and the JVM only moves and keys records. Thread mode runs every
-Python operator of a JVM under one interpreter lock (more parallelism needs more TaskManagers:
-``flink.taskmanagers``). Why, with the figures and the commands that measured them:
-``docs/decisions.md#feature-job-batches`` (and ``#feature-job-profile``, ``#feature-job-shape``).
-
-Thread mode on a standalone cluster needs ``opt/flink-python-*.jar`` on the cluster's own
-classpath (e.g. ``FLINK_LIB_DIR`` = a folder with ``lib/*`` plus that jar) and
-``classloader.parent-first-patterns.additional: "pemja."``; loaded from the job's jar, pemja
-fails with ``NoSuchFieldException: loadedLibraryNames``. A thread-mode TaskManager keeps the
-imported Python modules between jobs: restart it after changing the code. Checkpoints need a
-filesystem checkpoint directory (``--checkpoint-dir`` or the cluster's): the default
-JobManager storage refuses state over 5 MB, and a failed checkpoint restarts the job.
+SQL moves and keys records (user buckets, processing-time windows, ``ARRAY_AGG``); Python
+``KeyedProcessFunction``s in ``thread`` mode run the feature definitions once per batch
+(``stream/flink/functions.py``): user stage -> samples, DLQ and item rows; item stage; trending.
+All feature logic is ``feature_store.features``; this module only wires it. Run it submitted
+to a cluster (``streamrec features``), in-process (``python -m stream.flink.job --local``) or
+from a retained checkpoint (``--restore <chk dir>``). State and source offsets are
+checkpointed together, Redis writes are idempotent and the ``samples`` sink is at-least-once
+(the trainer dedupes by ``sample_id``). The graph, delivery, thread-mode setup:
+docs/internals.md; why: ``docs/decisions.md#feature-job-batches``.
 """
 
 from __future__ import annotations

@@ -2,18 +2,12 @@
 
 Pure: bytes or str in, a :class:`feature_store.features.Event` or a :class:`BadEvent` (the
 reason it goes to ``events.dlq``) out. Ingest and replay normalise events to exactly this
-shape, so anything else is a producer bug and is reported, never guessed at.
-
-The rules are those of ingest (:mod:`stream.rules`), so a record that reaches the topic
-without the ingest check (a replay tool, another producer) is held to them too. Deliberate
-differences, all because this reads the wire format, not client input:
-
-* ``ts`` must be epoch milliseconds as an integer (ingest converts the other forms), and
-  ``ts`` and ``event_id`` are required (ingest fills them in from the receive time / a fresh
-  id). The future bound applies to the processing time ``now_ms`` when one is given.
-* JSON syntax is read as ``json`` reads it: a ``NaN`` literal is read, then fails the
-  ``value`` or ``context`` rule; of a duplicate key the last one wins (ingest refuses both
-  in the decoder, and ingest and replay never write either).
+shape, so anything else is a producer bug and is reported, never guessed at. The rules are
+those of ingest (:mod:`stream.rules`), with deliberate differences because this reads the
+wire format, not client input: ``ts`` must be integer epoch milliseconds and ``ts`` and
+``event_id`` are required; the future bound applies to ``now_ms`` when given; JSON is read
+as ``json`` reads it (a ``NaN`` literal then fails the ``value`` or ``context`` rule; of a
+duplicate key the last wins — ingest refuses both, and ingest and replay never write either).
 """
 
 from __future__ import annotations

@@ -1,27 +1,16 @@
 """The ingest API: ``POST /events`` into the Kafka ``events`` topic, acknowledged end to end.
 
 ``create_app(settings)`` builds the FastAPI app; its lifespan owns one long-lived Kafka
-producer (``acks=all``, idempotent) and closes it on shutdown.
-
-``POST /events`` takes one JSON object, a JSON array of objects, or NDJSON
-(``Content-Type: application/x-ndjson``). The rules of one event are in :mod:`stream.schema`.
-
-* ``202 {"accepted": n, "event_ids": [...]}`` only after Kafka acknowledged every record.
-* ``422 {"detail": ..., "errors": [{"index", "field", "error"}, ...]}`` when any event is
-  invalid; nothing of the batch is written.
-* ``413`` when ``Content-Length`` or the bytes actually read exceed ``ingest.max_body_bytes``,
-  or the batch holds more than ``ingest.max_batch`` events.
-* ``503`` with ``Retry-After`` when Kafka is unreachable or does not acknowledge within
-  ``ingest.produce_timeout_s``. The producer's delivery timeout equals that deadline, so a
-  record that was not acknowledged by then has been given up by the producer, not left to be
-  written later; the client retries with the same ``event_id``s. If some records of a batch
-  were acknowledged before the failure, a retry writes them again — consumers dedupe by
-  ``event_id`` (docs/design.md, "Wire formats").
-* ``415`` for other content types, ``401`` without the configured ``X-API-Key``.
-* ``429`` with ``Retry-After`` when more than ``rate_limit_per_s`` requests per second arrive
-  (a token bucket, :mod:`stream.ingest.ratelimit`; checked before the body is read; 0 = no limit).
-
-``GET /health``, ``GET /metrics`` (Prometheus, names in :mod:`stream.ingest.metrics`), ``/docs``.
+producer (``acks=all``, idempotent) and closes it on shutdown. ``POST /events`` takes one JSON
+object, an array, or NDJSON; the rules of one event are in :mod:`stream.schema`. It answers
+``202 {"accepted", "event_ids"}`` only after Kafka acknowledged every record; ``422`` naming
+each invalid field (nothing written); ``413`` over ``ingest.max_body_bytes`` or
+``ingest.max_batch``; ``415`` for other content types; ``401`` without the ``X-API-Key``;
+``429`` with ``Retry-After`` over ``rate_limit_per_s`` (:mod:`stream.ingest.ratelimit`);
+``503`` with ``Retry-After`` when Kafka does not acknowledge within
+``ingest.produce_timeout_s`` (the producer gives the record up by then; the client retries
+with the same ``event_id``s, and consumers dedupe: docs/design.md, "Wire formats").
+``GET /health``, ``GET /metrics`` (names in :mod:`stream.ingest.metrics`), ``/docs``.
 """
 
 from __future__ import annotations

@@ -1,28 +1,14 @@
 """Readers of historical logs for replay: each turns a file into raw events, row by row.
 
-Supported formats (``--format``, or detected from the name and first line):
-
-``movielens``  ``ratings.csv`` of MovieLens latest(-small): header ``userId,movieId,rating,timestamp``,
-               epoch seconds.
-``ml-1m``      ``ratings.dat`` of ML-1M: ``UserID::MovieID::Rating::Timestamp``, no header.
-``ml-100k``    ``u.data`` of ML-100k: ``user<TAB>item<TAB>rating<TAB>timestamp``, no header.
-``ndjson``     one event per line in the ingest schema (``stream.schema``); ``ts`` is required.
-``csv``        any CSV with a header, given a column mapping
-               (``--map user_id=COL,item_id=COL,ts=COL[,value=COL][,event_type=COL][,event_id=COL]``).
-
-Rating rule (MovieLens formats, and mapped CSV with a ``value`` column but no ``event_type``):
-a rating ≥ ``like_threshold`` (default 4.0) becomes ``like``, any other rating becomes
-``rating``; ``value`` carries the rating either way.
-
-Event ids: a row without its own ``event_id`` gets
-``blake2b(basename, line number, raw line bytes)`` (96 bits, hex). The same file replayed
-again — from any folder, or after more lines were appended — yields the same ids, so the
-replay ledger (``stream.replay.ledger``) does not send them twice; renaming the file changes
-them.
-
-Unreadable rows are reported with a kind (:data:`ERROR_KINDS`): ``encoding`` (not UTF-8),
-``binary`` (NUL or other control bytes: a blob in the middle of a log), ``json`` (e.g. a
-truncated line), ``fields`` (wrong field count, a bad number or time).
+Formats (``--format``, or detected from the name and first line): ``movielens``
+(``ratings.csv``), ``ml-1m`` (``ratings.dat``), ``ml-100k`` (``u.data``), ``ndjson`` (the
+ingest schema, ``ts`` required) and ``csv`` with a column mapping (``--map
+user_id=COL,item_id=COL,ts=COL[,value=COL][,event_type=COL][,event_id=COL]``). Ratings at or
+above ``like_threshold`` (4.0) become ``like``, others ``rating``. A row without an
+``event_id`` gets ``blake2b(basename, line number, raw line bytes)``, so the same file
+replayed again yields the same ids (the replay ledger skips them); renaming the file changes
+them. Unreadable rows are reported by kind (:data:`ERROR_KINDS`). Each format's columns:
+docs/internals.md.
 """
 
 from __future__ import annotations

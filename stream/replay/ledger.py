@@ -1,30 +1,12 @@
 """The replay ledger: every event id a replay delivered to a topic, so no row is sent twice.
 
-A second replay of the same log — or of an overlapping one: the same file with lines appended,
-or any log whose rows carry the same ``event_id`` — sends only the rows no replay delivered
-before; the rest are counted as ``already_replayed``. So nothing downstream sees them again:
-not the feature job (whose duplicate memory is a 7-day event-time window per user), not the
-trainer, not the model. Event ids of rows without their own come from the file's name, the
-line number and the line's bytes (``stream.replay.formats``): a renamed or re-cut copy of a
-log has other ids and is not recognised.
-
-Layout under ``<run_dir>/replay/ledger/<topic>/``::
-
-    ledger.json     {"version", "segments": [...], "offsets": {partition: end offset},
-                     "clean": bool}
-    seg-000042.npy  sorted int64 hashes (``feature_store.idset.id_hash``) of delivered ids
-
-A segment is written after each replay checkpoint (the producer flushed: Kafka acknowledged
-every row of it), then ``ledger.json`` is replaced atomically; segments are merged when there
-are more than :data:`MAX_SEGMENTS`. ``offsets`` are the topic's end offsets when the ledger
-was last complete; ``clean`` is False while a replay runs. A replay that finds the ledger not
-clean (the last one crashed between an acknowledgement and its segment) first reads the topic
-from ``offsets`` to its end and adds every event id found there, so the ids of that window are
-known too. A topic whose end is behind ``offsets`` was deleted and created again: the ledger
-is reset (logged).
-
-Memory: the ids of all segments in one :class:`~feature_store.idset.IdSet`, 8 bytes per
-delivered event (8 MB per million).
+A second replay of the same log — or of an overlapping one — sends only the rows no replay
+delivered before (the rest count as ``already_replayed``), so nothing downstream sees them
+again. Under ``<run_dir>/replay/ledger/<topic>/`` it keeps ``ledger.json`` (segments, the
+topic's end offsets, a ``clean`` flag) and ``seg-*.npy`` segments of sorted id hashes, one
+written after each replay checkpoint Kafka acknowledged. A ledger left unclean by a crash is
+completed from the topic before the next replay; a topic made again resets it. Memory: 8 bytes
+per delivered event in one :class:`~feature_store.idset.IdSet`. Details: docs/internals.md.
 """
 
 from __future__ import annotations

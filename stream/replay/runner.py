@@ -1,22 +1,13 @@
 """Replay (backfill) of historical logs into the ``events`` topic, in event-time order.
 
-Every row of every file is read (formats in :mod:`stream.replay.formats`), checked against the
-same schema as the ingest API, and ordered by (event time, file order: position of the file
-on the command line, then line number). ``speed=None`` sends as fast as Kafka takes;
-``speed=N`` keeps the gaps between event times, divided by N.
-
-Exactly once across runs: the replay ledger (:mod:`stream.replay.ledger`) holds every event
-id a replay delivered to the topic; rows it holds are not sent again (``already_replayed``),
-whatever file they come from. With the ledger (the default), every run resumes by itself.
-
-Resume without the ledger (``ledger=False``). A small JSON state file records how many events of the ordered plan Kafka has
-acknowledged (``acked``) and, per partition, the offset after the last acknowledged record.
-It is rewritten atomically and durably (``feature_store.atomic``) after each checkpoint (a
-producer flush every ``checkpoint_every`` events or ``checkpoint_interval_s`` seconds).
-``resume=True`` skips the acknowledged prefix, then reads the topic from the saved offsets to
-its end and also skips the events found there (sent after the last checkpoint, before the
-crash), so no row is written twice. The state belongs to one plan: the same files (name and
-size), options and topic; anything else starts over.
+Every row of every file is read (:mod:`stream.replay.formats`), checked against the ingest
+schema and ordered by (event time, file order, line). ``speed=None`` sends as fast as Kafka
+takes; ``speed=N`` keeps the gaps between event times, divided by N. Exactly once across runs:
+the replay ledger (:mod:`stream.replay.ledger`) holds every event id delivered, so every run
+resumes by itself. Without it (``ledger=False``) a state file written atomically after each
+producer flush records the acknowledged prefix and offsets, and ``resume=True`` skips that
+prefix and the events found on the topic after it; the state belongs to one plan (files,
+options, topic), anything else starts over.
 """
 
 from __future__ import annotations
