@@ -45,7 +45,7 @@ def _sections() -> list[tuple[str, type[BaseModel]]]:
 
 @pytest.mark.parametrize(("name", "section"), _sections(), ids=[n for n, _ in _sections()])
 def test_every_setting_has_a_description(name: str, section: type[BaseModel]) -> None:
-    """README promises every field is described in settings.py; keep that true."""
+    """docs/operations.md promises every field is described in settings.py; keep that true."""
     missing = [
         f"{name}.{field_name}"
         for field_name, field in section.model_fields.items()
