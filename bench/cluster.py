@@ -94,6 +94,7 @@ def run_variant(variant: str, topic: str, e2e_samples: int, seconds: float, warm
     """One variant's figures (runs in its own process); ``fused_loss``:
     ``TrainOptions.fused_loss`` of its trainers."""
     from bench.train import _batches
+    from feature_store.settings import with_trainer
     from model.towers.two_tower import ModelConfig
     from model.trainer.core import Trainer, TrainOptions
     from model.trainer.loop import LoopOptions, TrainerService
@@ -159,9 +160,11 @@ def run_variant(variant: str, topic: str, e2e_samples: int, seconds: float, warm
             settings = _settings(topic, root)
             service = TrainerService(
                 settings, trainer(TrainOptions(batch_size=BATCH, evict_every_steps=0,
-                                          fused_loss=fused_loss), "e2e"),
-                LoopOptions(export_every_s=3600.0, export_every_samples=10_000_000,
-                            max_samples=e2e_samples),
+                                          spare_epochs=1, fused_loss=fused_loss), "e2e"),
+                LoopOptions.from_settings(with_trainer(
+                    settings, export_every_s=3600.0, export_every_samples=10_000_000,
+                    delta_every_s=0.0, delta_catchup_every_s=0.0, delta_history_lag_s=0.0),
+                    max_samples=e2e_samples),
                 clock=lambda: datetime.now(UTC),
             )
             # trace the step and the evaluation before the clock starts, as bench train does

@@ -42,7 +42,8 @@ def synthetic_trainer(users: int, items: int, batch_size: int) -> tuple[Any, dic
     hist = ModelConfig().history_len
     stream = SyntheticStream(SyntheticConfig(users=users, items=items, clusters=50,
                                              history_len=hist, seed=4))
-    trainer = Trainer(ModelConfig(), TrainOptions(batch_size=batch_size))
+    trainer = Trainer(ModelConfig(), TrainOptions(batch_size=batch_size, evict_every_steps=0,
+                                                    spare_epochs=1))
     keys = KeyCache()
     item_ids: dict[int, str] = {}
 

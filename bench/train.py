@@ -65,7 +65,8 @@ def _step_trainer(
 
     return Trainer(
         ModelConfig(history_len=hist, train_history=train_history, **(tower or {})),
-        TrainOptions(batch_size=batch, eval_rows=0, dedup_lookups=dedup),
+        TrainOptions(batch_size=batch, eval_rows=0, dedup_lookups=dedup, evict_every_steps=0,
+                     spare_epochs=1),
         tag=f"b{batch}{int(train_history)}{int(dedup)}",
     )
 
@@ -139,17 +140,20 @@ def _service(settings: Any, consumer: str = "auto", fused_loss: bool = True, **l
     """The trainer service as ``streamrec train`` builds it: the live model defaults
     (``ModelConfig()``), the settings' batch size and export cadence (``fused_loss=False``:
     as ``streamrec train --no-fused-loss``)."""
+    from feature_store.settings import with_trainer
     from model.towers.two_tower import ModelConfig
     from model.trainer.core import TrainOptions
     from model.trainer.loop import LoopOptions, build_service
 
+    # no eviction, one step per partial batch and no deltas, as this figure has always run
+    settings = with_trainer(settings, fused_loss=fused_loss, evict_every_steps=0,
+                            spare_epochs=1, delta_every_s=0.0, delta_catchup_every_s=0.0,
+                            delta_history_lag_s=0.0)
     service = build_service(
         settings,
         ModelConfig(),
-        TrainOptions(batch_size=settings.trainer.batch_size, fused_loss=fused_loss),
-        LoopOptions(export_every_s=settings.trainer.export_every_s,
-                    export_every_samples=settings.trainer.export_every_samples,
-                    consumer=consumer, **loop),
+        TrainOptions.from_settings(settings),
+        LoopOptions.from_settings(settings, consumer=consumer, **loop),
         clock=lambda: datetime.now(UTC),
     )
     warm = _batches(2, settings.trainer.batch_size, seed=99, hist=service.history_len)
@@ -220,7 +224,8 @@ def bench_export(n_ids: int, root: Path) -> dict[str, Any]:
     from model.trainer.core import Trainer, TrainOptions
     from model.trainer.export import write_version
 
-    trainer = Trainer(ModelConfig(), TrainOptions(), tag=f"x{n_ids}")
+    trainer = Trainer(ModelConfig(), TrainOptions(evict_every_steps=0, spare_epochs=1),
+                      tag=f"x{n_ids}")
     rng = np.random.default_rng(0)
     d = trainer.config.embedding_dim
     item_ids: dict[int, str] = {}

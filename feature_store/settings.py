@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -253,6 +253,54 @@ class TrainerSettings(BaseModel):
     metrics_host: str = Field("127.0.0.1", description="Host of the trainer's /metrics.")
     metrics_port: int = Field(8002, description="Port of the trainer's /health and /metrics.")
     seed: int = Field(7, description="Seed of the model's initialisers and samplers.")
+    batch_timeout_s: float = Field(
+        0.2, gt=0.0, description="Seconds the trainer waits to fill a batch before it trains a "
+        "partial one."
+    )
+    admit_after: int = Field(
+        1, ge=1, description="Sightings before an id gets its own embedding row (before that it "
+        "shares the default row)."
+    )
+    max_user_rows: int = Field(2_000_000, ge=1, description="Eviction cap of the user table.")
+    max_item_rows: int = Field(1_000_000, ge=1, description="Eviction cap of the item table.")
+    evict_every_steps: int = Field(
+        1000, ge=0, description="Steps between evictions of the rows over the caps (0 = never)."
+    )
+    grad_accum_steps: int = Field(
+        1, ge=1, description="Micro-batches whose gradients one optimizer step accumulates."
+    )
+    mixed_precision: bool = Field(
+        False, description="bfloat16 compute with float32 master weights."
+    )
+    user_lr: float | None = Field(
+        None, gt=0.0, description="Learning rate of the user table (None = learning_rate)."
+    )
+    item_lr: float | None = Field(
+        None, gt=0.0, description="Learning rate of the item table (None = learning_rate)."
+    )
+    dense_lr: float | None = Field(
+        None, gt=0.0, description="Learning rate of the dense layers (None = learning_rate)."
+    )
+    train_history: bool = Field(
+        True, description="History rows learn from the history pool too (False: only as "
+        "targets; faster steps)."
+    )
+    aux_weight: float = Field(
+        8.0, ge=0.0, description="Weight of the item-to-item history-pool term of the loss "
+        "(0 = off, faster steps)."
+    )
+    fused_loss: bool = Field(
+        True, description="The loss of a full batch compiled by XLA (False: op by op, the same "
+        "loss, no compile at start-up, slower steps)."
+    )
+    eval_rows: int = Field(
+        32, ge=0, description="Rows of a batch's head scored test-then-train (0 = no live "
+        "figures and no quality guard)."
+    )
+    eval_every: int = Field(
+        4, ge=1, description="Score the head of every n-th full batch only (partial batches "
+        "are all scored)."
+    )
     ps: int = Field(
         0, ge=0, description="Parameter servers of the trainer cluster (0 with workers 0 = one "
         "process, the default; model/cluster)."
@@ -358,16 +406,30 @@ class Settings(BaseSettings):
     serving: ServingSettings = ServingSettings()
     prometheus: PrometheusSettings = PrometheusSettings()
 
-    @model_validator(mode="after")
-    def _trainer_dirs_in_run_dir(self) -> Settings:
+    @model_validator(mode="before")
+    @classmethod
+    def _trainer_dirs_in_run_dir(cls, data: Any) -> Any:
         """The trainer's registry and checkpoints live in the run folder unless set: a stack
-        started with another ``run_dir`` must not resume a checkpoint of an older one."""
-        unset = {"registry_dir": "models", "checkpoint_dir": "trainer"}.items()
-        update = {name: self.stack.run_dir / sub for name, sub in unset
-                  if name not in self.trainer.model_fields_set}
-        if update:
-            object.__setattr__(self, "trainer", self.trainer.model_copy(update=update))
-        return self
+        started with another ``run_dir`` must not resume a checkpoint of an older one.
+        Filled in before validation, so the frozen sections are never changed afterwards."""
+        if not isinstance(data, dict):
+            return data
+        stack = data.get("stack")
+        if isinstance(stack, StackSettings):
+            run_dir = stack.run_dir
+        else:
+            run_dir = Path((stack or {}).get("run_dir", StackSettings().run_dir))
+        trainer = data.get("trainer")
+        given = (trainer.model_fields_set if isinstance(trainer, TrainerSettings)
+                 else set(trainer or {}))
+        update = {name: run_dir / sub
+                  for name, sub in (("registry_dir", "models"), ("checkpoint_dir", "trainer"))
+                  if name not in given}
+        if not update:
+            return data
+        if isinstance(trainer, TrainerSettings):
+            return {**data, "trainer": trainer.model_copy(update=update)}
+        return {**data, "trainer": {**(trainer or {}), **update}}
 
 
 def to_env(settings: Settings) -> dict[str, str]:
@@ -382,6 +444,22 @@ def to_env(settings: Settings) -> dict[str, str]:
             key = f"STREAMREC_{section_name.upper()}__{field_name.upper()}"
             env[key] = json.dumps(value) if isinstance(value, dict | list) else str(value)
     return env
+
+
+def trainer_default(name: str) -> Any:
+    """The default of the trainer knob ``name``: the one source of the option dataclasses'
+    defaults (``TrainOptions``, ``LoopOptions``, ``ModelConfig``), so a knob has one default."""
+    return TrainerSettings.model_fields[name].default
+
+
+def with_trainer(settings: Settings, **knobs: Any) -> Settings:
+    """``settings`` with ``trainer.*`` knobs replaced (None values are left as they are): the
+    one path by which command-line flags override settings, validated like the settings."""
+    given = {k: v for k, v in knobs.items() if v is not None}
+    if not given:
+        return settings
+    trainer = TrainerSettings.model_validate({**settings.trainer.model_dump(), **given})
+    return settings.model_copy(update={"trainer": trainer})
 
 
 def load_settings(**overrides: object) -> Settings:

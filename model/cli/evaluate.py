@@ -415,6 +415,9 @@ def _run_in(args: argparse.Namespace, settings: Any, stream: Any, stack: Any) ->
             dense_lr=cfg["dense_lr"],
             aux_weight=cfg["aux_weight"],
             eval_rows=0,
+            # the evaluation evicts nothing and steps each micro-batch once per epoch
+            evict_every_steps=0,
+            spare_epochs=1,
             sampled_negatives=cfg["sampled_negatives"],
             mask_same_user=cfg["mask_same_user"],
             logq_estimator=cfg["logq_estimator"],

@@ -13,8 +13,6 @@ import sys
 from contextlib import ExitStack
 from typing import Any, NoReturn
 
-from model.trainer.options import TrainOptions
-
 log = logging.getLogger(__name__)
 
 EPILOG = """\
@@ -37,6 +35,38 @@ examples:
 """
 
 
+#: (flag, trainer.* setting, type, help) of the flags that override a setting.
+KNOB_FLAGS: tuple[tuple[str, str, type, str], ...] = (
+    ("--batch-size", "batch_size", int, "samples per step"),
+    ("--export-every-s", "export_every_s", float, "seconds between model versions"),
+    ("--export-every-samples", "export_every_samples", int, "samples between model versions"),
+    ("--delta-every-s", "delta_every_s", float, "seconds between deltas, 0 = none"),
+    ("--batch-timeout-s", "batch_timeout_s", float, "train a partial batch after this wait"),
+    ("--admit-after", "admit_after", int, "sightings before an id gets its own row"),
+    ("--max-user-rows", "max_user_rows", int, "eviction cap of users"),
+    ("--max-item-rows", "max_item_rows", int, "eviction cap of items"),
+    ("--evict-every", "evict_every_steps", int, "evict every N steps, 0 = never"),
+    ("--grad-accum", "grad_accum_steps", int, "accumulate gradients over N micro-batches"),
+    ("--user-lr", "user_lr", float, "learning rate of the user table"),
+    ("--item-lr", "item_lr", float, "learning rate of the item table"),
+    ("--dense-lr", "dense_lr", float, "learning rate of the dense layers"),
+    ("--aux-weight", "aux_weight", float,
+     "weight of the item-to-item history-pool term of the loss, 0 = off"),
+    ("--eval-rows", "eval_rows", int, "rows per batch scored test-then-train, 0 = off"),
+    ("--eval-every", "eval_every", int, "score the head of every N-th batch only"),
+    ("--ps", "ps", int, "parameter servers of a cluster"),
+    ("--workers", "workers", int, "workers of a cluster"),
+)
+#: Flags with their own action or choices that override a setting too.
+SWITCHES = ("mixed_precision", "train_history", "fused_loss", "wire_dtype")
+
+
+def knob_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``trainer.*`` settings the command line gives (flags left out are None)."""
+    keys = [key for _, key, _, _ in KNOB_FLAGS] + list(SWITCHES)
+    return {key: getattr(args, key) for key in keys if getattr(args, key, None) is not None}
+
+
 def register(sub: Any) -> None:
     """Add these subcommands to the ``streamrec`` parser."""
     p = sub.add_parser(
@@ -48,43 +78,20 @@ def register(sub: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--port", type=int, help="health/metrics port (default: trainer.metrics_port)")
-    p.add_argument("--batch-size", type=int, help="samples per step (default: trainer.batch_size)")
-    p.add_argument("--export-every-s", type=float, help="default: trainer.export_every_s")
-    p.add_argument("--export-every-samples", type=int, help="default: trainer.export_every_samples")
-    p.add_argument("--delta-every-s", type=float,
-                   help="seconds between deltas, 0 = none (default: trainer.delta_every_s)")
-    p.add_argument("--batch-timeout-s", type=float, default=0.2,
-                   help="train a partial batch after this wait (default 0.2)")
     p.add_argument("--max-samples", type=int, help="stop after this many trained samples")
-    p.add_argument("--admit-after", type=int, default=1,
-                   help="sightings before an id gets its own row (default 1)")
-    p.add_argument("--max-user-rows", type=int, default=2_000_000, help="eviction cap of users")
-    p.add_argument("--max-item-rows", type=int, default=1_000_000, help="eviction cap of items")
-    p.add_argument("--evict-every", type=int,
-                   help="evict every N steps (0 = never; default 1000)")
-    p.add_argument("--grad-accum", type=int, default=1,
-                   help="accumulate gradients over N micro-batches per step (default 1)")
-    p.add_argument("--mixed-precision", action="store_true",
-                   help="bfloat16 compute, float32 master weights")
-    p.add_argument("--user-lr", type=float, help="learning rate of the user table")
-    p.add_argument("--item-lr", type=float, help="learning rate of the item table")
-    p.add_argument("--dense-lr", type=float, help="learning rate of the dense layers")
-    p.add_argument("--no-history-grad", action="store_true",
-                   help="history rows learn only as targets (faster steps)")
-    p.add_argument("--aux-weight", type=float,
-                   help="weight of the item-to-item history-pool term of the loss (0 = off, "
-                        "faster steps; default: TrainOptions.aux_weight)")
-    p.add_argument("--no-fused-loss", action="store_true",
-                   help="the loss op by op instead of compiled by XLA (the same loss; no "
-                        "compile at start-up, ~10%% slower steps)")
-    p.add_argument("--eval-rows", type=int, default=TrainOptions.eval_rows,
-                   help="rows per batch scored test-then-train (0 = off; default "
-                   f"{TrainOptions.eval_rows})")
-    p.add_argument("--eval-every", type=int, default=TrainOptions.eval_every,
-                   help="score the head of every N-th batch only (1 = every batch; default "
-                   f"{TrainOptions.eval_every})")
-    p.add_argument("--ps", type=int, help="parameter servers of a cluster (default: trainer.ps)")
-    p.add_argument("--workers", type=int, help="workers of a cluster (default: trainer.workers)")
+    # Every flag below overrides the trainer.* setting it names (one path: with_trainer);
+    # the defaults are the settings' (STREAMREC_TRAINER__*, docs/operations.md).
+    for flag, key, kind, text in KNOB_FLAGS:
+        p.add_argument(flag, dest=key, type=kind, help=f"{text} (default: trainer.{key})")
+    p.add_argument("--mixed-precision", dest="mixed_precision", action="store_true",
+                   default=None, help="bfloat16 compute, float32 master weights "
+                   "(default: trainer.mixed_precision)")
+    p.add_argument("--no-history-grad", dest="train_history", action="store_false",
+                   default=None, help="history rows learn only as targets, faster steps "
+                   "(default: trainer.train_history)")
+    p.add_argument("--no-fused-loss", dest="fused_loss", action="store_false", default=None,
+                   help="the loss op by op instead of compiled by XLA: the same loss, no "
+                   "compile at start-up, slower steps (default: trainer.fused_loss)")
     p.add_argument("--wire-dtype", choices=["float32", "bfloat16"],
                    help="rows and updates on the cluster's wire (default: trainer.wire_dtype)")
     p.add_argument("--role", choices=["chief", "ps", "worker"], default="chief",
@@ -96,15 +103,14 @@ def register(sub: Any) -> None:
 def run_train(args: argparse.Namespace) -> int:
     from datetime import UTC, datetime
 
-    from feature_store.settings import load_settings
+    from feature_store.settings import load_settings, with_trainer
     from model.trainer.metrics import HealthServer, TrainerMetrics
 
-    settings = load_settings()
+    settings = with_trainer(load_settings(), **knob_overrides(args))
     tcfg = settings.trainer
     if args.role != "chief":
         return _serve_role(settings, args.role, args.index)
-    ps = tcfg.ps if args.ps is None else args.ps
-    workers = tcfg.workers if args.workers is None else args.workers
+    ps, workers = tcfg.ps, tcfg.workers
     if (ps > 0) != (workers > 0):
         raise SystemExit("a trainer cluster needs --ps and --workers both >= 1 (or both 0)")
     port = args.port if args.port is not None else tcfg.metrics_port
@@ -127,42 +133,9 @@ def run_train(args: argparse.Namespace) -> int:
         from model.trainer.core import TrainOptions
         from model.trainer.loop import LoopOptions, TrainerService
 
-        config = ModelConfig(
-            embedding_dim=tcfg.embedding_dim,
-            user_layers=(2 * tcfg.embedding_dim, tcfg.embedding_dim),
-            # the model's own window of the (longer) point-in-time history it is sent
-            history_len=min(ModelConfig.history_len, settings.features.history_len),
-            seed=tcfg.seed,
-            admit_after=args.admit_after,
-            compute_dtype="bfloat16" if args.mixed_precision else "float32",
-            train_history=not args.no_history_grad,
-        )
-        options = TrainOptions(
-            batch_size=args.batch_size or tcfg.batch_size,
-            learning_rate=tcfg.learning_rate,
-            user_lr=args.user_lr,
-            item_lr=args.item_lr,
-            dense_lr=args.dense_lr,
-            grad_accum_steps=args.grad_accum,
-            mixed_precision=args.mixed_precision,
-            evict_every_steps=1000 if args.evict_every is None else args.evict_every,
-            max_user_rows=args.max_user_rows,
-            max_item_rows=args.max_item_rows,
-            eval_rows=args.eval_rows,
-            eval_every=args.eval_every,
-            spare_epochs=tcfg.spare_epochs,
-            fused_loss=not args.no_fused_loss,
-            **({} if args.aux_weight is None else {"aux_weight": args.aux_weight}),
-        )
-        loop = LoopOptions.from_settings(
-            settings,
-            batch_timeout_s=args.batch_timeout_s,
-            export_every_s=args.export_every_s or tcfg.export_every_s,
-            export_every_samples=args.export_every_samples or tcfg.export_every_samples,
-            max_samples=args.max_samples,
-            delta_every_s=(tcfg.delta_every_s if args.delta_every_s is None
-                           else args.delta_every_s),
-        )
+        config = ModelConfig.from_settings(settings)
+        options = TrainOptions.from_settings(settings)
+        loop = LoopOptions.from_settings(settings, max_samples=args.max_samples)
         from model.trainer.core import Trainer
 
         with ExitStack() as stack:
@@ -235,11 +208,11 @@ def _cluster_trainer(
     from model.cluster.trainer import ClusterOptions, ClusterTrainer, check_supported
 
     check_supported(config, options)  # before any process starts
-    tcfg = settings.trainer.model_copy(update={"ps": ps, "workers": workers})
+    tcfg = settings.trainer  # ps and workers: the settings with the flags applied
     log_dir = settings.stack.run_dir / "logs" / "trainer-cluster"
     layout = stack.enter_context(cluster_servers(tcfg, log_dir, settings.stack.ready_timeout_s))
     log.info("trainer cluster: %d PS, %d workers, chief at %s", ps, workers, layout.chief)
-    wire = args.wire_dtype or settings.trainer.wire_dtype
+    wire = settings.trainer.wire_dtype
     cluster_metrics = ClusterMetrics(metrics.registry, layout)
     trainer = ClusterTrainer(config, options, connect(layout), ClusterOptions(wire_dtype=wire),
                              metrics=cluster_metrics)

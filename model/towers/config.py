@@ -7,6 +7,12 @@ Re-exported by ``model.towers.two_tower``; every field is part of the model the 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from feature_store.settings import trainer_default
+
+if TYPE_CHECKING:
+    from feature_store.settings import Settings
 
 COMPUTE_DTYPES = ("float32", "bfloat16")
 USER_TOWERS = ("pool", "attention")
@@ -14,7 +20,7 @@ USER_TOWERS = ("pool", "attention")
 
 @dataclass(frozen=True)
 class ModelConfig:
-    embedding_dim: int = 32
+    embedding_dim: int = trainer_default("embedding_dim")
     #: Dense layers of the user tower; the last one must equal ``embedding_dim``.
     user_layers: tuple[int, ...] = (64, 32)
     #: Most recent history items the user tower pools (a prefix of the feature store's
@@ -32,13 +38,13 @@ class ModelConfig:
     #: through the artifact's ``score_bias`` (format 2). Its strength is relative to
     #: ``1 / temperature``; data without a popularity signal wants it weak.
     prior_weight: float = 1.5
-    admit_after: int = 1
+    admit_after: int = trainer_default("admit_after")
     #: Admission threshold of the user table (None: ``admit_after``). Users below it share
     #: the default row, so the user tower rests on their history alone.
     user_admit_after: int | None = None
     #: Standard deviation of a new row (uniform: ``model.towers.tables``).
     init_stddev: float = 0.05
-    seed: int = 7
+    seed: int = trainer_default("seed")
     #: "bfloat16": tower math and logits in bfloat16, variables stay float32 (master weights).
     compute_dtype: str = "float32"
     init_capacity: int = 16384
@@ -76,7 +82,7 @@ class ModelConfig:
     #: Whether history rows get gradients through the user tower. False: they learn only as
     #: targets (and sampled negatives), and the item optimizer touches ~B rows per step,
     #: not every distinct history item of the batch (bench/train.py times both steps).
-    train_history: bool = True
+    train_history: bool = trainer_default("train_history")
     #: How the parts of the score (towers, prior, co-visitation) are weighted: "learned" —
     #: weights start at 1, ``prior_weight`` and ``covisit_weight`` and are learnt from the
     #: stream by softmax cross-entropy on test-then-train scores (``model.scoring.mixer``);
@@ -102,6 +108,21 @@ class ModelConfig:
     #: Whether the attention tower also feeds the recency pool to the MLP and its residual
     #: (False: ``concat(user row, attention)``, the residual on the attention output).
     attention_pool: bool = True
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> ModelConfig:
+        """The live trainer's model: ``trainer.*`` knobs, user tower layers ``(2d, d)``, and
+        the model's own window of the (longer) point-in-time history it is sent."""
+        t = settings.trainer
+        return cls(
+            embedding_dim=t.embedding_dim,
+            user_layers=(2 * t.embedding_dim, t.embedding_dim),
+            history_len=min(cls.history_len, settings.features.history_len),
+            seed=t.seed,
+            admit_after=t.admit_after,
+            compute_dtype="bfloat16" if t.mixed_precision else "float32",
+            train_history=t.train_history,
+        )
 
     @property
     def attention(self) -> bool:

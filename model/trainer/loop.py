@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from feature_store.settings import Settings
+from feature_store.settings import Settings, trainer_default
 from model.artifact.files import ArtifactError
 from model.artifact.registry import Registry, RegistryError
 from model.towers.two_tower import ModelConfig
@@ -51,10 +51,10 @@ Clock = Callable[[], datetime]
 
 @dataclass(frozen=True)
 class LoopOptions:
-    batch_timeout_s: float = 0.2
+    batch_timeout_s: float = trainer_default("batch_timeout_s")
     poll_timeout_ms: int = 100
-    export_every_s: float = 30.0
-    export_every_samples: int = 200_000
+    export_every_s: float = trainer_default("export_every_s")
+    export_every_samples: int = trainer_default("export_every_samples")
     max_samples: int | None = None
     #: GIL switch interval while ``run()`` trains (``sys.setswitchinterval``, restored on
     #: return; None = leave it). The training thread releases the GIL at every TF and numpy
@@ -78,22 +78,28 @@ class LoopOptions:
     #: four batches, at least 2000.
     max_poll_records: int | None = None
     #: Seconds between deltas on the updates topic (0 = none; ``model.trainer.deltas``).
-    delta_every_s: float = 0.0
+    delta_every_s: float = trainer_default("delta_every_s")
     #: ... while catching up (every chunk since the last delta was full and came at once),
     #: or while every sample since the last delta is history (below).
-    delta_catchup_every_s: float = 0.0
+    delta_catchup_every_s: float = trainer_default("delta_catchup_every_s")
     #: Samples whose event time lags the wall clock by more than this are history (a
     #: backfill of an old log); 0 = never.
-    delta_history_lag_s: float = 0.0
+    delta_history_lag_s: float = trainer_default("delta_history_lag_s")
     #: Take, dedupe and prepare the next chunk on a thread while the current one trains
     #: (``model.trainer.prepare``; the same updates in the same order); False = in turn.
     prepare_ahead: bool = True
 
     @classmethod
     def from_settings(cls, settings: Settings, **overrides: Any) -> LoopOptions:
-        """The loop options ``settings.trainer`` names, with ``overrides`` (the CLI's flags)."""
+        """The loop options ``settings.trainer`` names, with ``overrides`` of the fields it
+        does not own (``max_samples``, the process tuning); a knob it owns is changed in the
+        settings (``feature_store.settings.with_trainer``), never here."""
+        owned = set(overrides) & set(type(settings.trainer).model_fields)
+        if owned:
+            raise ValueError(f"{sorted(owned)} are settings (trainer.*): override them there")
         t = settings.trainer
         named: dict[str, Any] = {
+            "batch_timeout_s": t.batch_timeout_s,
             "export_every_s": t.export_every_s,
             "export_every_samples": t.export_every_samples,
             "delta_every_s": t.delta_every_s,
@@ -563,15 +569,8 @@ def build_service(
     clock: Clock,
     redis_client: Any | None = None,
 ) -> TrainerService:
-    """A service with its trainer built from settings (explicit configs win)."""
-    tcfg = settings.trainer
-    config = model_config or ModelConfig(
-        embedding_dim=tcfg.embedding_dim,
-        user_layers=(2 * tcfg.embedding_dim, tcfg.embedding_dim),
-        # the model's own window of the (longer) point-in-time history it is sent
-        history_len=min(ModelConfig.history_len, settings.features.history_len),
-        seed=tcfg.seed,
-    )
-    opts = options or TrainOptions(batch_size=tcfg.batch_size, learning_rate=tcfg.learning_rate,
-                                   spare_epochs=tcfg.spare_epochs)
+    """A service with its trainer built from settings (explicit configs win): the one place
+    the CLI, the tests and the benches build the trainer's model, options and loop."""
+    config = model_config or ModelConfig.from_settings(settings)
+    opts = options or TrainOptions.from_settings(settings)
     return TrainerService(settings, Trainer(config, opts), loop, clock=clock, redis_client=redis_client)

@@ -11,22 +11,36 @@ and ``#fused-loss``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from feature_store.settings import trainer_default
+
+if TYPE_CHECKING:
+    from feature_store.settings import Settings
+
+
+#: Fields of :class:`TrainOptions` that ``trainer.*`` settings own (same names).
+SETTINGS_KNOBS = (
+    "batch_size", "learning_rate", "user_lr", "item_lr", "dense_lr", "grad_accum_steps",
+    "mixed_precision", "evict_every_steps", "max_user_rows", "max_item_rows", "eval_rows",
+    "eval_every", "spare_epochs", "aux_weight", "fused_loss",
+)
 
 
 @dataclass(frozen=True)
 class TrainOptions:
-    batch_size: int = 512
-    learning_rate: float = 0.05
-    user_lr: float | None = None
-    item_lr: float | None = None
-    dense_lr: float | None = None
-    grad_accum_steps: int = 1
+    batch_size: int = trainer_default("batch_size")
+    learning_rate: float = trainer_default("learning_rate")
+    user_lr: float | None = trainer_default("user_lr")
+    item_lr: float | None = trainer_default("item_lr")
+    dense_lr: float | None = trainer_default("dense_lr")
+    grad_accum_steps: int = trainer_default("grad_accum_steps")
     #: Negatives drawn per block of the batch (reference for accumulation); 1 = whole batch.
     loss_groups: int = 1
-    mixed_precision: bool = False
-    evict_every_steps: int = 0
-    max_user_rows: int = 2_000_000
-    max_item_rows: int = 1_000_000
+    mixed_precision: bool = trainer_default("mixed_precision")
+    evict_every_steps: int = trainer_default("evict_every_steps")
+    max_user_rows: int = trainer_default("max_user_rows")
+    max_item_rows: int = trainer_default("max_item_rows")
     logq_buckets: int = 1 << 20
     logq_alpha: float = 0.01
     #: Item-frequency estimate of the logQ correction and the prior: "gap" (Yi et al.,
@@ -39,18 +53,18 @@ class TrainOptions:
     #: Rows of each batch scored before training (0 = no test-then-train evaluation), with the
     #: whole served score over every candidate and a step of the learnt mix: ~0.5 ms a row at
     #: 20k candidates on the evaluation thread, which must keep pace with the train step.
-    eval_rows: int = 32
+    eval_rows: int = trainer_default("eval_rows")
     #: Score the head of every this-many-th full batch only (1 = each batch; partial
     #: batches, a stream slower than the trainer, are all scored): the figures are a sample
     #: of the stream either way, and a scored head costs about as much evaluation CPU as a
     #: quarter of a 512-sample train step (why 4: docs/decisions.md#live-figures).
-    eval_every: int = 4
+    eval_every: int = trainer_default("eval_every")
     eval_refresh_steps: int = 20
     #: Optimizer steps on a partial batch (a stream slower than the trainer: the batch
     #: timeout cut it short, so the trainer has time to spare); the further passes count
     #: no frequency and teach no co-visitation again. A full batch gets one step (why 3:
     #: docs/decisions.md#spare-epochs).
-    spare_epochs: int = 1
+    spare_epochs: int = trainer_default("spare_epochs")
     #: Score a batch's head on a second thread while the next batch trains (numpy's
     #: scoring matmul and rank count release the GIL); False = inline.
     eval_async: bool = True
@@ -67,11 +81,17 @@ class TrainOptions:
     #: Mask in-batch columns of the row's own user (its other positives are no negatives).
     mask_same_user: bool = True
     #: Weight of the auxiliary history-pool (item-item) loss; 0 = none.
-    aux_weight: float = 8.0
+    aux_weight: float = trainer_default("aux_weight")
     #: The loss of a full batch with its forward and backward pass compiled by XLA
     #: (``model.towers.loss.fused_softmax_loss``); partial batches and accumulation run op by
     #: op. On by default (why: docs/decisions.md#fused-loss).
-    fused_loss: bool = True
+    fused_loss: bool = trainer_default("fused_loss")
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> TrainOptions:
+        """The options ``settings.trainer`` names (every knob of this class it owns)."""
+        t = settings.trainer
+        return cls(**{name: getattr(t, name) for name in SETTINGS_KNOBS})
 
     def __post_init__(self) -> None:
         if self.aux_weight < 0.0:

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from feature_store.settings import Settings
+from feature_store.settings import Settings, with_trainer
 from model.delta import decode
 from model.evaluation.synthetic import SyntheticConfig, SyntheticStream
 from model.trainer.samples import Sample
@@ -55,15 +55,16 @@ def test_a_poisoned_burst_holds_publication_and_ordinary_samples_do_not(
     from model.trainer.core import TrainOptions
     from model.trainer.loop import LoopOptions, build_service
 
-    settings = settings.model_copy(update={"trainer": settings.trainer.model_copy(update={
-        "guard_margin": 0.2, "guard_min_scored": 512})})
+    settings = with_trainer(settings, guard_margin=0.2, guard_min_scored=512)
     stream = SyntheticStream(SyntheticConfig(users=USERS, items=ITEMS, clusters=10,
                                              history_len=20, seed=3))
     service = build_service(
         settings, ModelConfig(history_len=20),
         TrainOptions(batch_size=256, eval_rows=128, eval_every=1, eval_refresh_steps=5,
-                     eval_window=4000),
-        LoopOptions(export_every_s=3600, export_every_samples=4000, delta_every_s=0.3),
+                     eval_window=4000, evict_every_steps=0, spare_epochs=1),
+        LoopOptions.from_settings(with_trainer(
+            settings, export_every_s=3600, export_every_samples=4000, delta_every_s=0.3,
+            delta_catchup_every_s=0.0, delta_history_lag_s=0.0)),
         clock=lambda: datetime.now(UTC),
     )
     guard = service.guard

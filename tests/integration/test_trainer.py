@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from feature_store.settings import Settings
+from feature_store.settings import Settings, with_trainer
 from model.artifact.files import load_artifact
 from model.artifact.registry import Registry
 from model.evaluation.synthetic import SyntheticConfig, SyntheticStream
@@ -66,8 +66,11 @@ def in_process_run(stack: Settings, tmp_path_factory: pytest.TempPathFactory) ->
         settings,
         ModelConfig(history_len=20),
         TrainOptions(batch_size=256, eval_rows=128, eval_every=1, eval_refresh_steps=10,
-                     eval_window=5_000),
-        LoopOptions(export_every_s=3600, export_every_samples=15_000, max_samples=len(samples)),
+                     eval_window=5_000, evict_every_steps=0, spare_epochs=1),
+        LoopOptions.from_settings(
+            with_trainer(settings, export_every_s=3600, export_every_samples=15_000,
+                         delta_every_s=0.0, delta_catchup_every_s=0.0, delta_history_lag_s=0.0),
+            max_samples=len(samples)),
         clock=lambda: datetime.now(UTC),
     )
     state = service.run()

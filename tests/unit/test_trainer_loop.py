@@ -71,13 +71,16 @@ def test_deltas_slow_down_while_the_trainer_trains_only_history() -> None:
 
 
 def test_loop_options_carry_the_settings_cadence_under_the_cli_overrides() -> None:
-    from feature_store.settings import Settings, TrainerSettings
+    from feature_store.settings import Settings, TrainerSettings, with_trainer
 
     settings = Settings(trainer=TrainerSettings(
         delta_every_s=2.0, delta_catchup_every_s=20.0, delta_history_lag_s=60.0,
         export_every_s=7.0))
-    loop = LoopOptions.from_settings(settings, export_every_s=3.0, max_samples=5)
+    loop = LoopOptions.from_settings(with_trainer(settings, export_every_s=3.0), max_samples=5)
     assert (loop.delta_every_s, loop.delta_catchup_every_s, loop.delta_history_lag_s) == (
         2.0, 20.0, 60.0)
     assert (loop.export_every_s, loop.max_samples) == (3.0, 5)
     assert loop.export_every_samples == settings.trainer.export_every_samples
+    # a knob the settings own is overridden in the settings, never beside them
+    with pytest.raises(ValueError, match="export_every_s"):
+        LoopOptions.from_settings(settings, export_every_s=3.0)
