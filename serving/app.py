@@ -38,7 +38,7 @@ from serving import errors
 from serving import metrics as m
 from serving import retrieval as r
 from serving.balance import ConnectionBalancer
-from serving.dashboard import collector_from_settings, dashboard_router
+from serving.dashboard import dashboard_router
 from serving.deltas import DeltaFollower
 from serving.errors import Forbidden, NotFound, Unauthorized
 from serving.fastpath import MAX_USER_ID, RecommendFastPath
@@ -46,7 +46,7 @@ from serving.features_api import features_router
 from serving.loader import ModelLoader, TrendingCache
 from serving.metrics import ServingMetrics
 from serving.shared_state import SharedFollower
-from serving.stats import ModelStatus, StatsCollector
+from serving.stats_file import stats_path
 
 log = logging.getLogger(__name__)
 
@@ -266,7 +266,7 @@ def create_app(
     registry: Registry | None = None,
     pubsub_factory: Callable[[], Any] | None = None,
     watch: bool = True,
-    stats: StatsCollector | None = None,
+    stats_file: Path | None = None,
     max_body_bytes: int | None = None,
     metrics_dir: str | None = None,
     balancer: ConnectionBalancer | None = None,
@@ -274,8 +274,9 @@ def create_app(
 ) -> FastAPI:
     """Build the serving app. ``store`` defaults to ``feature_store.open_store(settings)``,
     ``registry``/``pubsub_factory`` to the Redis-backed ones from ``settings``; ``watch=False``
-    skips the background tasks; ``stats`` (the dashboard's collector) defaults to one scraping
-    the sources in ``settings``; ``max_body_bytes`` caps request bodies (413 beyond);
+    skips the background tasks; ``stats_file`` is the dashboard collector's snapshot that
+    ``GET /stats`` answers with (default ``serving.stats_file.stats_path(settings)``; serving
+    scrapes nothing itself); ``max_body_bytes`` caps request bodies (413 beyond);
     ``metrics_dir`` is the multiprocess metrics folder shared by the workers of one server
     (``/metrics`` then answers for all of them, see ``serving.metrics``); ``balancer``
     evens keep-alive connections out over those workers (``serving.balance``);
@@ -300,13 +301,6 @@ def create_app(
     store = store or open_store(settings, timeout_s=1.0)
     state = ServingState(settings, store, registry, clock, pubsub_factory, metrics_dir,
                          shared_dir)
-    if stats is None:
-        stats = collector_from_settings(
-            settings, state.metrics.exposition,
-            lambda: ModelStatus(
-                state.loader.current.version if state.loader.current else None,
-                state.loader.age_s()),
-            clock)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -319,7 +313,6 @@ def create_app(
             if state.pubsub_factory is not None:
                 tasks.append(asyncio.create_task(
                     state.loader.listen(state.pubsub_factory), name="model-pubsub"))
-            tasks.append(asyncio.create_task(stats.run(), name="dashboard-stats"))
             if balancer is not None:
                 tasks.append(asyncio.create_task(balancer.run(), name="connection-balance"))
             if state.deltas is not None:
@@ -332,7 +325,6 @@ def create_app(
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            await stats.aclose()
             state.metrics.worker_exited()
 
     app = FastAPI(title="streamrec serving", lifespan=lifespan)
@@ -345,9 +337,8 @@ def create_app(
                        default_k=settings.serving.default_k, max_k=MAX_K,
                        close=balancer.should_close if balancer is not None else None)
     app.state.serving = state
-    app.state.stats = stats
     app.include_router(features_router(store, state.store_guard.health))
-    app.include_router(dashboard_router(stats))
+    app.include_router(dashboard_router(stats_file or stats_path(settings), clock))
     default_k = settings.serving.default_k
 
     errors.install(app)

@@ -1,4 +1,4 @@
-"""Subcommands: serve (registered into ``streamrec`` by deploy.cli).
+"""Subcommands: serve and dashboard-collector (registered into ``streamrec`` by deploy.cli).
 
 Keep imports here light: heavy modules are imported inside the handlers. The supervision of
 ``serve --workers N`` is ``serving.workers``.
@@ -32,6 +32,15 @@ def register(sub: Any) -> None:
                    "all of them")
     p.add_argument("--log-level", default="warning", help="uvicorn access/error log level")
     p.set_defaults(func=_serve)
+    c = sub.add_parser(
+        "dashboard-collector",
+        help="scrape the stack for the dashboard (one per stack; serving's /stats reads it)",
+        description="Every 2 s, read the ingest API's, the trainer's and serving's /metrics, "
+        "serving's /model and the samples topic's end offsets, and write the dashboard's "
+        "snapshot to <run_dir>/dashboard/stats.json, which serving's GET /stats answers with.",
+    )
+    c.add_argument("--serving-url", help="serving's base URL (default: from serving.host/port)")
+    c.set_defaults(func=_dashboard_collector)
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -106,3 +115,15 @@ def tune_interpreter(settings: Any) -> None:
     if interval is not None:
         sys.setswitchinterval(interval)
 
+
+def _dashboard_collector(args: argparse.Namespace) -> int:
+    from feature_store.settings import load_settings
+    from serving.dashboard import collector_from_settings
+    from serving.dashboard_collector import run_until_signalled
+    from serving.deps import utc_now
+    from serving.stats_file import stats_path
+
+    settings = load_settings()
+    collector = collector_from_settings(settings, utc_now, serving_url=args.serving_url)
+    run_until_signalled(collector, stats_path(settings))
+    return 0
