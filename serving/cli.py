@@ -48,6 +48,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     from feature_store.settings import load_settings
     from serving.app import create_app
+    from serving.deps import ServingDeps
     from serving.workers import (
         MULTIPROC_ENV,
         WORKERS_ENV,
@@ -64,7 +65,7 @@ def _serve(args: argparse.Namespace) -> int:
     metrics_dir: Path | None = None
     shared: Path | None = None
     if workers == 1:
-        target = create_app(settings)
+        target = create_app(ServingDeps(settings))
     else:
         # Set before the workers start (and so before they import prometheus_client).
         metrics_dir = fresh_metrics_dir(settings.stack.run_dir / "metrics" / f"serving-{port}")
@@ -94,6 +95,7 @@ def app_factory() -> Any:
     """App of one worker process when ``serve --workers N`` (N > 1) forks several."""
     from feature_store.settings import load_settings
     from serving.app import create_app
+    from serving.deps import ServingDeps
     from serving.shared_state import SHARED_ENV
     from serving.workers import MULTIPROC_ENV, WORKERS_ENV, workers_balancer
 
@@ -104,8 +106,8 @@ def app_factory() -> Any:
             and Path("/proc/net/tcp").exists()):  # Linux: counted from /proc
         balancer = workers_balancer(os.environ[WORKERS_ENV])
     shared = os.environ.get(SHARED_ENV)
-    return create_app(settings, metrics_dir=os.environ.get(MULTIPROC_ENV), balancer=balancer,
-                      shared_dir=Path(shared) if shared else None)
+    return create_app(ServingDeps(settings, metrics_dir=os.environ.get(MULTIPROC_ENV),
+                                  balancer=balancer, shared_dir=Path(shared) if shared else None))
 
 
 def tune_interpreter(settings: Any) -> None:

@@ -332,6 +332,7 @@ def test_the_stacks_collector_reads_a_serving_app_over_http(servers, tmp_path) -
     from model.artifact.registry import Registry
     from serving.app import create_app
     from serving.dashboard import collector_from_settings
+    from serving.deps import ServingDeps
     from serving.stats_file import stats_path
     from tests.support import wait_until
     from tests.unit.test_serving_app import MemoryStore
@@ -346,8 +347,8 @@ def test_the_stacks_collector_reads_a_serving_app_over_http(servers, tmp_path) -
         serving={"port": free_port()},
     )
     clock = Clock()
-    app = create_app(settings, MemoryStore(), clock=clock, registry=Registry(tmp_path, "tt"),
-                     watch=False)
+    app = create_app(ServingDeps(settings, MemoryStore(), clock=clock,
+                                 registry=Registry(tmp_path, "tt"), watch=False))
     url = f"http://127.0.0.1:{settings.serving.port}"
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=settings.serving.port,
                                            log_level="warning"))
