@@ -422,14 +422,29 @@ def service_components(s: Settings, available: set[str]) -> list[Component]:
                   # One BLAS thread per request thread: 16 request threads oversubscribe
                   # OpenBLAS otherwise (why: docs/decisions.md#serving-exact-search).
                   env={"OPENBLAS_NUM_THREADS": "1"}, marker="serve"),
+        dashboard_collector_component(s),
     ]
     command_of = {"ingest-api": "ingest-api", "features": "features", "trainer": "train",
-                  "serving": "serve"}
+                  "serving": "serve", "dashboard-collector": "serve"}
     chosen = [c for c in services if command_of[c.name] in available]
     if "train" in available:
         at = next(i for i, c in enumerate(chosen) if c.name == "trainer")
         chosen[at:at] = trainer_cluster_components(s)
     return chosen
+
+
+def dashboard_collector_component(s: Settings) -> Component:
+    """The stack's one dashboard collector (``serving.dashboard_collector``): it scrapes the
+    services for the dashboard, so no serving worker does; ready once its first snapshot is
+    written (an earlier run's is removed first)."""
+    from serving.stats_file import stats_path
+
+    snapshot = stats_path(s)
+    py = sys.executable
+    return Component("dashboard-collector", 0,
+                     lambda: [py, "-m", "deploy.cli", "dashboard-collector"],
+                     snapshot.exists, lambda: snapshot.unlink(missing_ok=True),
+                     marker="dashboard-collector")
 
 
 def trainer_cluster_components(s: Settings) -> list[Component]:

@@ -1,33 +1,17 @@
-"""Subcommands: serve (registered into ``streamrec`` by deploy.cli).
+"""Subcommands: serve and dashboard-collector (registered into ``streamrec`` by deploy.cli).
 
-Keep imports here light: heavy modules are imported inside the handlers.
+Keep imports here light: heavy modules are imported inside the handlers. The supervision of
+``serve --workers N`` is ``serving.workers``.
 """
 
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import shutil
-import signal
-import socket
-import subprocess
 import sys
-import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from serving.balance import ConnectionBalancer
-
-log = logging.getLogger(__name__)
-
-#: The environment variable ``prometheus_client`` reads for its multiprocess mode.
-MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
-#: How the workers of ``serve --workers N`` learn the port and N they serve with (the
-#: command line may override the settings'), and the host they bind (which ``/proc/net``
-#: table lists their connections): ``"<port> <workers> <host>"``.
-WORKERS_ENV = "SERVE_PORT_AND_WORKERS"
+from typing import Any
 
 
 def register(sub: Any) -> None:
@@ -48,6 +32,15 @@ def register(sub: Any) -> None:
                    "all of them")
     p.add_argument("--log-level", default="warning", help="uvicorn access/error log level")
     p.set_defaults(func=_serve)
+    c = sub.add_parser(
+        "dashboard-collector",
+        help="scrape the stack for the dashboard (one per stack; serving's /stats reads it)",
+        description="Every 2 s, read the ingest API's, the trainer's and serving's /metrics, "
+        "serving's /model and the samples topic's end offsets, and write the dashboard's "
+        "snapshot to <run_dir>/dashboard/stats.json, which serving's GET /stats answers with.",
+    )
+    c.add_argument("--serving-url", help="serving's base URL (default: from serving.host/port)")
+    c.set_defaults(func=_dashboard_collector)
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -55,6 +48,14 @@ def _serve(args: argparse.Namespace) -> int:
 
     from feature_store.settings import load_settings
     from serving.app import create_app
+    from serving.deps import ServingDeps
+    from serving.workers import (
+        MULTIPROC_ENV,
+        WORKERS_ENV,
+        fresh_metrics_dir,
+        run_workers,
+        shared_state_dir,
+    )
 
     settings = load_settings()
     tune_interpreter(settings)
@@ -64,7 +65,7 @@ def _serve(args: argparse.Namespace) -> int:
     metrics_dir: Path | None = None
     shared: Path | None = None
     if workers == 1:
-        target = create_app(settings)
+        target = create_app(ServingDeps(settings))
     else:
         # Set before the workers start (and so before they import prometheus_client).
         metrics_dir = fresh_metrics_dir(settings.stack.run_dir / "metrics" / f"serving-{port}")
@@ -82,8 +83,8 @@ def _serve(args: argparse.Namespace) -> int:
         if workers == 1:
             uvicorn.run(target, **options)
         else:
-            _run_workers(uvicorn.Config(target, factory=True, workers=workers, **options),
-                         shared, args.log_level)
+            run_workers(uvicorn.Config(target, factory=True, workers=workers, **options),
+                        shared, args.log_level)
     finally:
         if metrics_dir is not None:  # the workers have exited: their files are history
             shutil.rmtree(metrics_dir, ignore_errors=True)
@@ -94,6 +95,9 @@ def app_factory() -> Any:
     """App of one worker process when ``serve --workers N`` (N > 1) forks several."""
     from feature_store.settings import load_settings
     from serving.app import create_app
+    from serving.deps import ServingDeps
+    from serving.shared_state import SHARED_ENV
+    from serving.workers import MULTIPROC_ENV, WORKERS_ENV, workers_balancer
 
     settings = load_settings()
     tune_interpreter(settings)
@@ -101,22 +105,9 @@ def app_factory() -> Any:
     if (settings.serving.balance_connections and os.environ.get(WORKERS_ENV)
             and Path("/proc/net/tcp").exists()):  # Linux: counted from /proc
         balancer = workers_balancer(os.environ[WORKERS_ENV])
-    from serving.shared_state import SHARED_ENV
-
     shared = os.environ.get(SHARED_ENV)
-    return create_app(settings, metrics_dir=os.environ.get(MULTIPROC_ENV), balancer=balancer,
-                      shared_dir=Path(shared) if shared else None)
-
-
-def workers_balancer(spec: str) -> ConnectionBalancer:
-    """A worker's ``serving.balance.ConnectionBalancer`` from ``spec``, the value of
-    ``SERVE_PORT_AND_WORKERS``: ``"port workers host"`` (the host absent when empty). It
-    reads only the ``/proc/net`` table of the listener's address family."""
-    from serving.balance import ConnectionBalancer, read_tables, tables_of
-
-    port, workers, *host = spec.split()
-    names = tables_of(address_family(host[0] if host else ""))
-    return ConnectionBalancer(int(port), int(workers), tables=lambda: read_tables(names=names))
+    return create_app(ServingDeps(settings, metrics_dir=os.environ.get(MULTIPROC_ENV),
+                                  balancer=balancer, shared_dir=Path(shared) if shared else None))
 
 
 def tune_interpreter(settings: Any) -> None:
@@ -127,138 +118,14 @@ def tune_interpreter(settings: Any) -> None:
         sys.setswitchinterval(interval)
 
 
-def fresh_metrics_dir(path: Path) -> Path:
-    """The multiprocess metrics folder of one server run, emptied of an earlier run's files
-    (one folder per port: two servers on one host never share it)."""
-    path = path.resolve()
-    path.mkdir(parents=True, exist_ok=True)
-    for old in path.glob("*.db"):
-        old.unlink()
-    return path
+def _dashboard_collector(args: argparse.Namespace) -> int:
+    from feature_store.settings import load_settings
+    from serving.dashboard import collector_from_settings
+    from serving.dashboard_collector import run_until_signalled
+    from serving.deps import utc_now
+    from serving.stats_file import stats_path
 
-
-class ReusePortListener:
-    """A worker's own listening socket, bound in the worker: pickled to each worker process
-    (uvicorn passes its sockets that way) as the recipe :func:`bind_reuse_port`.
-
-    With one socket shared by every worker, a burst of new connections goes to the worker
-    that wakes first, which accepts all of it; with ``SO_REUSEPORT`` each worker has its own
-    socket and the kernel spreads new connections over them (figures:
-    ``docs/decisions.md#serving-workers``)."""
-
-    def __init__(self, host: str, port: int) -> None:
-        self.host = host
-        self.port = port
-
-    def __reduce__(self) -> tuple[Any, tuple[str, int]]:
-        return bind_reuse_port, (self.host, self.port)
-
-
-def bind_reuse_port(host: str, port: int) -> socket.socket:
-    """A TCP socket bound to ``(host, port)`` with ``SO_REUSEPORT`` (not yet listening)."""
-    sock = _tcp_socket(host)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    sock.bind((host, port))
-    sock.set_inheritable(True)
-    return sock
-
-
-def address_family(host: str) -> socket.AddressFamily:
-    """The family of a listener bound to ``host``: IPv6 if it has a colon (as uvicorn)."""
-    return socket.AF_INET6 if ":" in host else socket.AF_INET
-
-
-def _tcp_socket(host: str) -> socket.socket:
-    """A TCP socket for ``host`` (IPv6 if it has a colon) with ``SO_REUSEADDR``, as uvicorn
-    binds its own."""
-    sock = socket.socket(address_family(host))
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    return sock
-
-
-def shared_state_dir(run_dir: Path, port: int) -> Path:
-    """Where the composer of the server on ``port`` writes its states for the workers
-    (``serving.shared_state``): in memory (``/dev/shm``) where there is one."""
-    shm = Path("/dev/shm")
-    if shm.is_dir() and os.access(shm, os.W_OK):
-        return shm / f"streamrec-{os.getuid()}-serving-{port}"
-    return run_dir / "shared" / f"serving-{port}"
-
-
-#: Exit codes of a composer that was stopped, not one that failed.
-_STOPPED = (0, -signal.SIGTERM, -signal.SIGINT)
-
-
-class ComposerProcess:
-    """The host's delta composer (``python -m serving.shared_state``), restarted while the
-    server runs if it fails or is killed; not after a stop it was asked for (it exits 0 on
-    SIGTERM or SIGINT, or dies of one before its handlers are set: a signal to the
-    server's process group). Its directory is emptied before and removed after."""
-
-    def __init__(self, directory: Path, log_level: str, restart_after_s: float = 1.0) -> None:
-        self.directory, self.log_level = directory, log_level
-        self.restart_after_s = restart_after_s
-        self.proc: Any = None
-        self.starts = 0
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        shutil.rmtree(self.directory, ignore_errors=True)
-        self.directory.mkdir(parents=True)
-        self._thread = threading.Thread(target=self._run, name="composer", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.starts += 1
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "serving.shared_state", "--dir", str(self.directory),
-                 "--log-level", self.log_level])
-            code = self.proc.wait()
-            if code in _STOPPED or self._stop.is_set():
-                return
-            log.warning("delta composer exited (%s); restarting it", code)
-            self._stop.wait(self.restart_after_s)
-
-    def stop(self, timeout_s: float = 10.0) -> None:
-        self._stop.set()
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-        if self._thread is not None:
-            self._thread.join(timeout_s)
-        shutil.rmtree(self.directory, ignore_errors=True)
-
-
-def _run_workers(config: Any, shared: Path | None = None, log_level: str = "warning") -> None:
-    """uvicorn's worker supervisor (restarts a worker that dies), each worker listening on
-    its own ``SO_REUSEPORT`` socket, beside the host's delta composer when ``shared`` is its
-    directory. The port is first bound without ``SO_REUSEPORT`` and released, so a port
-    another server holds fails here, as with one shared socket, instead of being shared
-    with it."""
-    from uvicorn.supervisors import Multiprocess
-
-    probe = _tcp_socket(config.host)
-    try:
-        probe.bind((config.host, config.port))
-    except OSError as exc:
-        log.error("cannot serve on %s:%s: %s", config.host, config.port, exc)
-        raise SystemExit(3) from exc
-    finally:
-        probe.close()
-    log.info("serving on %s:%s with %d workers", config.host, config.port, config.workers)
-    listener: Any = ReusePortListener(config.host, config.port)
-    composer = ComposerProcess(shared, log_level) if shared is not None else None
-    if composer is not None:
-        composer.start()
-    try:
-        Multiprocess(config, sockets=[listener]).run()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        if composer is not None:
-            composer.stop()
+    settings = load_settings()
+    collector = collector_from_settings(settings, utc_now, serving_url=args.serving_url)
+    run_until_signalled(collector, stats_path(settings))
+    return 0

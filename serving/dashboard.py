@@ -1,8 +1,10 @@
 """The live dashboard: ``GET /stats`` (JSON) and ``GET /dashboard`` (one self-contained page).
 
-:func:`dashboard_router` takes the app's :class:`~serving.stats.StatsCollector`;
-:func:`collector_from_settings` builds that collector from the process settings, with
-:class:`TopicEndOffsets` as its ``samples`` source. The page
+:func:`dashboard_router` answers ``/stats`` with the snapshot the stack's one collector writes
+(``serving.stats_file``): a serving worker scrapes nothing itself.
+:func:`collector_from_settings` builds that collector (a
+:class:`~serving.stats.StatsCollector`) from the settings, with :class:`TopicEndOffsets` as its
+``samples`` source; ``serving.dashboard_collector`` runs it. The page
 (``serving/static/dashboard.html`` + ``dashboard.js``, plain SVG drawn by hand-written JS, no
 build step, no CDN) polls ``/stats`` every 2 s; its user box reads the existing
 ``GET /users/{id}/features`` and ``GET /recommend`` routes.
@@ -15,14 +17,15 @@ import threading
 from collections.abc import Callable
 from datetime import datetime
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter
-from fastapi.responses import HTMLResponse, JSONResponse, Response
-from prometheus_client import CollectorRegistry
+from fastapi.responses import HTMLResponse, Response
 
 from feature_store.settings import Settings
-from serving.stats import ModelStatus, ScrapeError, StatsCollector
+from serving.stats import ScrapeError, StatsCollector
+from serving.stats_file import STALE_AFTER_S, read_stats
 
 log = logging.getLogger(__name__)
 
@@ -33,15 +36,19 @@ def _asset(name: str) -> str:
     return resources.files("serving").joinpath("static", name).read_text(encoding="utf-8")
 
 
-def dashboard_router(collector: StatsCollector) -> APIRouter:
-    """``GET /stats``, ``GET /dashboard`` and the page's script."""
+def dashboard_router(stats_file: Path, clock: Callable[[], datetime],
+                     max_age_s: float = STALE_AFTER_S) -> APIRouter:
+    """``GET /stats`` (the collector's snapshot in ``stats_file``, its components marked down
+    when it is older than ``max_age_s`` on ``clock``), ``GET /dashboard`` and the page's
+    script."""
     router = APIRouter(tags=["dashboard"])
     page = _asset("dashboard.html")
     script = _asset("dashboard.js")
 
     @router.get("/stats")
-    def stats() -> JSONResponse:
-        return JSONResponse(collector.snapshot(), headers=_NO_CACHE)
+    def stats() -> Response:
+        body = read_stats(stats_file, clock().timestamp(), max_age_s)
+        return Response(body, media_type="application/json", headers=_NO_CACHE)
 
     @router.get("/dashboard", response_class=HTMLResponse)
     def dashboard() -> HTMLResponse:
@@ -100,26 +107,29 @@ class TopicEndOffsets:
                 log.debug("closing the offsets consumer failed: %r", exc)
 
 
+def _reach(host: str) -> str:
+    """A wildcard bind address is reached on the loopback."""
+    return "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+
+
 def collector_from_settings(
     settings: Settings,
-    serving_registry: CollectorRegistry,
-    model_status: Callable[[], ModelStatus],
     clock: Callable[[], datetime],
     *,
     ingest_url: str | None = None,
     trainer_url: str | None = None,
+    serving_url: str | None = None,
     **options: Any,
 ) -> StatsCollector:
-    """The serving app's collector; the sources' addresses come from ``settings`` unless
-    given (``ingest_url``/``trainer_url``: full ``/metrics`` URLs, e.g. other hosts)."""
-    ingest_host = settings.ingest.host
-    if ingest_host in ("0.0.0.0", "::", ""):
-        ingest_host = "127.0.0.1"
+    """The stack's collector; the sources' addresses come from ``settings`` unless given
+    (``ingest_url``/``trainer_url``: full ``/metrics`` URLs; ``serving_url``: serving's base
+    URL, whose ``/metrics`` and ``/model`` are read)."""
+    serving = serving_url or f"http://{_reach(settings.serving.host)}:{settings.serving.port}"
     return StatsCollector(
         clock=clock,
-        serving_registry=serving_registry,
-        model_status=model_status,
-        ingest_url=ingest_url or f"http://{ingest_host}:{settings.ingest.port}/metrics",
+        serving_url=f"{serving}/metrics",
+        model_url=f"{serving}/model",
+        ingest_url=ingest_url or f"http://{_reach(settings.ingest.host)}:{settings.ingest.port}/metrics",
         trainer_url=trainer_url or f"http://{settings.trainer.metrics_host}:{settings.trainer.metrics_port}/metrics",
         samples_offsets=TopicEndOffsets(settings.kafka.bootstrap, settings.kafka.samples_topic),
         **options,

@@ -1,13 +1,15 @@
 """The dashboard's data: a collector that scrapes every component every ``interval_s``.
 
-:class:`StatsCollector` is owned by the serving app's lifespan (no module state). Each tick it
-reads, concurrently and each under its own deadline, the ingest API's and the trainer's
-``/metrics``, the serving app's own metrics, the ``samples`` topic's end offsets, the served
-version and its age and, with a trainer cluster, its per-role figures. It keeps ``window_s``
-of points; rates and quantiles come from lifetime counters over ``rate_window_s`` (a counter
-that went backwards gives no rate). A source that cannot be read is marked down with the
-reason and its series get ``null`` points. :meth:`StatsCollector.snapshot` is the JSON of
-``GET /stats``; the series read: docs/internals.md.
+:class:`StatsCollector` runs once per stack, in its own process (``streamrec
+dashboard-collector``, ``serving.dashboard_collector``), never in a serving worker. Each tick
+it reads, concurrently and each under its own deadline, the ingest API's, the trainer's and
+serving's ``/metrics`` (serving's summed over its workers), serving's ``/model`` (the served
+version and its age), the ``samples`` topic's end offsets and, with a trainer cluster, its
+per-role figures. It keeps ``window_s`` of points; rates and quantiles come from lifetime
+counters over ``rate_window_s`` (a counter that went backwards gives no rate). A source that
+cannot be read is marked down with the reason and its series get ``null`` points.
+:meth:`StatsCollector.snapshot` is the JSON of ``GET /stats`` (``serving.stats_file`` writes
+it); the series read: docs/internals.md.
 """
 
 from __future__ import annotations
@@ -22,7 +24,6 @@ from datetime import datetime
 from typing import Any
 
 import httpx
-from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from feature_store import metric_names as names
@@ -43,6 +44,9 @@ SERIES = (
     "p50_ms", "p99_ms", "rps", "share_popular", "share_degraded", "model_age_s", "model_version",
 )
 
+#: The collector's defaults: one tick every 2 s, 15 minutes of points, rates over 10 s, @10.
+INTERVAL_S, WINDOW_S, RATE_WINDOW_S, TOP_K = 2.0, 900.0, 10.0, 10
+
 Labels = tuple[tuple[str, str], ...]
 Samples = dict[tuple[str, Labels], float]
 
@@ -53,11 +57,6 @@ def parse_metrics(text: str) -> Samples:
         return _samples(text_string_to_metric_families(text))
     except (ValueError, TypeError, IndexError) as exc:
         raise ScrapeError(f"unparseable metrics: {exc}") from exc
-
-
-def registry_samples(registry: CollectorRegistry) -> Samples:
-    """The current values of an in-process registry, shaped like :func:`parse_metrics`."""
-    return _samples(registry.collect())
 
 
 def _samples(families: Iterable[Any]) -> Samples:
@@ -118,9 +117,34 @@ class ModelStatus:
     version: str | None
     age_s: float | None
 
+    @classmethod
+    def of(cls, info: Any) -> ModelStatus:
+        """From serving's ``GET /model`` body (no ``age_s`` key: no model yet)."""
+        if not isinstance(info, dict):
+            raise ScrapeError("unexpected /model answer")
+        version, age = info.get("version"), info.get("age_s")
+        return cls(version if isinstance(version, str) else None,
+                   float(age) if isinstance(age, int | float) else None)
+
+
+UNKNOWN_MODEL = ModelStatus(None, None)
+
 
 async def fetch_metrics(client: httpx.AsyncClient, url: str) -> Samples:
     """GET a Prometheus endpoint; :class:`ScrapeError` with a short reason if it fails."""
+    return parse_metrics((await _get(client, url)).text)
+
+
+async def fetch_model(client: httpx.AsyncClient, url: str) -> ModelStatus:
+    """GET serving's ``/model``; :class:`ScrapeError` with a short reason if it fails."""
+    resp = await _get(client, url)
+    try:
+        return ModelStatus.of(resp.json())
+    except ValueError as exc:
+        raise ScrapeError(f"unparseable /model answer: {exc}") from exc
+
+
+async def _get(client: httpx.AsyncClient, url: str) -> httpx.Response:
     try:
         resp = await client.get(url)
     except httpx.ConnectError as exc:
@@ -131,7 +155,7 @@ async def fetch_metrics(client: httpx.AsyncClient, url: str) -> Samples:
         raise ScrapeError(f"{type(exc).__name__}: {exc}") from exc
     if resp.status_code != 200:
         raise ScrapeError(f"HTTP {resp.status_code}")
-    return parse_metrics(resp.text)
+    return resp
 
 
 def _connect_reason(exc: BaseException) -> str:
@@ -163,22 +187,23 @@ class StatsCollector:
         self,
         *,
         clock: Callable[[], datetime],
-        serving_registry: CollectorRegistry,
-        model_status: Callable[[], ModelStatus],
+        serving_url: str | None,
+        model_url: str | None,
         ingest_url: str | None,
         trainer_url: str | None,
         samples_offsets: Callable[[], int] | None,
-        interval_s: float = 2.0,
-        window_s: float = 900.0,
-        rate_window_s: float = 10.0,
+        interval_s: float = INTERVAL_S,
+        window_s: float = WINDOW_S,
+        rate_window_s: float = RATE_WINDOW_S,
         http_timeout_s: float = 1.0,
         kafka_timeout_s: float = 2.0,
-        k: int = 10,
+        k: int = TOP_K,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self.clock = clock
-        self.serving_registry = serving_registry
-        self.model_status = model_status
+        self.serving_url = serving_url
+        self.model_url = model_url
+        self.model = UNKNOWN_MODEL
         self.ingest_url = ingest_url
         self.trainer_url = trainer_url
         self.samples_offsets = samples_offsets
@@ -192,7 +217,7 @@ class StatsCollector:
         self._points: deque[dict[str, Any]] = deque()
         self._kafka_task: asyncio.Future[int] | None = None
         self.components = {
-            "serving": ComponentState(),
+            "serving": ComponentState(detail={"url": serving_url}),
             "ingest": ComponentState(detail={"url": ingest_url}),
             "kafka": ComponentState(detail={"what": "samples topic end offsets"}),
             "trainer": ComponentState(detail={"url": trainer_url}),
@@ -200,13 +225,16 @@ class StatsCollector:
 
     # -- scraping ------------------------------------------------------------------------------
 
-    async def run(self) -> None:
-        """Scrape forever, one tick every ``interval_s`` (cancel to stop)."""
+    async def run(self, on_tick: Callable[[], None] | None = None) -> None:
+        """Scrape forever, one tick every ``interval_s``, calling ``on_tick`` after each
+        (cancel to stop)."""
         loop = asyncio.get_running_loop()
         next_at = loop.time()
         while True:
             try:
                 await self.scrape_once()
+                if on_tick is not None:
+                    on_tick()
             except asyncio.CancelledError:
                 raise
             except Exception:
@@ -216,15 +244,18 @@ class StatsCollector:
 
     async def scrape_once(self) -> None:
         """One tick: read every source, append a point, drop points older than the window."""
-        ingest, trainer, samples = await asyncio.gather(
+        ingest, trainer, samples, serving, model = await asyncio.gather(
             self._scrape_http("ingest", self.ingest_url),
             self._scrape_http("trainer", self.trainer_url),
             self._scrape_kafka(),
+            self._scrape_http("serving", self.serving_url),
+            self._scrape_model(),
         )
         now = self.clock()
         now_s = now.timestamp()
         now_ms = int(now_s * 1000)
-        for name, got in (("ingest", ingest), ("trainer", trainer), ("kafka", samples)):
+        for name, got in (("ingest", ingest), ("trainer", trainer), ("kafka", samples),
+                          ("serving", serving)):
             ok, value = got
             self.components[name].mark(ok, None if ok else str(value), now_ms)
         raw = _Raw(now_s)
@@ -243,8 +274,9 @@ class StatsCollector:
             through = _finite(tm.get((TRAINER_THROUGH, ())))
             self.components["trainer"].detail["trained_through_ms"] = (
                 int(through * 1000) if through else None)
-        self._read_serving(raw, now_ms)
-        model = self.model_status()
+        if serving[0]:
+            self._read_serving(raw, serving[1])
+        self.model = model
         self._raw.append(raw)
         while self._raw and self._raw[0].t_s < now_s - max(self.rate_window_s * 3, 30.0):
             self._raw.popleft()
@@ -264,6 +296,15 @@ class StatsCollector:
             log.debug("%s metrics unavailable: %s", name, exc)
             return False, str(exc)
 
+    async def _scrape_model(self) -> ModelStatus:
+        if self.model_url is None:
+            return UNKNOWN_MODEL
+        try:
+            return await fetch_model(self._http, self.model_url)
+        except ScrapeError as exc:
+            log.debug("served model unavailable: %s", exc)
+            return UNKNOWN_MODEL
+
     async def _scrape_kafka(self) -> tuple[bool, Any]:
         if self.samples_offsets is None:
             return False, "not configured"
@@ -282,14 +323,8 @@ class StatsCollector:
             return False, f"{type(exc).__name__}: {exc}"
         return False, str(exc)
 
-    def _read_serving(self, raw: _Raw, now_ms: int) -> None:
-        try:
-            own = registry_samples(self.serving_registry)
-        except Exception as exc:  # noqa: BLE001 - a broken collector must not stop the page
-            log.warning("serving registry unreadable: %r", exc)
-            self.components["serving"].mark(False, f"metrics unreadable: {exc}", now_ms)
-            return
-        self.components["serving"].mark(True, None, now_ms)
+    @staticmethod
+    def _read_serving(raw: _Raw, own: Samples) -> None:
         buckets: dict[float, float] = {}
         counts: dict[str, float] = {}
         for (name, labels), value in own.items():
@@ -375,7 +410,7 @@ class StatsCollector:
     def snapshot(self) -> dict[str, Any]:
         """The JSON body of ``GET /stats`` (only finite numbers, ``null`` for unknown)."""
         points = list(self._points)
-        model = self.model_status()
+        model = self.model
         return {
             "now_ms": int(self.clock().timestamp() * 1000),
             "interval_s": self.interval_s,

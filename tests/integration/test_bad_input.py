@@ -118,6 +118,7 @@ def _publish(reg: Registry, version: str, seed: int) -> None:
 @pytest.fixture
 def serving_schema(settings: Settings) -> Iterator[Any]:
     from serving.app import create_app
+    from serving.deps import ServingDeps
 
     s = settings.model_copy(update={
         "serving": settings.serving.model_copy(update={"admin_token": SecretStr(ADMIN)})})
@@ -131,7 +132,7 @@ def serving_schema(settings: Settings) -> Iterator[Any]:
                    key_prefix=s.redis.key_prefix)
     _publish(reg, "v1", 1)
     _publish(reg, "v2", 2)
-    app = create_app(s, store, clock=lambda: NOW, registry=reg, watch=False)
+    app = create_app(ServingDeps(s, store, clock=lambda: NOW, registry=reg, watch=False))
     try:
         yield schemathesis.openapi.from_asgi("/openapi.json", app)
     finally:

@@ -1,7 +1,8 @@
 """The live dashboard in headless Chromium against real processes on the real stack.
 
-``streamrec ingest-api``, ``streamrec train`` and ``streamrec serve`` run as subprocesses on
-this test's topics, key prefix and registry; events go through the ingest API, training
+``streamrec ingest-api``, ``streamrec train``, ``streamrec serve`` and the stack's one
+``streamrec dashboard-collector`` run as subprocesses on this test's topics, key prefix and
+registry; events go through the ingest API, training
 samples are produced to the ``samples`` topic (the feature job's output topic), recommendation
 requests hit the serving API. Chromium loads ``/dashboard`` and the DOM must show data points
 in every chart, every component up, and the user box filled; a screenshot is kept in the test's
@@ -29,7 +30,6 @@ import httpx
 import pytest
 import uvicorn
 from fastapi import FastAPI
-from prometheus_client import CollectorRegistry
 
 from feature_store.settings import Settings, to_env
 from feature_store.store import HistoryEntry, UserFeatures, open_store
@@ -188,6 +188,7 @@ def test_dashboard_draws_the_live_pipeline_and_survives_a_trainer_stop(
     trainer = start(processes, "trainer", s, tmp_path, "train", "--batch-size", "256",
                     "--export-every-s", "4", "--eval-rows", "64")
     serve = start(processes, "serve", s, tmp_path, "serve")
+    collector = start(processes, "dashboard-collector", s, tmp_path, "dashboard-collector")
     wait_until(lambda: healthy(ingest, ingest_url + "/health"), 60, "ingest /health")
     wait_until(lambda: healthy(serve, serve_url + "/stats"), 60, "serving /stats")
 
@@ -201,6 +202,7 @@ def test_dashboard_draws_the_live_pipeline_and_survives_a_trainer_stop(
 
         def everything_drawn() -> dict[str, Any] | None:
             assert trainer.poll() is None, "trainer exited"
+            assert collector.poll() is None, "the dashboard collector exited"
             snap = stats()
             seen[:] = [snap]
             latest = snap["latest"] or {}
@@ -274,7 +276,7 @@ def test_dashboard_draws_the_live_pipeline_and_survives_a_trainer_stop(
 def test_dashboard_shows_each_role_of_a_trainer_cluster(tmp_path: Path) -> None:
     """The cluster panel from the trainer's ``/metrics`` (``ClusterMetrics`` in a
     ``TrainerMetrics`` registry behind the trainer's ``HealthServer``), through the serving
-    app's collector and ``/stats``, drawn by the page in Chromium."""
+    stack's collector, its snapshot and serving's ``/stats``, drawn by the page in Chromium."""
     import asyncio
     from datetime import UTC, datetime, timedelta
 
@@ -288,7 +290,8 @@ def test_dashboard_shows_each_role_of_a_trainer_cluster(tmp_path: Path) -> None:
     from model.cluster.spec import ClusterLayout
     from model.trainer.metrics import HealthServer, TrainerMetrics
     from serving.dashboard import dashboard_router
-    from serving.stats import ModelStatus, StatsCollector
+    from serving.stats import StatsCollector
+    from serving.stats_file import write_stats
 
     layout = ClusterLayout.from_ports(9100, [9101, 9102], [9103, 9104])
     trainer = TrainerMetrics()
@@ -307,13 +310,13 @@ def test_dashboard_shows_each_role_of_a_trainer_cluster(tmp_path: Path) -> None:
 
     health = HealthServer("127.0.0.1", free_port(), trainer, lambda: {"status": "ok"}).start()
     collector = StatsCollector(
-        clock=lambda: now[0], serving_registry=CollectorRegistry(),
-        model_status=lambda: ModelStatus(None, None), ingest_url=None,
+        clock=lambda: now[0], serving_url=None, model_url=None, ingest_url=None,
         trainer_url=f"http://127.0.0.1:{health.port}/metrics", samples_offsets=None,
         interval_s=0.5, rate_window_s=5.0,
     )
+    stats_file = tmp_path / "stats.json"
     app = FastAPI()
-    app.include_router(dashboard_router(collector))
+    app.include_router(dashboard_router(stats_file, lambda: now[0]))
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     serving = threading.Thread(target=server.run, daemon=True)
@@ -332,6 +335,7 @@ def test_dashboard_shows_each_role_of_a_trainer_cluster(tmp_path: Path) -> None:
                     cluster.waits["fetch"].observe(0.03)
                 await collector.scrape_once()
                 now[0] += timedelta(seconds=2)
+            write_stats(stats_file, collector.snapshot())
             await collector.aclose()
 
         asyncio.run(scrapes())

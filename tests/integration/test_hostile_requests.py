@@ -234,6 +234,7 @@ def test_own_loggers_never_log_secrets_or_payloads(
     from pydantic import SecretStr
 
     from serving.app import create_app as create_serving
+    from serving.deps import ServingDeps
     from stream.ingest.api import create_app as create_ingest
 
     marker = f"secret-item-{uuid.uuid4().hex}"
@@ -257,7 +258,7 @@ def test_own_loggers_never_log_secrets_or_payloads(
         assert client.post("/events", json=[event, bad], headers={"x-api-key": API_KEY}).status_code == 422
     with TestClient(create_ingest(nowhere)) as client:
         assert client.post("/events", json=event, headers={"x-api-key": API_KEY}).status_code == 503
-    serving = create_serving(with_key, watch=False)
+    serving = create_serving(ServingDeps(with_key, watch=False))
     with TestClient(serving) as client:
         assert client.get("/recommend", params={"user_id": user}).status_code == 200
         assert client.post("/model/pin", json={"version": marker},

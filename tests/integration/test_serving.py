@@ -293,8 +293,11 @@ def test_two_workers_one_metrics_truth(settings: Settings, serve, tmp_path: Path
 
     victim = max(by_worker, key=lambda pid: by_worker[pid])
     os.kill(victim, signal.SIGKILL)
-    wait_until(lambda: not list(metrics_dir.glob(f"gauge_live*_{victim}.db"))
-               and server.get("/metrics").status_code == 200, 30, "the dead worker's gauges gone")
+    # a scrape drops the dead worker's live gauges (serving.metrics); workers scrape nothing
+    # themselves, so the scrape comes first
+    wait_until(lambda: server.get("/metrics").status_code == 200
+               and not list(metrics_dir.glob(f"gauge_live*_{victim}.db")), 30,
+               "the dead worker's gauges gone")
     wait_until(lambda: len({p.stem.rsplit("_", 1)[1]
                             for p in metrics_dir.glob("gauge_livemin_*.db")}) == 2,
                60, "a replacement worker")

@@ -23,6 +23,7 @@ from feature_store.store import (
 from model.artifact.files import load_artifact, write_artifact
 from model.artifact.registry import Registry
 from serving.app import create_app
+from serving.deps import ServingDeps
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 TOKEN = "s3cret-token"
@@ -92,7 +93,7 @@ def env(tmp_path: Path):
     store.write_batch(users=[user("alice", ["i1", "i2", "i3"])],
                       trending=Trending(tuple((f"t{i}", 100.0 - i) for i in range(30)), 1000))
     reg = Registry(tmp_path, "tt")
-    app = create_app(settings, store, clock=lambda: NOW, registry=reg, watch=False)
+    app = create_app(ServingDeps(settings, store, clock=lambda: NOW, registry=reg, watch=False))
     return app, store, reg
 
 
@@ -252,8 +253,8 @@ def test_admin_pin_and_rollback(env) -> None:
 
 def test_admin_disabled_without_configured_token(tmp_path: Path) -> None:
     settings = load_settings(trainer={"registry_dir": tmp_path, "model_name": "tt"})
-    app = create_app(settings, MemoryStore(), clock=lambda: NOW,
-                     registry=Registry(tmp_path, "tt"), watch=False)
+    app = create_app(ServingDeps(settings, MemoryStore(), clock=lambda: NOW,
+                                 registry=Registry(tmp_path, "tt"), watch=False))
     with TestClient(app) as client:
         resp = client.post("/model/rollback", headers={"X-Admin-Token": "anything"})
         assert resp.status_code == 403

@@ -19,8 +19,8 @@ from serving.balance import (
     read_tables,
     tables_of,
 )
-from serving.cli import address_family, workers_balancer
 from serving.fastpath import RecommendFastPath
+from serving.workers import address_family, workers_balancer
 from tests.support import free_port
 
 HEADER = ("  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  "

@@ -1,5 +1,5 @@
-"""serve --workers N: each worker listens on its own SO_REUSEPORT socket, and every serving
-process sets its GIL switch interval (serving.cli)."""
+"""serve --workers N: each worker listens on its own SO_REUSEPORT socket (serving.workers), and
+every serving process sets its GIL switch interval (serving.cli)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from serving.cli import ReusePortListener, _run_workers
+from serving.workers import ReusePortListener, run_workers
 from tests.support import free_port
 
 
@@ -42,7 +42,7 @@ def test_a_port_in_use_stops_the_server_before_workers_start() -> None:
 
     try:
         with pytest.raises(SystemExit):
-            _run_workers(Config())
+            run_workers(Config())
     finally:
         taken.close()
 

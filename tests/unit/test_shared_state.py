@@ -19,7 +19,6 @@ from feature_store.settings import load_settings
 from model.artifact.registry import Registry
 from model.delta import Composer, DeltaError, apply, decode, encode, from_snapshot, state_checksum
 from model.delta.shared import map_slot, mark_writing, read_shared, set_generation, write_shared
-from serving.cli import ComposerProcess
 from serving.loader import ModelLoader
 from serving.metrics import ServingMetrics
 from serving.shared_state import (
@@ -30,6 +29,7 @@ from serving.shared_state import (
     SharedFollower,
     held_slots,
 )
+from serving.workers import ComposerProcess
 from tests.support import free_port, wait_until
 from tests.unit.test_delta import CREATED, shared_lineage
 from tests.unit.test_delta_compose import _assert_same
@@ -213,7 +213,7 @@ def test_a_worker_starting_late_maps_the_current_state_at_once(
 def test_the_composer_is_restarted_when_killed_not_when_stopped(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The supervisor's side (``serving.cli.ComposerProcess``), on real processes: a
+    """The supervisor's side (``serving.workers.ComposerProcess``), on real processes: a
     composer killed with SIGKILL is started again; one that exits cleanly (a SIGTERM to
     the server's process group) is not."""
     monkeypatch.setenv("STREAMREC_KAFKA__PORT", str(free_port()))  # no broker: it retries

@@ -13,6 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
+from prometheus_client import generate_latest
 
 from serving.dashboard import dashboard_router
 from serving.metrics import ServingMetrics
@@ -23,6 +24,7 @@ from serving.stats import (
     histogram_quantile,
     parse_metrics,
 )
+from serving.stats_file import write_stats
 from tests.support import free_port
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
@@ -41,9 +43,10 @@ class MetricsServer:
             def do_GET(self) -> None:  # noqa: N802 - http.server API
                 if outer.delay_s:
                     time.sleep(outer.delay_s)  # the server is slow on purpose
-                data = outer.body.encode()
+                text, kind = outer.answer(self.path)
+                data = text.encode()
                 self.send_response(outer.status)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Type", kind)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
@@ -57,9 +60,37 @@ class MetricsServer:
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
         self.thread.start()
 
+    def answer(self, path: str) -> tuple[str, str]:
+        return self.body, "text/plain; version=0.0.4"
+
     def close(self) -> None:
         self.httpd.shutdown()
         self.httpd.server_close()
+
+
+class ServingStub(MetricsServer):
+    """Serving as the collector reads it: ``/metrics`` from a live :class:`ServingMetrics`,
+    ``/model`` from :attr:`model` (``None``: no model yet, as serving answers then)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.metrics = ServingMetrics()
+        self.model: ModelStatus | None = None
+        self.base = self.url.removesuffix("/metrics")
+
+    def answer(self, path: str) -> tuple[str, str]:
+        if path.startswith("/model"):
+            body = ({"version": None} if self.model is None else
+                    {"version": self.model.version, "age_s": self.model.age_s})
+            return json.dumps(body), "application/json"
+        return generate_latest(self.metrics.exposition).decode(), "text/plain; version=0.0.4"
+
+
+@pytest.fixture
+def serving() -> Iterator[ServingStub]:
+    stub = ServingStub()
+    yield stub
+    stub.close()
 
 
 @pytest.fixture
@@ -100,12 +131,15 @@ def trainer_text(samples: float, recall: float | str, baseline: float | str) -> 
     )
 
 
-def make(clock: Clock, metrics: ServingMetrics, ingest_url: str | None,
+def make(clock: Clock, serving: ServingStub | None, ingest_url: str | None,
          trainer_url: str | None, offsets: object, model: ModelStatus | None = None,
          **kw: object) -> StatsCollector:
+    if serving is not None:
+        serving.model = model
     return StatsCollector(
-        clock=clock, serving_registry=metrics.registry,
-        model_status=lambda: model or ModelStatus(None, float("nan")),
+        clock=clock,
+        serving_url=serving.url if serving else None,
+        model_url=f"{serving.base}/model" if serving else None,
         ingest_url=ingest_url, trainer_url=trainer_url, samples_offsets=offsets,  # type: ignore[arg-type]
         **kw,  # type: ignore[arg-type]
     )
@@ -119,11 +153,11 @@ def tick(collector: StatsCollector, clock: Clock, seconds: float = 2.0) -> dict:
     return snap
 
 
-def test_rates_quality_latency_and_shares_from_known_values(servers) -> None:
+def test_rates_quality_latency_and_shares_from_known_values(servers, serving) -> None:
     ingest, trainer = servers
-    clock, metrics = Clock(), ServingMetrics()
+    clock, metrics = Clock(), serving.metrics
     offsets = iter([50, 350, 350])
-    collector = make(clock, metrics, ingest.url, trainer.url, lambda: next(offsets),
+    collector = make(clock, serving, ingest.url, trainer.url, lambda: next(offsets),
                      ModelStatus("v7", 42.5))
     ingest.body = ingest_text(100)
     trainer.body = trainer_text(1000, "NaN", "NaN")
@@ -169,15 +203,15 @@ def test_rates_quality_latency_and_shares_from_known_values(servers) -> None:
     assert third["rps"] == pytest.approx(100 / 4)
 
 
-def test_down_sources_show_their_reason_and_the_rest_keeps_going(servers) -> None:
+def test_down_sources_show_their_reason_and_the_rest_keeps_going(servers, serving) -> None:
     ingest, _ = servers
-    clock, metrics = Clock(), ServingMetrics()
+    clock, metrics = Clock(), serving.metrics
     nothing_there = f"http://127.0.0.1:{free_port()}/metrics"
 
     def broker_down() -> int:
         raise ScrapeError("broker unreachable")
 
-    collector = make(clock, metrics, ingest.url, nothing_there, broker_down)
+    collector = make(clock, serving, ingest.url, nothing_there, broker_down)
     ingest.body = ingest_text(10)
     tick(collector, clock)
     ingest.body = ingest_text(30)
@@ -201,14 +235,20 @@ def test_down_sources_show_their_reason_and_the_rest_keeps_going(servers) -> Non
     assert snap["latest"]["ingest_eps"] is None
 
     ingest.status, ingest.delay_s = 200, 1.0
-    slow = make(clock, metrics, ingest.url, None, None, http_timeout_s=0.2)
+    slow = make(clock, serving, ingest.url, None, None, http_timeout_s=0.2)
     snap = tick(slow, clock)
     assert snap["components"]["ingest"]["reason"].startswith("timeout")
     assert snap["components"]["trainer"]["reason"] == "not configured"
 
+    serving.close()  # serving stopped: marked down, its figures and its model unknown
+    snap = tick(collector, clock)
+    assert snap["components"]["serving"] == snap["components"]["serving"] | {
+        "up": False, "reason": "connection refused"}
+    assert snap["latest"]["rps"] is None and snap["model"] == {"version": None, "age_s": None}
+
 
 def test_a_hung_kafka_call_is_not_repeated_while_it_hangs() -> None:
-    clock, metrics = Clock(), ServingMetrics()
+    clock = Clock()
     release, calls = threading.Event(), []
 
     def offsets() -> int:
@@ -217,7 +257,7 @@ def test_a_hung_kafka_call_is_not_repeated_while_it_hangs() -> None:
         return 7
 
     async def scenario() -> list[tuple[bool | None, str | None]]:
-        collector = make(clock, metrics, None, None, offsets, kafka_timeout_s=0.1)
+        collector = make(clock, None, None, None, offsets, kafka_timeout_s=0.1)
         seen = []
         for _ in range(2):
             await collector.scrape_once()
@@ -238,8 +278,8 @@ def test_a_hung_kafka_call_is_not_repeated_while_it_hangs() -> None:
 
 def test_restart_and_window(servers) -> None:
     _, trainer = servers
-    clock, metrics = Clock(), ServingMetrics()
-    collector = make(clock, metrics, None, trainer.url, None, window_s=60.0)
+    clock = Clock()
+    collector = make(clock, None, None, trainer.url, None, window_s=60.0)
     trainer.body = trainer_text(5000, 0.2, 0.1)
     tick(collector, clock)
     trainer.body = trainer_text(100, 0.2, 0.1)  # the trainer restarted: its counter went back
@@ -262,18 +302,20 @@ def test_quantile_and_parser_edges() -> None:
         parse_metrics("streamrec_x{le=\"1\" 3\n")
 
 
-def test_routes_serve_stats_and_the_page(servers) -> None:
+def test_routes_serve_the_collectors_snapshot_and_the_page(servers, serving, tmp_path) -> None:
     ingest, _ = servers
-    clock, metrics = Clock(), ServingMetrics()
-    collector = make(clock, metrics, ingest.url, None, None, ModelStatus("v1", 3.0))
+    clock = Clock()
+    collector = make(clock, serving, ingest.url, None, None, ModelStatus("v1", 3.0))
     ingest.body = ingest_text(1)
-    tick(collector, clock)
+    asyncio.run(collector.scrape_once())
+    snapshot = collector.snapshot()
+    write_stats(tmp_path / "stats.json", snapshot)
     app = FastAPI()
-    app.include_router(dashboard_router(collector))
+    app.include_router(dashboard_router(tmp_path / "stats.json", clock))
     with TestClient(app) as client:
         stats = client.get("/stats")
         assert stats.status_code == 200
-        assert stats.json() == collector.snapshot()
+        assert stats.json() == snapshot and snapshot["model"] == {"version": "v1", "age_s": 3.0}
         page = client.get("/dashboard")
         assert page.status_code == 200 and "text/html" in page.headers["content-type"]
         assert '<script src="/dashboard/dashboard.js">' in page.text
@@ -281,37 +323,72 @@ def test_routes_serve_stats_and_the_page(servers) -> None:
         assert script.status_code == 200 and "pollStats" in script.text
 
 
-def test_the_serving_app_wires_its_own_metrics_model_and_sources(servers, tmp_path) -> None:
+def test_the_stacks_collector_reads_a_serving_app_over_http(servers, tmp_path) -> None:
+    """The collector built from the settings reads a real serving app's ``/metrics`` and
+    ``/model`` (the app scrapes nothing), and the app's ``/stats`` answers its snapshot."""
+    import uvicorn
+
     from feature_store.settings import load_settings
     from model.artifact.registry import Registry
     from serving.app import create_app
+    from serving.dashboard import collector_from_settings
+    from serving.deps import ServingDeps
+    from serving.stats_file import stats_path
+    from tests.support import wait_until
     from tests.unit.test_serving_app import MemoryStore
 
     ingest, _ = servers
     ingest.body = ingest_text(5)
     settings = load_settings(
+        stack={"run_dir": tmp_path},
         trainer={"registry_dir": tmp_path, "model_name": "tt", "metrics_port": free_port()},
         ingest={"port": int(ingest.url.split(":")[2].split("/")[0])},
         kafka={"port": free_port()},
+        serving={"port": free_port()},
     )
     clock = Clock()
-    app = create_app(settings, MemoryStore(), clock=clock, registry=Registry(tmp_path, "tt"),
-                     watch=False)
-    collector: StatsCollector = app.state.stats
-    with TestClient(app) as client:
-        client.portal.call(collector.scrape_once)  # type: ignore[union-attr]
-        clock.now += timedelta(seconds=2)
-        for user in ("a", "b", "c"):
-            assert client.get("/recommend", params={"user_id": user}).status_code == 200
-        ingest.body = ingest_text(25)
-        client.portal.call(collector.scrape_once)  # type: ignore[union-attr]
-        body = client.get("/stats").json()
-        assert client.get("/dashboard").status_code == 200
+    app = create_app(ServingDeps(settings, MemoryStore(), clock=clock,
+                                 registry=Registry(tmp_path, "tt"), watch=False))
+    url = f"http://127.0.0.1:{settings.serving.port}"
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=settings.serving.port,
+                                           log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        import httpx
+
+        wait_until(lambda: httpx.get(url + "/health", timeout=2.0).status_code == 200, 30,
+                   "the serving app")
+        empty = httpx.get(url + "/stats").json()  # no collector yet: every component down
+        assert empty["latest"] is None and empty["series"]["t_ms"] == []
+        assert {c["up"] for c in empty["components"].values()} == {False}
+        collector = collector_from_settings(settings, clock)
+
+        async def two_ticks() -> None:  # one loop: the collector keeps its connections
+            await collector.scrape_once()
+            clock.now += timedelta(seconds=2)
+            async with httpx.AsyncClient() as http:
+                for user in ("a", "b", "c"):
+                    resp = await http.get(url + "/recommend", params={"user_id": user})
+                    assert resp.status_code == 200
+            ingest.body = ingest_text(25)
+            await collector.scrape_once()
+            write_stats(stats_path(settings), collector.snapshot())
+            await collector.aclose()
+
+        asyncio.run(two_ticks())
+        body = httpx.get(url + "/stats").json()
+        assert body == collector.snapshot()
+        assert httpx.get(url + "/dashboard").status_code == 200
+    finally:
+        server.should_exit = True
+        thread.join(10)
     latest = body["latest"]
     assert latest["rps"] == pytest.approx(1.5)  # 3 requests in 2 s, all answered `popular`
     assert latest["share_popular"] == pytest.approx(1.0)
     assert latest["ingest_eps"] == pytest.approx(10.0)
     assert body["model"]["version"] is None
     comps = body["components"]
+    assert comps["serving"]["up"] is True
     assert comps["trainer"]["reason"] == "connection refused"
     assert comps["kafka"]["up"] is False and "broker unreachable" in comps["kafka"]["reason"]
