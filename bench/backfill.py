@@ -27,8 +27,8 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from feature_store.settings import Settings  # noqa: E402
-from tests.support import service_env  # noqa: E402
+from bench.harness import service_env  # noqa: E402
+from streamrec.settings import Settings  # noqa: E402
 
 COMPONENTS = ["kafka", "redis", "flink-jobmanager", "flink-taskmanager", "features", "trainer",
               "serving"]
@@ -168,7 +168,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--log", type=Path, default=None, help="the simulated log (cached)")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
-    from tests.chaos.conftest import private_settings, private_stack
+    from bench.harness import private_settings, private_stack
 
     log = args.log or Path(tempfile.gettempdir()) / f"streamrec-sim-{args.events}.ndjson"
     simulate_s = None if log.exists() else round(write_log(log, args.events, args.users,

@@ -29,8 +29,8 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from bench.backfill import COMPONENTS, features_digest, served_items, write_log  # noqa: E402
-from feature_store.settings import Settings  # noqa: E402
-from tests.support import service_env, wait_until  # noqa: E402
+from bench.harness import service_env, wait_until  # noqa: E402
+from streamrec.settings import Settings  # noqa: E402
 
 FAULTS = ["none", "replay", "kafka@send", "flink-taskmanager", "trainer", "kafka"]
 
@@ -58,7 +58,7 @@ def _trained(settings: Settings) -> int:
 
 def run_one(fault: str, log: Path, users: int, reference_trained: int | None) -> dict[str, Any]:
     """One backfill with ``fault`` injected; the figures compared between runs."""
-    from tests.chaos.conftest import private_settings, private_stack
+    from bench.harness import private_settings, private_stack
 
     root = Path(tempfile.mkdtemp(prefix=f"bench-chaos-{fault}-"))
     out: dict[str, Any] = {"fault": fault}

@@ -74,7 +74,7 @@ def _distinct_rows(batch: Any, window: int) -> int:
 
 
 def _settings(topic: str, root: Path) -> Any:
-    from feature_store.settings import load_settings
+    from streamrec.settings import load_settings
 
     base = load_settings()
     uid = uuid.uuid4().hex[:8]
@@ -94,10 +94,10 @@ def run_variant(variant: str, topic: str, e2e_samples: int, seconds: float, warm
     """One variant's figures (runs in its own process); ``fused_loss``:
     ``TrainOptions.fused_loss`` of its trainers."""
     from bench.train import _batches
-    from feature_store.settings import with_trainer
     from model.towers.two_tower import ModelConfig
     from model.trainer.core import Trainer, TrainOptions
     from model.trainer.loop import LoopOptions, TrainerService
+    from streamrec.settings import with_trainer
 
     config = ModelConfig()
 
@@ -197,10 +197,10 @@ def run_variant(variant: str, topic: str, e2e_samples: int, seconds: float, warm
 
 
 def _produce(n: int, warm: int) -> str:
-    from feature_store.settings import load_settings
     from model.evaluation.synthetic import SyntheticConfig, SyntheticStream
     from model.trainer.samples import encode_sample
     from stream.kafka_client import ensure_topics, make_producer
+    from streamrec.settings import load_settings
 
     kafka = load_settings().kafka
     topic = f"benchcluster{uuid.uuid4().hex[:8]}.samples"

@@ -33,9 +33,9 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from bench.harness import free_port, http_ok, wait_until  # noqa: E402
 from deploy.process import cpu_seconds  # noqa: E402
-from feature_store.settings import Settings, load_settings  # noqa: E402
-from tests.support import free_port, http_ok, wait_until  # noqa: E402
+from streamrec.settings import Settings, load_settings  # noqa: E402
 
 T0 = 1_750_000_000_000
 #: Extra job arguments for experiments (``--job-arg=--bundle-size=10000``).

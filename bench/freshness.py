@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from bench.host import host
-from feature_store import metric_names as names
+from streamrec import metric_names as names
 from streamrec.client import Client, Event, NotFound
 
 log = logging.getLogger(__name__)
@@ -267,8 +267,8 @@ def _delta_figures(trainer: str) -> dict[str, Any] | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from feature_store.settings import load_settings
     from stream.simulate import ClickSimulator, SimConfig, run
+    from streamrec.settings import load_settings
 
     s = load_settings()
     p = argparse.ArgumentParser(prog="streamrec bench freshness", description=__doc__,

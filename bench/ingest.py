@@ -24,8 +24,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from bench.harness import free_port, http_ok, stop_process, wait_until
 from deploy.process import cpu_seconds
-from tests.support import free_port, http_ok, stop_process, wait_until
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_RATINGS = REPO.parent / "shared" / "data" / "ml-latest-small" / "ratings.csv"
@@ -129,7 +129,7 @@ def _delete_topics(names: list[str]) -> None:
     from kafka.admin import KafkaAdminClient
     from kafka.errors import KafkaError
 
-    from feature_store.settings import load_settings
+    from streamrec.settings import load_settings
 
     admin = KafkaAdminClient(bootstrap_servers=load_settings().kafka.bootstrap)
     try:

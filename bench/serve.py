@@ -133,8 +133,8 @@ def loadgen_main(argv: list[str]) -> int:
 
 
 def _publish(reg: Any, version: str, n_items: int, seed: int) -> None:
-    from feature_store.ids import item_keys, user_key
     from model.artifact.files import write_artifact
+    from streamrec.ids import item_keys, user_key
 
     rng = np.random.default_rng(seed)
     items = [f"i{i}" for i in range(n_items)]
@@ -182,9 +182,9 @@ def _run_items(n_items: int, concurrencies: list[int], duration: float, swap_eve
     import httpx
     import redis
 
-    from feature_store.settings import load_settings
+    from bench.harness import free_port, http_ok, stop_process, wait_until
     from model.artifact.registry import Registry
-    from tests.support import free_port, http_ok, stop_process, wait_until
+    from streamrec.settings import load_settings
 
     rport, sport = free_port(), free_port()
     settings = load_settings(redis={"port": rport, "key_prefix": "bench:"},

@@ -156,12 +156,12 @@ def main(argv: list[str] | None = None) -> int:
 
     import httpx
 
+    from bench.harness import free_port, http_ok, stop_process, wait_until
     from bench.serve import _seed_store
     from deploy.stack import Stack
-    from feature_store.settings import load_settings
     from model.artifact.registry import Registry
     from stream.kafka_client import ensure_updates_topic, updates_producer
-    from tests.support import free_port, http_ok, stop_process, wait_until
+    from streamrec.settings import load_settings
 
     results: dict[str, Any] = {"phases": [], "baseline": args.baseline, "host": host()}
     print(f"host: {results['host']}", flush=True)

@@ -32,9 +32,9 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from bench import features as fb  # noqa: E402
+from bench.harness import free_port, wait_until  # noqa: E402
 from feature_store.errors import OnlineStoreError  # noqa: E402
-from feature_store.settings import Settings, load_settings  # noqa: E402
-from tests.support import free_port, wait_until  # noqa: E402
+from streamrec.settings import Settings, load_settings  # noqa: E402
 
 T0 = 1_760_000_000_000
 

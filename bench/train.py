@@ -119,8 +119,8 @@ def bench_step(
 
 
 def _settings(root: Path) -> Any:
-    from feature_store.settings import load_settings
     from stream.kafka_client import ensure_topics
+    from streamrec.settings import load_settings
 
     base = load_settings()
     uid = f"bench{uuid.uuid4().hex[:8]}"
@@ -140,10 +140,10 @@ def _service(settings: Any, consumer: str = "auto", fused_loss: bool = True, **l
     """The trainer service as ``streamrec train`` builds it: the live model defaults
     (``ModelConfig()``), the settings' batch size and export cadence (``fused_loss=False``:
     as ``streamrec train --no-fused-loss``)."""
-    from feature_store.settings import with_trainer
     from model.towers.two_tower import ModelConfig
     from model.trainer.core import TrainOptions
     from model.trainer.loop import LoopOptions, build_service
+    from streamrec.settings import with_trainer
 
     # no eviction, one step per partial batch and no deltas, as this figure has always run
     settings = with_trainer(settings, fused_loss=fused_loss, evict_every_steps=0,

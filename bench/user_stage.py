@@ -125,9 +125,9 @@ def batches(log: list[tuple[str, int, int, str]], batch: int) -> list[tuple[str,
 
 def user_stage(store: Any) -> Any:
     from feature_store.features import unpack_user
-    from feature_store.settings import load_settings
     from stream.cli.features import settings_json
     from stream.flink.functions import UserBatchStage
+    from streamrec.settings import load_settings
 
     stage = UserBatchStage(settings_json(load_settings()), 60_000, "events", 100_000)
     return _open(stage, store, "users", unpack_user, "UserState",
@@ -137,9 +137,9 @@ def user_stage(store: Any) -> Any:
 
 def item_stage(store: Any) -> Any:
     from feature_store.features import unpack_item
-    from feature_store.settings import load_settings
     from stream.cli.features import settings_json
     from stream.flink.functions import ItemBatchStage
+    from streamrec.settings import load_settings
 
     stage = ItemBatchStage(settings_json(load_settings()), 60_000, 100_000)
     return _open(stage, store, "items", unpack_item, "ItemState", ())
@@ -150,8 +150,8 @@ def _open(stage: Any, store: Any, name: str, unpack: Any, new: str, counters: Se
     """What ``open`` does, with fakes (no generation: the marks are the store's business)."""
     from feature_store import features
     from feature_store.features import FeatureParams
-    from feature_store.settings import load_settings
     from stream.flink.functions import StateCache
+    from streamrec.settings import load_settings
 
     settings = load_settings()
     stage.params = FeatureParams.from_settings(settings.features, bucket_ms=60_000)
@@ -185,8 +185,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     digest = hashlib.blake2b(digest_size=16)
     store = None
     if args.redis_port is not None:
-        from feature_store.settings import load_settings
         from feature_store.store import open_store
+        from streamrec.settings import load_settings
 
         s = load_settings()
         s = s.model_copy(update={"redis": s.redis.model_copy(

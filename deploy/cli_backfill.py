@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from feature_store.settings import Settings
+from streamrec.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -195,7 +195,7 @@ def replay_and_follow(args: Any, replay_cmd: Callable[[Any], int]) -> int:
     import tempfile
     from pathlib import Path
 
-    from feature_store.settings import load_settings
+    from streamrec.settings import load_settings
 
     settings = load_settings()
     if args.topic:

@@ -79,7 +79,7 @@ def _stack(args: argparse.Namespace) -> Any:
         os.environ["STREAMREC_STACK__RUN_DIR"] = str(Path(args.run_dir).resolve())
     from deploy.cli import build_parser
     from deploy.stack import Stack
-    from feature_store.settings import load_settings
+    from streamrec.settings import load_settings
 
     commands = set(_subcommands(build_parser()))
     return Stack(load_settings(), available_commands=commands)
@@ -174,14 +174,14 @@ def _print_table(rows: Any) -> None:
 
 def _demo(args: argparse.Namespace) -> int:
     from deploy.demo import run_demo
-    from feature_store.settings import load_settings
+    from streamrec.settings import load_settings
 
     return run_demo(load_settings(), args.rate, args.duration, args.users, args.items)
 
 
 def _topics(args: argparse.Namespace) -> int:
-    from feature_store.settings import load_settings
     from stream.kafka_client import KafkaUnavailable, ensure_topics, ensure_updates_topic
+    from streamrec.settings import load_settings
 
     k = load_settings().kafka
     try:

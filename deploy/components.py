@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from deploy.process import StackError, port_in_use
-from feature_store.settings import Settings
+from streamrec.settings import Settings
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 JVM_LIB = REPO_ROOT / "deploy" / "jvm" / "lib"

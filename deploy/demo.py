@@ -23,9 +23,9 @@ from typing import Any
 
 import httpx
 
-from feature_store import metric_names as names
-from feature_store.settings import Settings
+from streamrec import metric_names as names
 from streamrec.client import Client, StreamrecError
+from streamrec.settings import Settings
 
 log = logging.getLogger(__name__)
 

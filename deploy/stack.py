@@ -35,7 +35,7 @@ from deploy.process import (
     tail,
     wait_ready,
 )
-from feature_store.settings import Settings
+from streamrec.settings import Settings
 
 log = logging.getLogger(__name__)
 

@@ -4,10 +4,10 @@
 * ``store`` — the :class:`OnlineStore` interface, its records, and :func:`open_store`, which
   every writer and reader builds its store with (backend: ``settings.store.backend``).
 * ``redis_store`` — the Redis backend (the only one for now).
-* ``idset`` (an exact set of 64-bit id hashes: trained samples, replayed events).
-* ``settings``, ``ids``, ``atomic`` (durable atomic writes), ``errors`` (one root,
-  :class:`FeatureStoreError`).
-* ``metric_names`` — every Prometheus metric name streamrec exports, defined once.
+* ``errors`` — one root, :class:`FeatureStoreError`.
+
+Settings, id hashing and the metric names live in the kernel, ``streamrec`` (the one
+package below this one).
 
 Importing the package is light: the Redis client is imported only when a store is built.
 """

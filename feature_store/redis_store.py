@@ -23,8 +23,6 @@ from typing import Any
 import orjson
 
 from feature_store.errors import OnlineStoreError
-from feature_store.ids import item_key
-from feature_store.settings import FeatureSettings, RedisSettings
 from feature_store.store import (
     Generation,
     HistoryEntry,
@@ -35,6 +33,8 @@ from feature_store.store import (
     UserFeatures,
     UserRow,
 )
+from streamrec.ids import item_key
+from streamrec.settings import FeatureSettings, RedisSettings
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from feature_store.errors import FeatureStoreError as FeatureStoreError
 from feature_store.errors import OnlineStoreError as OnlineStoreError
 
 if TYPE_CHECKING:
-    from feature_store.settings import Settings
+    from streamrec.settings import Settings
 
 #: The backends :func:`open_store` knows (``settings.store.backend``).
 BACKENDS = ("redis",)
@@ -156,7 +156,7 @@ class OnlineStore(ABC):
 
     @abstractmethod
     def read_item_ids(self, keys: Sequence[int]) -> list[str | None]:
-        """Reverse map: internal item keys (``feature_store.ids.item_key``) -> external item
+        """Reverse map: internal item keys (``streamrec.ids.item_key``) -> external item
         ids of written items; ``None`` for a key the store does not know."""
 
     def close(self) -> None:  # noqa: B027 - optional hook, nothing to release by default

@@ -46,7 +46,6 @@ def register(sub: Any) -> None:
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from feature_store.settings import load_settings
     from serving.app import create_app
     from serving.deps import ServingDeps
     from serving.workers import (
@@ -56,6 +55,7 @@ def _serve(args: argparse.Namespace) -> int:
         run_workers,
         shared_state_dir,
     )
+    from streamrec.settings import load_settings
 
     settings = load_settings()
     tune_interpreter(settings)
@@ -93,11 +93,11 @@ def _serve(args: argparse.Namespace) -> int:
 
 def app_factory() -> Any:
     """App of one worker process when ``serve --workers N`` (N > 1) forks several."""
-    from feature_store.settings import load_settings
     from serving.app import create_app
     from serving.deps import ServingDeps
     from serving.shared_state import SHARED_ENV
     from serving.workers import MULTIPROC_ENV, WORKERS_ENV, workers_balancer
+    from streamrec.settings import load_settings
 
     settings = load_settings()
     tune_interpreter(settings)
@@ -119,11 +119,11 @@ def tune_interpreter(settings: Any) -> None:
 
 
 def _dashboard_collector(args: argparse.Namespace) -> int:
-    from feature_store.settings import load_settings
     from serving.dashboard import collector_from_settings
     from serving.dashboard_collector import run_until_signalled
     from serving.deps import utc_now
     from serving.stats_file import stats_path
+    from streamrec.settings import load_settings
 
     settings = load_settings()
     collector = collector_from_settings(settings, utc_now, serving_url=args.serving_url)

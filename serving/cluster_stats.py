@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from feature_store import metric_names as names
+from streamrec import metric_names as names
 
 Labels = tuple[tuple[str, str], ...]
 Samples = dict[tuple[str, Labels], float]

@@ -23,9 +23,9 @@ from typing import Any
 from fastapi import APIRouter
 from fastapi.responses import HTMLResponse, Response
 
-from feature_store.settings import Settings
 from serving.stats import ScrapeError, StatsCollector
 from serving.stats_file import STALE_AFTER_S, read_stats
+from streamrec.settings import Settings
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,6 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from feature_store.settings import KafkaSettings
 from model.artifact.registry import Registry, RegistryError
 from model.delta import (
     SNAPSHOT_FILE,
@@ -35,6 +34,7 @@ from model.delta import (
 from model.delta.served import Composer
 from serving.errors import VersionRefused
 from serving.loader import LoadedModel, ModelLoader, smoke_check
+from streamrec.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
 

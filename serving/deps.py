@@ -14,10 +14,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from feature_store.settings import Settings
 from feature_store.store import OnlineStore, open_store
 from model.artifact.registry import Registry
 from serving.stats_file import stats_path
+from streamrec.settings import Settings
 
 if TYPE_CHECKING:
     from serving.balance import ConnectionBalancer

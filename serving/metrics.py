@@ -1,4 +1,4 @@
-"""Every Prometheus metric the serving API exports (names in ``feature_store.metric_names``).
+"""Every Prometheus metric the serving API exports (names in ``streamrec.metric_names``).
 
 Metrics live on a per-app ``CollectorRegistry`` (no process-global state); lifetime counters
 only, windowed rates are PromQL's job. With several workers the values live in
@@ -25,7 +25,7 @@ from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 from prometheus_client.registry import Collector
 
-from feature_store import metric_names as names
+from streamrec import metric_names as names
 
 REQUEST_SECONDS = names.SERVING_REQUEST_SECONDS
 MODEL_VERSION_AGE = names.SERVING_MODEL_VERSION_AGE

@@ -17,7 +17,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from feature_store.settings import Settings
 from feature_store.store import OnlineStore
 from model.artifact.registry import Registry, RegistryError
 from serving import metrics as m
@@ -27,6 +26,7 @@ from serving.errors import Forbidden, NotFound, Unauthorized
 from serving.loader import ModelLoader, TrendingCache
 from serving.metrics import ServingMetrics
 from serving.shared_state import SharedFollower
+from streamrec.settings import Settings
 
 log = logging.getLogger(__name__)
 

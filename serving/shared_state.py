@@ -308,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s composer %(message)s")
     import signal
 
-    from feature_store.settings import load_settings
+    from streamrec.settings import load_settings
 
     settings = load_settings()
     parent = os.getppid()

@@ -26,10 +26,10 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from feature_store import metric_names as names
 from serving.cluster_stats import ClusterFigures, cluster_figures, cluster_view
 from serving.errors import ScrapeError
 from serving.metrics import REQUEST_SECONDS
+from streamrec import metric_names as names
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from feature_store.settings import Settings
+from streamrec.settings import Settings
 
 #: Age of the snapshot beyond which the collector counts as stopped (it writes every 2 s).
 STALE_AFTER_S = 15.0

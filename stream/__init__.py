@@ -9,6 +9,6 @@
 * ``gc_tuning`` — cheaper GC for decoders; ``cli`` — the ``ingest-api``, ``replay``,
   ``features``, ``simulate``, ``exporter`` subcommands.
 
-May import ``feature_store`` and the client package ``streamrec`` only (the ladder in README
+May import ``feature_store`` and the kernel ``streamrec`` only (the ladder in README
 "Layout").
 """

@@ -15,8 +15,8 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple
 
-from feature_store.settings import KafkaSettings
 from stream.errors import StreamError
+from streamrec.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
 

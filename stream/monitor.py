@@ -1,5 +1,5 @@
 """The pipeline exporter: what no single process can report about itself, as Prometheus
-metrics (names in ``feature_store.metric_names``).
+metrics (names in ``streamrec.metric_names``).
 
 Read at every scrape, each under its own deadline: the records ever written to ``events``,
 ``events.dlq`` and ``samples`` (their end offsets; ``rate()`` gives the write rate), the
@@ -24,9 +24,9 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from feature_store import metric_names as names
-from feature_store.settings import Settings
 from stream.http_routes import routes_server
+from streamrec import metric_names as names
+from streamrec.settings import Settings
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,11 @@
-"""streamrec for its users: :mod:`streamrec.client`, the Python client of the HTTP APIs.
+"""The bottom rung of streamrec: its kernel, and the client its users import.
 
-The package imports nothing else of streamrec (only ``httpx``), so it is the bottom rung of the
-dependency ladder: the simulator, the demo and the benchmarks use it as any user would.
+* ``settings`` — the one frozen settings object of a process (every default lives there).
+* ``ids`` — id hashing; ``idset`` — an exact set of 64-bit id hashes (trained samples,
+  replayed events); ``atomic`` — durable atomic file writes.
+* ``metric_names`` — every Prometheus metric name streamrec exports, defined once.
+* ``client`` — the Python client of the HTTP APIs: a leaf that imports nothing of ours (only
+  ``httpx``), so the simulator, the demo and the benchmarks use it as any user would.
+
+Every package may import this one; the kernel modules import only each other.
 """

@@ -18,28 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from feature_store.settings import Settings, load_settings
-from tests.support import REPO_ROOT, isolated_settings
-
-TEST_RUN_DIR = REPO_ROOT / ".streamrec-test"
-
-
-def test_stack_settings() -> Settings:
-    base = load_settings()
-    off = int(os.environ.get("STREAMREC_TEST_PORT_OFFSET", "0"))
-    return base.model_copy(update={
-        "stack": base.stack.model_copy(update={"run_dir": TEST_RUN_DIR, "ready_timeout_s": 120.0}),
-        "kafka": base.kafka.model_copy(update={"port": 19092 + off,
-                                               "controller_port": 19093 + off}),
-        "redis": base.redis.model_copy(update={"port": 16379 + off}),
-        "flink": base.flink.model_copy(update={"rest_port": 18081 + off, "rpc_port": 16123 + off}),
-        "ingest": base.ingest.model_copy(update={"port": 18001 + off}),
-        "serving": base.serving.model_copy(update={"port": 18000 + off}),
-        "trainer": base.trainer.model_copy(update={"metrics_port": 18002 + off}),
-        "prometheus": base.prometheus.model_copy(update={
-            "port": 19090 + off, "exporter_port": 18003 + off,
-            "flink_reporter_port": 19249 + off}),
-    })
+from bench.harness import TEST_RUN_DIR, test_stack_settings  # noqa: F401
+from streamrec.settings import Settings
+from tests.support import isolated_settings
 
 
 @pytest.fixture(scope="session")

@@ -3,15 +3,21 @@ waits, free ports, HTTP probes, child processes and their environment, Kafka rea
 
 from __future__ import annotations
 
-import contextlib
-import os
-import socket
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+
+# the helpers the benchmarks share live in bench.harness (nothing of ours imports tests)
+from bench.harness import (  # noqa: E402,F401
+    free_port,
+    http_ok,
+    service_env,
+    stop_process,
+    wait_until,
+)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -23,36 +29,6 @@ def repo_root() -> Path:
 def shared_data() -> Path:
     """The shared data folder that sits beside the clone (``../shared/data``)."""
     return REPO_ROOT.parent / "shared" / "data"
-
-
-def wait_until(
-    predicate: Callable[[], T],
-    timeout_s: float,
-    what: str,
-    interval_s: float = 0.1,
-    *,
-    process: Any = None,
-) -> T:
-    """Poll ``predicate`` until it returns a truthy value; fail with ``what`` at the deadline.
-    An exception of ``predicate`` counts as "not yet" (the last one is reported). With
-    ``process`` (anything with ``poll()`` and ``returncode``, e.g. a ``Popen``), fail at once
-    if it exits meanwhile."""
-    deadline = time.monotonic() + timeout_s
-    last_exc: BaseException | None = None
-    while True:
-        if process is not None and process.poll() is not None:
-            raise AssertionError(
-                f"the process exited ({process.returncode}) while waiting for {what}")
-        try:
-            value = predicate()
-            if value:
-                return value
-        except Exception as exc:  # noqa: BLE001 - remembered and reported at the deadline
-            last_exc = exc
-        if time.monotonic() > deadline:
-            detail = f" (last error: {last_exc!r})" if last_exc else ""
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}{detail}")
-        time.sleep(interval_s)
 
 
 def consume(bootstrap: str, topic: str, n: int, timeout_s: float = 30.0) -> list[Any]:
@@ -132,49 +108,3 @@ def isolated_settings(stack: Any, root: Path, prefix: str = "t") -> Any:
     return s
 
 
-def stop_process(proc: Any, grace_s: float = 10.0) -> None:
-    """SIGTERM a ``subprocess.Popen``, then SIGKILL if it has not exited after ``grace_s``."""
-    import subprocess
-
-    proc.terminate()
-    try:
-        proc.wait(grace_s)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(5)
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def http_ok(url: str, timeout_s: float = 1.0) -> bool:
-    """Whether ``GET url`` answers 200 (a connection error or timeout is ``False``)."""
-    import httpx
-
-    try:
-        return httpx.get(url, timeout=timeout_s).status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
-@contextlib.contextmanager
-def service_env(settings: Any) -> Iterator[None]:
-    """The ``STREAMREC_*`` environment of ``settings`` for the processes started meanwhile: no
-    other setting leaks in from the caller's (the harness's own ``STREAMREC_TEST_*`` stay);
-    the previous environment is restored after."""
-    from feature_store.settings import to_env
-
-    saved = dict(os.environ)
-    for key in [k for k in os.environ
-                if k.startswith("STREAMREC_") and not k.startswith("STREAMREC_TEST_")]:
-        del os.environ[key]
-    os.environ.update(to_env(settings))
-    try:
-        yield
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)

@@ -20,7 +20,6 @@ from typing import Any
 
 import numpy as np
 
-from feature_store.ids import item_keys, user_key
 from model.artifact.attention import AttentionWeights, attention_arrays, load_attention
 from model.artifact.manifest import (
     ACTIVATIONS,
@@ -39,6 +38,7 @@ from model.artifact.manifest import (
 )
 from model.scoring.covisit import accumulate, history_rows, position_weights, term
 from model.scoring.pooling import pool_history
+from streamrec.ids import item_keys, user_key
 
 log = logging.getLogger(__name__)
 

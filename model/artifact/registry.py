@@ -23,9 +23,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from feature_store.atomic import atomic_write, fsync_tree, rename_durably
 from model.artifact.files import ArtifactError, load_artifact, read_manifest
 from model.errors import ModelError
+from streamrec.atomic import atomic_write, fsync_tree, rename_durably
 
 log = logging.getLogger(__name__)
 

@@ -199,9 +199,9 @@ def register(sub: Any) -> None:
 
 
 def _handle(args: argparse.Namespace) -> int:
-    from feature_store.settings import load_settings
     from stream.replay.formats import ReplayFormatError, parse_mapping
     from stream.replay.runner import ReplayError
+    from streamrec.settings import load_settings
 
     settings = load_settings()
     now_ms = time.time_ns() // 1_000_000

@@ -43,8 +43,8 @@ def _out(text: str) -> None:
 def _registry(args: argparse.Namespace) -> Any:
     import redis
 
-    from feature_store.settings import load_settings
     from model.artifact.registry import Registry
+    from streamrec.settings import load_settings
 
     s = load_settings()
     password = s.redis.password.get_secret_value() if s.redis.password else None

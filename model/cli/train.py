@@ -103,8 +103,8 @@ def register(sub: Any) -> None:
 def run_train(args: argparse.Namespace) -> int:
     from datetime import UTC, datetime
 
-    from feature_store.settings import load_settings, with_trainer
     from model.trainer.metrics import HealthServer, TrainerMetrics
+    from streamrec.settings import load_settings, with_trainer
 
     settings = with_trainer(load_settings(), **knob_overrides(args))
     tcfg = settings.trainer

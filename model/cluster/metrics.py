@@ -1,5 +1,5 @@
 """Per-role metrics of the trainer cluster, exported by the chief (names in
-``feature_store.metric_names``; every series has a ``role`` and an ``index`` label).
+``streamrec.metric_names``; every series has a ``role`` and an ``index`` label).
 
 The parameter servers and workers are bare ``tf.distribute.Server`` processes with no Python
 of ours per step, so the chief represents them: the step books what each role does in small
@@ -25,8 +25,8 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from feature_store import metric_names as names
 from model.cluster.spec import CHIEF, PS, WORKER, ClusterLayout
+from streamrec import metric_names as names
 
 log = logging.getLogger(__name__)
 

@@ -18,10 +18,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from feature_store.settings import TrainerSettings
 from model.cluster import liveness
 from model.cluster.server import launch, listening
 from model.cluster.spec import ClusterLayout
+from streamrec.settings import TrainerSettings
 
 log = logging.getLogger(__name__)
 

@@ -15,10 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from feature_store.ids import item_keys
 from model.artifact.files import ServingArtifact
 from model.delta import CODECS, Composer, ModelState, apply, decode, encode, from_snapshot
 from model.evaluation.replay import Positive
+from streamrec.ids import item_keys
 
 
 class ServedRows:

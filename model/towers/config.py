@@ -9,10 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from feature_store.settings import trainer_default
+from streamrec.settings import trainer_default
 
 if TYPE_CHECKING:
-    from feature_store.settings import Settings
+    from streamrec.settings import Settings
 
 COMPUTE_DTYPES = ("float32", "bfloat16")
 USER_TOWERS = ("pool", "attention")

@@ -24,9 +24,9 @@ from typing import Any
 
 import numpy as np
 
-from feature_store.atomic import atomic_write, commit_dir
 from model.errors import ModelError
 from model.towers.tf_env import tf
+from streamrec.atomic import atomic_write, commit_dir
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ a restart from a checkpoint it emits again the samples of the events it had proc
 that checkpoint, same ``sample_id`` = the event's ``event_id``), and a historical log replayed
 again yields the same event ids (``stream/replay/formats.py``), months of samples later. So the
 trainer keeps *every* trained id, not a recent window: :class:`TrainedIds` is a
-``feature_store.idset.IdSet`` (8 bytes per trained sample: 8 MB per million), saved in the
+``streamrec.idset.IdSet`` (8 bytes per trained sample: 8 MB per million), saved in the
 trainer checkpoint with the model and the offsets, so a restart neither forgets nor
 double-counts. (A log replayed again does not even reach the trainer: the replay ledger,
 ``stream.replay.ledger``, does not send rows it delivered before.)
@@ -13,7 +13,7 @@ double-counts. (A log replayed again does not even reach the trainer: the replay
 
 from __future__ import annotations
 
-from feature_store.idset import IdSet, id_hash, id_hashes
+from streamrec.idset import IdSet, id_hash, id_hashes
 
 #: The trainer's set of trained sample ids.
 TrainedIds = IdSet

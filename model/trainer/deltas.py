@@ -284,7 +284,7 @@ class DeltaPublisher:
     def start(
         cls, settings: Any, trainer: Trainer, item_ids: Callable[[], Mapping[int, str]]
     ) -> DeltaPublisher | None:
-        """The publisher of a trainer service (``feature_store.settings.Settings``): the
+        """The publisher of a trainer service (``streamrec.settings.Settings``): the
         updates topic created, its producer connected; None for a model deltas cannot carry
         (the attention user tower) or a trainer whose rows live elsewhere between
         checkpoints (``Trainer.rows_local`` False: a parameter-server cluster): full versions

@@ -25,7 +25,7 @@ from model.trainer.dedupe import id_hashes
 from model.trainer.samples import Batch, Columns, KeyCache, batch_from_columns, decode_columns
 
 if TYPE_CHECKING:
-    from feature_store.settings import KafkaSettings
+    from streamrec.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
 

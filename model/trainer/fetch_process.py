@@ -24,7 +24,7 @@ from model.trainer.fetch import Chunk, ChunkFetcher, open_source
 from stream.gc_tuning import tune_gc
 
 if TYPE_CHECKING:
-    from feature_store.settings import KafkaSettings
+    from streamrec.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
 

@@ -27,7 +27,6 @@ from typing import Any
 
 import numpy as np
 
-from feature_store.settings import Settings, trainer_default
 from model.artifact.files import ArtifactError
 from model.artifact.registry import Registry, RegistryError
 from model.towers.two_tower import ModelConfig
@@ -43,6 +42,7 @@ from model.trainer.guarding import GuardedPublishing
 from model.trainer.metrics import TrainerMetrics
 from model.trainer.prepare import Admitted, Preparer, admit
 from model.trainer.samples import digest_of_hashes
+from streamrec.settings import Settings, trainer_default
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +93,7 @@ class LoopOptions:
     def from_settings(cls, settings: Settings, **overrides: Any) -> LoopOptions:
         """The loop options ``settings.trainer`` names, with ``overrides`` of the fields it
         does not own (``max_samples``, the process tuning); a knob it owns is changed in the
-        settings (``feature_store.settings.with_trainer``), never here."""
+        settings (``streamrec.settings.with_trainer``), never here."""
         owned = set(overrides) & set(type(settings.trainer).model_fields)
         if owned:
             raise ValueError(f"{sorted(owned)} are settings (trainer.*): override them there")

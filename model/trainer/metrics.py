@@ -1,4 +1,4 @@
-"""The trainer's metrics (names in ``feature_store.metric_names``) and its tiny /health +
+"""The trainer's metrics (names in ``streamrec.metric_names``) and its tiny /health +
 /metrics HTTP server.
 
 Rolling (windowed) figures are gauges named ``*_rolling``; lifetime figures are counters or
@@ -16,8 +16,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from feature_store import metric_names as names
 from stream.http_routes import routes_server
+from streamrec import metric_names as names
 
 log = logging.getLogger(__name__)
 

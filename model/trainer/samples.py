@@ -25,9 +25,9 @@ import numpy as np
 import orjson
 
 from feature_store.features import Sample
-from feature_store.ids import item_key, user_key
 from model.errors import ModelError
 from model.trainer.dedupe import id_hashes
+from streamrec.ids import item_key, user_key
 
 
 @dataclass(frozen=True)

@@ -105,8 +105,8 @@ def job_name(settings: Any) -> str:
 
 
 def _features(args: Any) -> int:
-    from feature_store.settings import load_settings
     from stream.flink.submit import FlinkSubmitError, live_job_id, submit_python_job
+    from streamrec.settings import load_settings
 
     settings = load_settings()
     args.job_name = args.job_name or job_name(settings)

@@ -105,8 +105,8 @@ def register(sub: Any) -> None:
 def run_ingest_api(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from feature_store.settings import load_settings
     from stream.ingest.api import create_app
+    from streamrec.settings import load_settings
 
     settings = load_settings()
     where = {
@@ -134,7 +134,6 @@ def _speed(text: str) -> float | None:
 def run_replay_cmd(args: argparse.Namespace) -> int:
     from kafka.errors import KafkaError
 
-    from feature_store.settings import load_settings
     from stream.kafka_client import KafkaUnavailable
     from stream.replay.formats import ReplayFormatError, parse_mapping
     from stream.replay.runner import (
@@ -146,6 +145,7 @@ def run_replay_cmd(args: argparse.Namespace) -> int:
         run_replay,
     )
     from stream.schema import SchemaError
+    from streamrec.settings import load_settings
 
     settings = load_settings()
     if args.topic:

@@ -29,8 +29,8 @@ def _exporter(args: argparse.Namespace) -> int:
     import logging
     from datetime import UTC, datetime
 
-    from feature_store.settings import load_settings
     from stream.monitor import ExporterServer, PipelineCollector
+    from streamrec.settings import load_settings
 
     settings = load_settings()
     collector = PipelineCollector(settings, lambda: datetime.now(UTC),

@@ -49,8 +49,8 @@ def _simulate(args: argparse.Namespace) -> int:
     if args.events is not None:
         print("simulate: --events needs --to-file")
         return 2
-    from feature_store.settings import load_settings
     from stream.simulate import ClickSimulator, SessionConfig, SessionSimulator, SimConfig, run
+    from streamrec.settings import load_settings
 
     settings = load_settings()
     url = args.url or f"http://{settings.ingest.host}:{settings.ingest.port}"

@@ -46,12 +46,12 @@ from feature_store.features import (
     user_counts,
     user_history,
 )
-from feature_store.settings import Settings
 from feature_store.store import Mark, open_store
 from stream.flink.parse import try_parse
 from stream.flink.rehydrate import CHECK_EVERY_S, REHYDRATE_TICK_MS, PartGuard, RetryingWrites
 from stream.gc_tuning import tune_gc
 from stream.kafka_client import dlq_record
+from streamrec.settings import Settings
 
 log = logging.getLogger(__name__)
 

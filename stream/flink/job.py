@@ -321,7 +321,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    from feature_store.settings import Settings
+    from streamrec.settings import Settings
 
     settings = Settings(**json.loads(args.settings_json))
     env = build_env(args, settings)

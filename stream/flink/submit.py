@@ -17,8 +17,8 @@ import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
-from feature_store.settings import Settings
 from stream.errors import StreamError
+from streamrec.settings import Settings
 
 log = logging.getLogger(__name__)
 

@@ -30,7 +30,6 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from feature_store.settings import Settings
 from stream.errors import StreamError
 from stream.ingest.metrics import (
     REASON_INVALID,
@@ -43,6 +42,7 @@ from stream.ingest.metrics import (
 from stream.ingest.ratelimit import TokenBucket
 from stream.kafka_client import KafkaUnavailable, ingest_producer_options, make_producer
 from stream.schema import EventIn, EventNormalizer, EventValidationError, decode_events
+from streamrec.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -427,6 +427,6 @@ def create_app(
 
 def app_from_env() -> FastAPI:
     """uvicorn factory for multi-worker runs: each worker process reads its own settings."""
-    from feature_store.settings import load_settings
+    from streamrec.settings import load_settings
 
     return create_app(load_settings())

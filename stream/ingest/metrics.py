@@ -1,4 +1,4 @@
-"""The ingest API's metrics (names defined once, in ``feature_store.metric_names``).
+"""The ingest API's metrics (names defined once, in ``streamrec.metric_names``).
 
 Each app gets its own :class:`prometheus_client.CollectorRegistry`, so two apps in one process
 (tests) never share counters. All figures here are lifetime counters/histograms; rates are
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from feature_store import metric_names as names
+from streamrec import metric_names as names
 
 ACCEPTED = names.INGEST_ACCEPTED
 REJECTED = names.INGEST_REJECTED

@@ -6,7 +6,7 @@ again. Under ``<run_dir>/replay/ledger/<topic>/`` it keeps ``ledger.json`` (segm
 topic's end offsets, a ``clean`` flag) and ``seg-*.npy`` segments of sorted id hashes, one
 written after each replay checkpoint Kafka acknowledged. A ledger left unclean by a crash is
 completed from the topic before the next replay; a topic made again resets it. Memory: 8 bytes
-per delivered event in one :class:`~feature_store.idset.IdSet`. Details: docs/internals.md.
+per delivered event in one :class:`~streamrec.idset.IdSet`. Details: docs/internals.md.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from feature_store.atomic import atomic_write
-from feature_store.idset import IdSet, id_hashes
+from streamrec.atomic import atomic_write
+from streamrec.idset import IdSet, id_hashes
 
 log = logging.getLogger(__name__)
 
@@ -139,7 +139,7 @@ class Ledger:
 
 
 def event_id_hashes(values: list[bytes]) -> np.ndarray:
-    """:func:`~feature_store.idset.id_hashes` of the ``event_id`` of wire values."""
+    """:func:`~streamrec.idset.id_hashes` of the ``event_id`` of wire values."""
     import orjson
 
     return id_hashes([orjson.loads(v)["event_id"] for v in values])

@@ -25,12 +25,12 @@ from typing import Any, ParamSpec, TypeVar
 
 import orjson
 
-from feature_store.atomic import atomic_write
-from feature_store.settings import Settings
 from stream.errors import StreamError
 from stream.replay.formats import detect_format, read_rows
 from stream.replay.ledger import Ledger, event_id_hashes
 from stream.schema import EventNormalizer, EventValidationError, parse_ts
+from streamrec.atomic import atomic_write
+from streamrec.settings import Settings
 
 log = logging.getLogger(__name__)
 P = ParamSpec("P")
@@ -247,7 +247,7 @@ def _drop_duplicates(
         return rows
     import numpy as np
 
-    from feature_store.idset import id_hashes
+    from streamrec.idset import id_hashes
 
     hashes = id_hashes([i if isinstance(i, str) else i.decode() for i in identity])
     _, first = np.unique(hashes, return_index=True)

@@ -18,24 +18,25 @@ Load while faults are injected (:class:`EventLoad`, :class:`RecommendLoad`):
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
-import os
-import signal
 import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import httpx
 
-from feature_store.settings import Settings
-from tests.support import free_port, service_env, wait_until
+from bench.harness import (  # noqa: F401 (the chaos modules import these from here)
+    Chaos,
+    free_port,
+    private_settings,
+    private_stack,
+    service_env,
+    wait_until,
+)
+from streamrec.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -44,94 +45,6 @@ USERS = 40
 ITEMS = 120
 #: Every 5th event is an impression (weight 0: a feature update but no training sample).
 IMPRESSION_EVERY = 5
-
-
-def private_settings(root: Path, *, flink: bool = False, appendonly: bool = True) -> Settings:
-    """Settings of a throwaway stack under ``root``: free ports, own topics, prefix, dirs."""
-    from tests.conftest import test_stack_settings
-
-    base = test_stack_settings()
-    uid = f"c{uuid.uuid4().hex[:8]}"
-    flink_ports = {"rest_port": free_port(), "rpc_port": free_port()} if flink else {}
-    return base.model_copy(update={
-        "stack": base.stack.model_copy(update={"run_dir": root / "stack", "ready_timeout_s": 240.0,
-                                               "stop_timeout_s": 10.0}),
-        "kafka": base.kafka.model_copy(update={
-            "port": free_port(), "controller_port": free_port(), "heap": "384m", "partitions": 2,
-            "events_topic": f"{uid}.events", "dlq_topic": f"{uid}.events.dlq",
-            "samples_topic": f"{uid}.samples"}),
-        "redis": base.redis.model_copy(update={"port": free_port(), "key_prefix": f"{uid}:",
-                                               "appendonly": appendonly}),
-        "flink": base.flink.model_copy(update={
-            **flink_ports, "taskmanager_slots": 2, "checkpoint_interval_ms": 2000,
-            "jobmanager_memory": "768m", "taskmanager_memory": "1280m"}),
-        "ingest": base.ingest.model_copy(update={"port": free_port(), "produce_timeout_s": 3.0}),
-        "serving": base.serving.model_copy(update={"port": free_port(), "poll_interval_s": 1.0}),
-        "trainer": base.trainer.model_copy(update={
-            "metrics_port": free_port(), "group_id": f"{uid}-trainer",
-            "registry_dir": root / "models", "checkpoint_dir": root / "trainer",
-            "export_every_s": 3.0, "batch_size": 64}),
-    })  # fmt: skip
-
-
-@dataclass
-class Chaos:
-    """A private stack plus the bookkeeping of every fault injected into it."""
-
-    settings: Settings
-    stack: Any  # deploy.stack.Stack
-    #: (component, killed at, ready again at) in time.monotonic() seconds.
-    outages: list[tuple[str, float, float]] = field(default_factory=list)
-
-    def kill9(self, name: str) -> int:
-        """SIGKILL the component's whole process group; returns the pid it killed."""
-        from deploy.process import is_ours, read_pid
-
-        record = read_pid(self.stack.pid_path(name))
-        assert is_ours(record), f"{name} is not running"
-        assert record is not None
-        os.killpg(record.pid, signal.SIGKILL)
-
-        def gone() -> bool:
-            try:
-                os.waitpid(record.pid, os.WNOHANG)
-            except ChildProcessError:
-                pass
-            return not is_ours(record)
-
-        wait_until(gone, 15, f"{name} (pid {record.pid}) to die")
-        return record.pid
-
-    def kill_and_restart(self, name: str, down_s: float = 2.0) -> tuple[float, float]:
-        """kill -9 ``name``, leave it down ``down_s`` under load, start it, wait until ready."""
-        killed_at = time.monotonic()
-        pid = self.kill9(name)
-        log.info("killed %s (pid %d)", name, pid)
-        time.sleep(down_s)  # the outage itself, not a wait for a condition
-        self.stack.start_component(name)
-        ready_at = time.monotonic()
-        self.outages.append((name, killed_at, ready_at))
-        return killed_at, ready_at
-
-    def url(self, name: str) -> str:
-        port = {"ingest-api": self.settings.ingest.port, "serving": self.settings.serving.port,
-                "trainer": self.settings.trainer.metrics_port}[name]
-        return f"http://127.0.0.1:{port}"
-
-
-
-@contextlib.contextmanager
-def private_stack(settings: Settings, components: list[str]) -> Iterator[Chaos]:
-    """Start ``components`` (infra first) of a private stack; stop all of them at the end."""
-    from deploy.stack import Stack
-
-    with service_env(settings):
-        stack = Stack(settings, available_commands={"ingest-api", "features", "train", "serve"})
-        try:
-            stack.up(components)
-            yield Chaos(settings, stack)
-        finally:
-            stack.down()
 
 
 def make_event(run: str, n: int) -> dict[str, Any]:

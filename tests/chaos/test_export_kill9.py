@@ -24,10 +24,10 @@ import numpy as np
 import pytest
 import redis
 
-from feature_store.ids import item_keys, user_key
-from feature_store.settings import Settings, to_env
 from model.artifact.files import load_artifact, write_artifact
 from model.artifact.registry import STAGING, Registry
+from streamrec.ids import item_keys, user_key
+from streamrec.settings import Settings, to_env
 from tests.support import free_port, repo_root, stop_process, wait_until
 
 pytestmark = pytest.mark.chaos
@@ -37,7 +37,7 @@ WRITER = textwrap.dedent("""
     from pathlib import Path
     import numpy as np
     import redis
-    from feature_store.ids import item_keys, user_key
+    from streamrec.ids import item_keys, user_key
     from model.artifact.files import write_artifact
     from model.artifact.registry import Registry
 

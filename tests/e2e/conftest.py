@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from feature_store.settings import Settings
+from streamrec.settings import Settings
 from tests.support import isolated_settings, service_env
 
 SERVICES = ["ingest-api", "features", "trainer", "serving"]

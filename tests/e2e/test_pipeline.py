@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from feature_store.settings import Settings
+from streamrec.settings import Settings
 from tests.support import wait_until
 
 pytestmark = pytest.mark.e2e

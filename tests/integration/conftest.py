@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from feature_store.redis_store import RedisOnlineStore
-from feature_store.settings import Settings
+from streamrec.settings import Settings
 
 
 @pytest.fixture

@@ -21,9 +21,9 @@ import yaml
 from deploy.components import PROMETHEUS_RULES
 from deploy.process import read_pid
 from deploy.stack import Stack
-from feature_store.settings import Settings
 from model.evaluation.synthetic import SyntheticConfig, SyntheticStream
 from model.trainer.samples import encode_sample
+from streamrec.settings import Settings
 from tests.support import free_port, service_env, wait_until
 
 pytestmark = pytest.mark.integration

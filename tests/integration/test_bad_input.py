@@ -26,11 +26,11 @@ from hypothesis import strategies as st
 from pydantic import SecretStr
 from schemathesis import GenerationMode
 
-from feature_store.ids import item_keys, user_key
-from feature_store.settings import Settings
 from feature_store.store import HistoryEntry, Trending, UserFeatures, open_store
 from model.artifact.files import write_artifact
 from model.artifact.registry import Registry
+from streamrec.ids import item_keys, user_key
+from streamrec.settings import Settings
 from tests.integration.test_flink_features import cluster_job  # noqa: F401 - a fixture
 
 pytestmark = pytest.mark.integration

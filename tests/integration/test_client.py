@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from feature_store.settings import Settings, to_env
+from streamrec.settings import Settings, to_env
 from tests.support import REPO_ROOT, consume, free_port, http_ok, stop_process, wait_until
 
 pytestmark = pytest.mark.integration

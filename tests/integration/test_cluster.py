@@ -22,12 +22,12 @@ from typing import Any
 import httpx
 import pytest
 
-from feature_store.settings import Settings
 from model.artifact.files import load_artifact
 from model.artifact.registry import Registry
 from model.evaluation.synthetic import SyntheticConfig, SyntheticStream
 from model.trainer.samples import sample_digest
 from serving.stats import Samples, parse_metrics
+from streamrec.settings import Settings
 from tests.integration.test_trainer import _env
 from tests.support import REPO_ROOT, free_port, produce_samples, shared_data, wait_until
 

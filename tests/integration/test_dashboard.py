@@ -31,10 +31,10 @@ import pytest
 import uvicorn
 from fastapi import FastAPI
 
-from feature_store.settings import Settings, to_env
 from feature_store.store import HistoryEntry, UserFeatures, open_store
 from model.evaluation.synthetic import SyntheticConfig, SyntheticStream
 from model.trainer.samples import encode_sample
+from streamrec.settings import Settings, to_env
 from tests.support import free_port, repo_root, wait_until
 
 pytestmark = pytest.mark.integration

@@ -17,9 +17,9 @@ from typing import Any
 import httpx
 import pytest
 
-from feature_store.settings import Settings
 from model.artifact.registry import Registry
 from model.evaluation.synthetic import SyntheticConfig, SyntheticStream
+from streamrec.settings import Settings
 from tests.support import free_port, produce_samples, repo_root, stop_process, wait_until
 
 pytestmark = pytest.mark.integration

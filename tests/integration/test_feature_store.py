@@ -15,10 +15,10 @@ from feature_store.features import (
     user_features,
     user_history,
 )
-from feature_store.ids import item_key
 from feature_store.redis_store import RedisOnlineStore, item_key_name, user_key_name
-from feature_store.settings import FeatureSettings, Settings
 from feature_store.store import HistoryEntry, ItemFeatures, Trending, UserFeatures
+from streamrec.ids import item_key
+from streamrec.settings import FeatureSettings, Settings
 
 pytestmark = pytest.mark.integration
 
@@ -164,10 +164,10 @@ def test_read_api_503_when_redis_is_down(settings: Settings) -> None:
     from fastapi import FastAPI
     from fastapi.testclient import TestClient
 
-    from feature_store.settings import RedisSettings
     from feature_store.store import open_store
     from serving import errors
     from serving.features_api import features_router
+    from streamrec.settings import RedisSettings
     from tests.support import free_port
 
     nowhere = settings.model_copy(update={"redis": RedisSettings(port=free_port())})

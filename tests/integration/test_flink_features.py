@@ -36,10 +36,10 @@ from feature_store.features import (
     user_features,
 )
 from feature_store.redis_store import RedisOnlineStore, user_key_name
-from feature_store.settings import Settings
 from stream.cli.features import job_args, job_file
 from stream.flink.submit import submit_python_job
 from stream.kafka_client import make_producer
+from streamrec.settings import Settings
 from tests.support import consume, wait_until
 
 pytestmark = pytest.mark.integration

@@ -13,10 +13,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from feature_store.settings import Settings, with_trainer
 from model.delta import decode
 from model.evaluation.synthetic import SyntheticConfig, SyntheticStream
 from model.trainer.samples import Sample
+from streamrec.settings import Settings, with_trainer
 from tests.support import produce_samples, wait_until
 
 pytestmark = pytest.mark.integration

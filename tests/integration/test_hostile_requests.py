@@ -24,7 +24,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from feature_store.settings import Settings, to_env
+from streamrec.settings import Settings, to_env
 from tests.support import free_port, repo_root, stop_process, wait_until
 
 pytestmark = pytest.mark.integration
@@ -277,7 +277,7 @@ def test_local_services_bind_loopback_by_default(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from deploy.components import redis_component
-    from feature_store.settings import load_settings
+    from streamrec.settings import load_settings
 
     for name in [k for k in os.environ if k.startswith("STREAMREC_")]:
         monkeypatch.delenv(name)

@@ -14,8 +14,8 @@ import pytest
 from fastapi.testclient import TestClient
 from kafka.partitioner.default import murmur2
 
-from feature_store.settings import Settings
 from stream.ingest.api import create_app
+from streamrec.settings import Settings
 from tests.support import consume, free_port, wait_until
 
 pytestmark = pytest.mark.integration

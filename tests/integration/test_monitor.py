@@ -7,9 +7,9 @@ from datetime import UTC, datetime
 
 import pytest
 
-from feature_store.settings import Settings
 from feature_store.store import Trending, open_store
 from stream.monitor import PipelineCollector
+from streamrec.settings import Settings
 from tests.support import free_port
 
 pytestmark = pytest.mark.integration

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from feature_store.settings import Settings
 from stream.replay.runner import ReplayOptions, ReplaySource, run_replay
+from streamrec.settings import Settings
 from tests.support import consume, repo_root, shared_data, wait_until
 
 pytestmark = pytest.mark.integration

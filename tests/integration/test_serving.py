@@ -23,11 +23,11 @@ import pytest
 import redis
 
 from bench.workers import connections
-from feature_store.ids import item_keys, user_key
-from feature_store.settings import Settings
 from feature_store.store import HistoryEntry, Trending, UserFeatures, open_store
 from model.artifact.files import write_artifact
 from model.artifact.registry import Registry, published_channel
+from streamrec.ids import item_keys, user_key
+from streamrec.settings import Settings
 from tests.support import free_port, repo_root, stop_process, wait_until
 
 pytestmark = pytest.mark.integration
@@ -195,7 +195,7 @@ def start_redis(directory: Path, port: int) -> subprocess.Popen:
 
 
 def test_redis_outage_is_degraded_never_5xx(tmp_path: Path, serve) -> None:
-    from feature_store.settings import load_settings
+    from streamrec.settings import load_settings
 
     port = free_port()
     settings = load_settings(

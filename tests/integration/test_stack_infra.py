@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from feature_store.settings import Settings
 from stream.flink.submit import cancel_job, job_state, submit_python_job
 from stream.kafka_client import ensure_topics, make_producer
+from streamrec.settings import Settings
 from tests.support import consume, wait_until
 
 pytestmark = pytest.mark.integration

@@ -16,11 +16,11 @@ from typing import Any
 import httpx
 import pytest
 
-from feature_store.settings import Settings, with_trainer
 from model.artifact.files import load_artifact
 from model.artifact.registry import Registry
 from model.evaluation.synthetic import SyntheticConfig, SyntheticStream
 from model.trainer.samples import Sample, encode_sample, sample_digest
+from streamrec.settings import Settings, with_trainer
 from tests.support import (
     consume,
     free_port,

@@ -7,13 +7,13 @@ import time
 
 import pytest
 
-from feature_store.settings import Settings
 from stream.kafka_client import (
     ensure_updates_topic,
     seek_to_time,
     updates_consumer,
     updates_producer,
 )
+from streamrec.settings import Settings
 
 
 def _drain(consumer: object, want: int, deadline_s: float = 30.0) -> list[tuple[int, bytes]]:

@@ -73,15 +73,15 @@ def registered_families() -> set[str]:
 
 
 def exported_names() -> set[str]:
-    """Every sample name a scrape can show: the families of ``feature_store.metric_names``
+    """Every sample name a scrape can show: the families of ``streamrec.metric_names``
     with the suffixes Prometheus adds."""
-    from feature_store.metric_names import all_names
+    from streamrec.metric_names import all_names
 
     return {f + s for f in all_names() for s in SUFFIXES}
 
 
 def test_metric_names_module_lists_every_registered_family() -> None:
-    from feature_store.metric_names import all_names
+    from streamrec.metric_names import all_names
 
     registered = registered_families()
     assert len(registered) >= 30
@@ -96,7 +96,7 @@ def test_rules_name_only_exported_metrics() -> None:
 
 def test_generated_prometheus_config_is_valid(tmp_path: Path) -> None:
     from deploy.components import PROMETHEUS_RULES, prometheus_config
-    from feature_store.settings import load_settings
+    from streamrec.settings import load_settings
 
     config = prometheus_config(load_settings(flink={"taskmanagers": 2}), PROMETHEUS_RULES)
     jobs = {j["job_name"]: j["static_configs"][0]["targets"] for j in config["scrape_configs"]}

@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from feature_store.ids import item_keys, user_key
 from model.artifact.files import ArtifactError, load_artifact, write_artifact
 from model.artifact.registry import Registry, RegistryError, natural_key
+from streamrec.ids import item_keys, user_key
 
 
 def make(directory: Path, version: str = "v1", n: int = 50, seed: int = 0, **kw: object) -> dict:

@@ -1,4 +1,4 @@
-"""Durable atomic writes (``feature_store.atomic``) and the three places that use them."""
+"""Durable atomic writes (``streamrec.atomic``) and the three places that use them."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from feature_store import atomic
-from feature_store.atomic import atomic_write, commit_dir, fsync_tree
+from streamrec import atomic
+from streamrec.atomic import atomic_write, commit_dir, fsync_tree
 
 
 def test_atomic_write_replaces_whole_and_leaves_no_temp(tmp_path: Path) -> None:

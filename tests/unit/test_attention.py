@@ -9,7 +9,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from feature_store.ids import item_key, user_key
 from model.artifact.files import ArtifactError, load_artifact
 from model.evaluation.synthetic import SyntheticConfig, SyntheticStream
 from model.scoring.attention import BLOCK_PARAMS, attend
@@ -19,6 +18,7 @@ from model.towers.two_tower import ModelConfig
 from model.trainer.core import Trainer, TrainOptions
 from model.trainer.export import write_version
 from model.trainer.samples import KeyCache, Sample, to_batch
+from streamrec.ids import item_key, user_key
 
 BATCH = 128
 

@@ -50,7 +50,7 @@ def test_group_offsets_ask_again_after_a_retriable_kafka_error(
     from kafka import TopicPartition
     from kafka.errors import GroupAuthorizationFailedError, NotCoordinatorError
 
-    from feature_store.settings import load_settings
+    from streamrec.settings import load_settings
 
     answers: list[Any] = []
 

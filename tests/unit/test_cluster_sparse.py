@@ -65,7 +65,7 @@ def test_bfloat16_wire_keeps_float32_rows_on_the_table() -> None:
 
 def test_up_runs_each_server_of_a_fixed_layout_as_a_component_before_the_chief() -> None:
     from deploy.components import service_components
-    from feature_store.settings import load_settings
+    from streamrec.settings import load_settings
 
     s = load_settings()
     single = [c.name for c in service_components(s, {"train"})]

@@ -15,7 +15,7 @@ import yaml
 
 from deploy.cli import build_parser
 from deploy.components import PROMETHEUS_RULES, prometheus_config
-from feature_store.settings import load_settings
+from streamrec.settings import load_settings
 from tests.support import REPO_ROOT
 from tests.unit.test_alert_rules import exported_names
 

@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from feature_store.ids import item_keys
 from model.artifact.files import ArtifactError, load_artifact, write_artifact
 from model.scoring.covisit import CoVisitation, accumulate, term
 from serving.retrieval import rank_with_model
+from streamrec.ids import item_keys
 
 WINDOW, DECAY, HALF_LIFE = 3, 0.8, 50.0
 

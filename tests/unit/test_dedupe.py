@@ -1,11 +1,11 @@
-"""The trainer's memory of every trained sample id (``feature_store.idset.IdSet``)."""
+"""The trainer's memory of every trained sample id (``streamrec.idset.IdSet``)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from feature_store import idset
 from model.trainer.dedupe import TrainedIds, id_hashes
+from streamrec import idset
 
 
 def test_repeats_are_dropped_within_and_across_calls() -> None:

@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 
-from feature_store.settings import DEFAULT_EVENT_WEIGHTS
 from stream.flink.parse import try_parse
 from stream.rules import (
     EVENT_FIELDS,
@@ -25,6 +24,7 @@ from stream.rules import (
     WIRE_FIELDS,
 )
 from stream.schema import EventIn, EventNormalizer, EventValidationError, _fast_wire
+from streamrec.settings import DEFAULT_EVENT_WEIGHTS
 
 NOW_MS = int(datetime(2025, 6, 1, 12, 0, tzinfo=UTC).timestamp() * 1000)
 TYPES = frozenset(DEFAULT_EVENT_WEIGHTS)

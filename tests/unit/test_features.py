@@ -23,8 +23,8 @@ from feature_store.features import (
     update_user,
     user_features,
 )
-from feature_store.settings import DEFAULT_EVENT_WEIGHTS, FeatureSettings
 from feature_store.store import HistoryEntry
+from streamrec.settings import DEFAULT_EVENT_WEIGHTS, FeatureSettings
 
 T0 = 1_700_000_040_000  # a whole minute (divisible by 60_000)
 MIN = 60_000

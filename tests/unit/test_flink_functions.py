@@ -34,7 +34,6 @@ from feature_store.features import (
     window_counts,
 )
 from feature_store.redis_store import decode_user, encode_user_values
-from feature_store.settings import DEFAULT_EVENT_WEIGHTS, load_settings
 from stream.cli.features import settings_json
 from stream.flink.functions import (
     KAFKA_ORDER,
@@ -48,6 +47,7 @@ from stream.flink.functions import (
     parse_user_input,
     user_input,
 )
+from streamrec.settings import DEFAULT_EVENT_WEIGHTS, load_settings
 
 T0 = 1_700_000_040_000
 

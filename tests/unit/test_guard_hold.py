@@ -11,12 +11,12 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from feature_store import metric_names as names
 from model.artifact.guard_note import hold_reason, note_held_since
 from model.artifact.registry import Registry
 from model.trainer.guard import Guard
 from model.trainer.guarding import GuardedPublishing
 from model.trainer.metrics import TrainerMetrics
+from streamrec import metric_names as names
 from tests.unit.test_artifact import make
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)

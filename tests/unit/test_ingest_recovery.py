@@ -11,8 +11,8 @@ from typing import Any
 
 from fastapi.testclient import TestClient
 
-from feature_store.settings import load_settings
 from stream.ingest.api import create_app
+from streamrec.settings import load_settings
 
 EVENT = {"user_id": "u", "item_id": "m", "event_type": "click"}
 

@@ -112,7 +112,7 @@ def test_librdkafka_clients_log_through_python_logging() -> None:
     pytest.importorskip("confluent_kafka")
     code = """
 import logging, time
-from feature_store.settings import KafkaSettings
+from streamrec.settings import KafkaSettings
 from confluent_kafka import KafkaException
 from stream.kafka_client import (LIBRDKAFKA_LOGGER, KafkaUnavailable, ReplayProducer,
                                  assigned_consumer)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from feature_store.settings import Settings, TrainerSettings, load_settings, with_trainer
+from streamrec.settings import Settings, TrainerSettings, load_settings, with_trainer
 from tests.support import REPO_ROOT
 
 #: Module -> option classes whose fields may name a trainer knob.

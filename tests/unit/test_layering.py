@@ -33,11 +33,11 @@ def _edges(found: list[Violation]) -> set[tuple[str, str]]:
 def test_a_back_edge_is_reported_also_inside_a_function(tmp_path: Path) -> None:
     root = _tree(tmp_path, {
         "feature_store/__init__.py": "",
-        "feature_store/ids.py": "def f():\n    from stream.schema import x\n",
+        "streamrec/ids.py": "def f():\n    from stream.schema import x\n",
         "stream/__init__.py": "",
-        "stream/schema.py": "import feature_store.ids\n",
+        "stream/schema.py": "import streamrec.ids\n",
     })
-    assert _edges(violations(root)) == {("feature_store.ids", "stream.schema")}
+    assert _edges(violations(root)) == {("streamrec.ids", "stream.schema")}
 
 
 def test_serving_may_read_artifacts_but_not_reach_the_trainer_or_tensorflow(

@@ -63,8 +63,8 @@ def test_export_of_the_prior_needs_an_unnormalised_user_vector() -> None:
 
 def test_export_fields_append_the_constant_after_normalisation(tmp_path) -> None:
     """Served score of the exported artifact == tower/T . item + W * log q (normalised user)."""
-    from feature_store.ids import item_keys
     from model.artifact.files import load_artifact, write_artifact
+    from streamrec.ids import item_keys
 
     rng = np.random.default_rng(5)
     layers = [

@@ -7,9 +7,9 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from feature_store.settings import load_settings
 from stream.ingest.api import create_app
 from stream.ingest.ratelimit import TokenBucket
+from streamrec.settings import load_settings
 
 
 class Clock:

@@ -13,12 +13,12 @@ pytest.importorskip("pyflink")
 
 from feature_store.features import UserState, unpack_user, user_features
 from feature_store.redis_store import decode_user, encode_user_values
-from feature_store.settings import DEFAULT_EVENT_WEIGHTS, load_settings
 from feature_store.store import Generation, Mark
 from serving.store_health import LOST, REHYDRATING, UNKNOWN, WHOLE, StoreHealth
 from stream.cli.features import settings_json
 from stream.flink.functions import StateCache, UserBatchStage, user_input
 from stream.flink.rehydrate import PartGuard
+from streamrec.settings import DEFAULT_EVENT_WEIGHTS, load_settings
 from tests.unit.test_flink_functions import FakeCounter, FakeCtx, FakeMapState, FakeState, wire
 
 T0 = 1_700_000_040_000

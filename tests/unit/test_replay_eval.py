@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 
 from feature_store.features import FeatureParams
-from feature_store.settings import FeatureSettings
 from model.evaluation.baselines import PopularityBaseline
 from model.evaluation.learners import BaselineLearner
 from model.evaluation.replay import (
@@ -21,6 +20,7 @@ from model.evaluation.replay import (
     load_stream,
     recommend,
 )
+from streamrec.settings import FeatureSettings
 
 PARAMS = FeatureParams(event_weights={"impression": 0.0, "click": 1.0}, history_len=5)
 

@@ -16,9 +16,9 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from feature_store.settings import DEFAULT_EVENT_WEIGHTS
 from stream.replay.formats import read_rows
 from stream.replay.runner import ReplayOptions, ReplayReport, ReplaySource, build_plan
+from streamrec.settings import DEFAULT_EVENT_WEIGHTS
 
 NOW_MS = 1_750_000_000_000
 TYPES = list(DEFAULT_EVENT_WEIGHTS)

@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 
-from feature_store.settings import DEFAULT_EVENT_WEIGHTS, load_settings
 from stream.replay.formats import (
     ReplayFormatError,
     detect_format,
@@ -29,6 +28,7 @@ from stream.replay.runner import (
     plan_id,
     run_replay,
 )
+from streamrec.settings import DEFAULT_EVENT_WEIGHTS, load_settings
 
 NOW_MS = 1_750_000_000_000
 TYPES = list(DEFAULT_EVENT_WEIGHTS)

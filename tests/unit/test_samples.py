@@ -8,7 +8,6 @@ import json
 import numpy as np
 import pytest
 
-from feature_store.ids import item_key, user_key
 from model.trainer.dedupe import TrainedIds, id_hash, id_hashes
 from model.trainer.samples import (
     KeyCache,
@@ -19,6 +18,7 @@ from model.trainer.samples import (
     sample_digest,
     to_batch,
 )
+from streamrec.ids import item_key, user_key
 
 
 def _sample(i: int, history: tuple[str, ...]) -> Sample:

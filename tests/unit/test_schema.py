@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 
-from feature_store.settings import DEFAULT_EVENT_WEIGHTS
 from stream.schema import (
     MAX_CONTEXT_KEYS,
     MIN_TS_MS,
@@ -20,6 +19,7 @@ from stream.schema import (
     decode_events,
     parse_ts,
 )
+from streamrec.settings import DEFAULT_EVENT_WEIGHTS
 
 NOW_MS = int(datetime(2025, 6, 1, 12, 0, tzinfo=UTC).timestamp() * 1000)
 DAY_MS = 86_400_000

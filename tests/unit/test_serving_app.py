@@ -10,8 +10,6 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from feature_store.ids import item_keys, user_key
-from feature_store.settings import load_settings
 from feature_store.store import (
     HistoryEntry,
     ItemFeatures,
@@ -24,6 +22,8 @@ from model.artifact.files import load_artifact, write_artifact
 from model.artifact.registry import Registry
 from serving.app import create_app
 from serving.deps import ServingDeps
+from streamrec.ids import item_keys, user_key
+from streamrec.settings import load_settings
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 TOKEN = "s3cret-token"

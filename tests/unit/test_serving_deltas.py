@@ -9,13 +9,13 @@ from typing import Any
 
 import pytest
 
-from feature_store.settings import load_settings
 from model.artifact.files import write_artifact
 from model.artifact.registry import Registry
 from model.delta import SNAPSHOT_FILE, ModelState, decode, encode, from_snapshot, state_checksum
 from serving.deltas import DeltaFollower, Pacer
 from serving.loader import ModelLoader
 from serving.metrics import ServingMetrics
+from streamrec.settings import load_settings
 from tests.unit.test_delta import CREATED, shared_lineage
 
 NOW = CREATED

@@ -50,8 +50,8 @@ def test_a_port_in_use_stops_the_server_before_workers_start() -> None:
 @pytest.mark.parametrize("interval", [0.0005, 0.002, None])
 def test_a_serving_process_takes_its_gil_switch_interval_from_the_settings(
         interval: float | None) -> None:
-    from feature_store.settings import ServingSettings, Settings
     from serving.cli import tune_interpreter
+    from streamrec.settings import ServingSettings, Settings
 
     before = sys.getswitchinterval()
     try:

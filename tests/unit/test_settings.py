@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import BaseModel, ValidationError
 
-from feature_store.settings import Settings, load_settings, to_env
+from streamrec.settings import Settings, load_settings, to_env
 
 
 def test_to_env_round_trips_through_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -57,7 +57,7 @@ def test_every_setting_has_a_description(name: str, section: type[BaseModel]) ->
 def test_trainer_folders_follow_the_run_folder_unless_set(monkeypatch: pytest.MonkeyPatch) -> None:
     from pathlib import Path
 
-    from feature_store.settings import load_settings
+    from streamrec.settings import load_settings
 
     for key in ("STREAMREC_STACK__RUN_DIR", "STREAMREC_TRAINER__REGISTRY_DIR",
                 "STREAMREC_TRAINER__CHECKPOINT_DIR"):

@@ -15,7 +15,6 @@ from typing import BinaryIO
 import numpy as np
 import pytest
 
-from feature_store.settings import load_settings
 from model.artifact.registry import Registry
 from model.delta import Composer, DeltaError, apply, decode, encode, from_snapshot, state_checksum
 from model.delta.shared import map_slot, mark_writing, read_shared, set_generation, write_shared
@@ -30,6 +29,7 @@ from serving.shared_state import (
     held_slots,
 )
 from serving.workers import ComposerProcess
+from streamrec.settings import load_settings
 from tests.support import free_port, wait_until
 from tests.unit.test_delta import CREATED, shared_lineage
 from tests.unit.test_delta_compose import _assert_same

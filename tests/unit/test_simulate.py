@@ -100,8 +100,8 @@ def test_rating_mode_log_keeps_clicks_unless_impressions_are_asked_for() -> None
 
 
 def test_written_log_is_read_by_the_ndjson_replay_reader(tmp_path: Path) -> None:
-    from feature_store.settings import FeatureSettings
     from model.evaluation.replay import load_stream
+    from streamrec.settings import FeatureSettings
 
     path = tmp_path / "sim.ndjson"
     assert write_ndjson(path, simulated_log("session", 400, seed=1)) == 400

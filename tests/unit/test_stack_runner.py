@@ -11,7 +11,7 @@ import pytest
 from deploy.components import Component, http_ok
 from deploy.process import PidRecord, StackError, is_ours, read_pid, wait_ready, write_pid
 from deploy.stack import Stack
-from feature_store.settings import load_settings
+from streamrec.settings import load_settings
 from tests.support import free_port
 
 

@@ -328,12 +328,12 @@ def test_the_stacks_collector_reads_a_serving_app_over_http(servers, tmp_path) -
     ``/model`` (the app scrapes nothing), and the app's ``/stats`` answers its snapshot."""
     import uvicorn
 
-    from feature_store.settings import load_settings
     from model.artifact.registry import Registry
     from serving.app import create_app
     from serving.dashboard import collector_from_settings
     from serving.deps import ServingDeps
     from serving.stats_file import stats_path
+    from streamrec.settings import load_settings
     from tests.support import wait_until
     from tests.unit.test_serving_app import MemoryStore
 

@@ -9,7 +9,6 @@ import os
 from datetime import UTC, datetime
 from pathlib import Path
 
-from feature_store.settings import load_settings
 from serving.dashboard_collector import collect_into
 from serving.stats import SERIES, StatsCollector
 from serving.stats_file import (
@@ -19,6 +18,7 @@ from serving.stats_file import (
     stats_path,
     write_stats,
 )
+from streamrec.settings import load_settings
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 

@@ -9,7 +9,6 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from feature_store.settings import load_settings
 from feature_store.store import (
     HistoryEntry,
     ItemFeatures,
@@ -18,6 +17,7 @@ from feature_store.store import (
     UserFeatures,
     open_store,
 )
+from streamrec.settings import load_settings
 
 
 class RecordingStore(OnlineStore):

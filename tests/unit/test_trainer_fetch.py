@@ -249,8 +249,8 @@ def test_fetch_process_reports_a_failure_of_its_child() -> None:
     backend, raised by ``open_source`` in the child) and the child exits."""
     import time
 
-    from feature_store.settings import KafkaSettings
     from model.trainer.fetch_process import ProcessFetcher
+    from streamrec.settings import KafkaSettings
 
     fetcher = ProcessFetcher(KafkaSettings(), "g", {}, "no-such-client", 10, 4, 4, 0.2, 100)
     fetcher.start()

@@ -71,7 +71,7 @@ def test_deltas_slow_down_while_the_trainer_trains_only_history() -> None:
 
 
 def test_loop_options_carry_the_settings_cadence_under_the_cli_overrides() -> None:
-    from feature_store.settings import Settings, TrainerSettings, with_trainer
+    from streamrec.settings import Settings, TrainerSettings, with_trainer
 
     settings = Settings(trainer=TrainerSettings(
         delta_every_s=2.0, delta_catchup_every_s=20.0, delta_history_lag_s=60.0,

@@ -133,7 +133,7 @@ def _records() -> tuple[list[_Record], int]:
 
 
 def _run(tmp_path: Path, prepare_ahead: bool, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
-    from feature_store.settings import load_settings
+    from streamrec.settings import load_settings
 
     base = load_settings()
     root = tmp_path / ("ahead" if prepare_ahead else "turn")
@@ -144,7 +144,8 @@ def _run(tmp_path: Path, prepare_ahead: bool, monkeypatch: pytest.MonkeyPatch) -
     })
     records, distinct = _records()
     loop = LoopOptions(export_every_s=1e9, export_every_samples=150, max_samples=distinct,
-                       fetch_process=False, prepare_ahead=prepare_ahead)
+                       fetch_process=False, prepare_ahead=prepare_ahead, delta_every_s=0.0,
+                       delta_catchup_every_s=0.0, delta_history_lag_s=0.0)
     trainer = Trainer(CFG, replace(OPTS, batch_size=32), tag=f"svc{int(prepare_ahead)}")
     at = datetime(2026, 1, 2, tzinfo=UTC)
     service = TrainerService(settings, trainer, loop, clock=lambda: at)

@@ -7,7 +7,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from feature_store.ids import item_key, user_key
 from model.artifact.files import load_artifact
 from model.scoring.topk import top_k_rows
 from model.towers.tf_env import tf
@@ -16,6 +15,7 @@ from model.trainer.core import Trainer, TrainOptions
 from model.trainer.export import write_version
 from model.trainer.rolling import rank_metrics, recall_ndcg
 from model.trainer.samples import KeyCache, to_batch
+from streamrec.ids import item_key, user_key
 from tests.unit.conftest_model import BATCH, HISTORY_LEN, Trained, shared_trainer
 
 
@@ -138,8 +138,8 @@ def test_rank_based_metrics_equal_top_k_ranking() -> None:
 def test_service_export_checkpoints_then_publishes(trained: Trained, tmp_path: Path) -> None:
     from datetime import UTC, datetime
 
-    from feature_store.settings import load_settings
     from model.trainer.loop import TrainerService
+    from streamrec.settings import load_settings
 
     base = load_settings()
     settings = base.model_copy(update={"trainer": base.trainer.model_copy(update={

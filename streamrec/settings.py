@@ -6,8 +6,8 @@ section and the field joined by ``__``, e.g. ``STREAMREC_KAFKA__PORT=19092`` or
 :func:`load_settings` once and pass the object down; library code never reads the
 environment itself.
 
-This module lives in ``feature_store`` because it is the one package every other package may
-import (docs/design.md, "Layout and the import ladder").
+It is part of the kernel, ``streamrec``, the bottom rung every other package may import
+(docs/design.md, "Layout and the import ladder").
 """
 
 from __future__ import annotations
