@@ -43,6 +43,7 @@ class Poller:
     readings: list[Reading] = field(default_factory=list)
     bad_rows: Callable[[], int] | None = None
     t0: float = 0.0
+    shown: float = 0.0  # when the last progress line was printed
 
     def poll(self) -> Reading:
         counters = _trainer_counters(self.trainer) or {}
@@ -56,18 +57,18 @@ class Poller:
 
     def start(self) -> None:
         self.readings, self.t0, self.bad_rows = [], time.monotonic(), None
+        self.shown = self.t0
         self.poll()
 
     def wait(self, seconds: float, label: str,
              until: Callable[[], bool] | None = None) -> None:
         """Poll each second for ``seconds`` (or until ``until()``), a progress line each 15 s."""
-        end = shown = time.monotonic()
-        end += seconds
+        end = time.monotonic() + seconds
         while time.monotonic() < end:
             time.sleep(1.0)  # the polling cadence of the figures
             r = self.poll()
-            if time.monotonic() - shown >= 15:
-                shown = time.monotonic()
+            if time.monotonic() - self.shown >= 15:
+                self.shown = time.monotonic()
                 first = self.readings[0]
 
                 def up(a: float | None, b: float | None) -> str:
