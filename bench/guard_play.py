@@ -173,9 +173,12 @@ def _mix_switch(ctx: Context, sc: Scenario) -> dict[str, Any]:
 
 def _rate_step(ctx: Context, sc: Scenario) -> dict[str, Any]:
     ctx.relive(ctx.args.high_rate)
+    t0 = time.monotonic()
     ctx.poller.wait(sc.seconds, sc.name)
+    stats, span = ctx.live.stats, time.monotonic() - t0
     ctx.relive()
-    return {"rate": ctx.args.high_rate, "sent": ctx.live.stats.events}
+    return {"rate": ctx.args.high_rate, "sent": stats.events,
+            "achieved_rate": round(stats.events / span, 1), "failed": stats.failed}
 
 
 def _replay(ctx: Context, sc: Scenario) -> dict[str, Any]:
