@@ -268,11 +268,28 @@ PLAYERS: dict[str, Callable[[Context, Scenario], dict[str, Any]]] = {
 }
 
 
+def _settle(ctx: Context, sc: Scenario) -> dict[str, Any]:
+    """Before a regression: the live traffic until a hold left by the scenario before ends
+    (at most a scenario), so the regression's first hold is its own."""
+    poller = ctx.poller
+    poller.start()
+    if poller.readings[-1].held:
+        print(f"  settle: the guard still holds; live traffic until it resumes (at most "
+              f"{sc.seconds:.0f} s)", flush=True)
+        poller.wait(sc.seconds, f"{sc.name} settle",
+                    until=lambda: poller.readings[-1].held is False)
+    return {"settle_s": poller.readings[-1].t,
+            "started_held": bool(poller.readings[-1].held)}
+
+
 def play(ctx: Context, sc: Scenario) -> dict[str, Any]:
     """One scenario's figures (``bench.guard.summarize``); a regression's recovery after."""
     poller = ctx.poller
+    settle: dict[str, Any] = {}
+    if sc.kind == "regression":
+        settle = _settle(ctx, sc)
     poller.start()
-    result = summarize(sc, poller.readings, **PLAYERS[sc.name](ctx, sc))
+    result = summarize(sc, poller.readings, **PLAYERS[sc.name](ctx, sc), **settle)
     if sc.kind == "regression":
         t0, end_t = time.monotonic(), poller.readings[-1].t
         print(f"  recovery: live traffic until the guard resumes (at most {sc.seconds:.0f} s)",
