@@ -184,6 +184,8 @@ def table(results: list[dict[str, Any]], rates: dict[str, Any]) -> str:
              f"{'deltas/s':>8}  {'first hold':<20} {'first rollback':<20}"]
     for r in results:
         hold = _caught(r["first_hold"]) if r["kind"] == "regression" else ""
+        if r.get("started_held") and r["first_hold"] is None:
+            hold = "held from the start"
         back = _caught(r["first_rollback"]) if r["kind"] == "regression" else ""
         lines.append(f"{r['name']:<15} {r['kind']:<10} {r['seconds']:>5.0f} {n(r['holds']):>5} "
                      f"{n(r['rollbacks']):>5} {r['held_s']:>6.0f} "

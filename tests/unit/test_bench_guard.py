@@ -120,3 +120,9 @@ def test_bad_rows_poison_a_share_and_break_the_history() -> None:
     assert all(p.history == s.history and p.item_id.startswith("x") for p, bad in out if bad)
     assert all(p == s for p, bad in out if not bad)
     assert broken(s) == (Sample("s1", "u1", "i1", "click", 1.0, 5, ()), True)
+
+
+def test_a_regression_that_began_during_a_hold_says_so() -> None:
+    r = summarize(Scenario("poisoned", "regression", 60), _readings((1, 1), (0, 0), 60.0),
+                  started_held=True)
+    assert "held from the start" in table([r], benign_rates([r]))
