@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-BENCHES = ("ingest", "features", "train", "serve", "freshness", "cluster", "panel")
+BENCHES = ("ingest", "features", "train", "serve", "freshness", "guard", "cluster", "panel")
 
 
 def register(sub: Any) -> None:
