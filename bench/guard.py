@@ -208,7 +208,7 @@ def not_up(answers: dict[str, bool]) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     from bench.guard_play import Context, health, play, warm_up
     from bench.host import host
-    from feature_store.settings import load_settings
+    from streamrec.settings import load_settings
 
     s = load_settings()
     p = argparse.ArgumentParser(prog="streamrec bench guard", description=__doc__,
