@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from bench.harness import add_endpoint_args
 from bench.host import host
 from streamrec import metric_names as names
 from streamrec.client import Client, Event, NotFound
@@ -280,9 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--probe-items", choices=("served", "any"), default="served",
                    help="served: an item of the served version outside the user's top 20; "
                         "any: any simulator item (see above)")
-    p.add_argument("--ingest", default=f"http://{s.stack.bind_host}:{s.ingest.port}")
-    p.add_argument("--serving", default=f"http://{s.stack.bind_host}:{s.serving.port}")
-    p.add_argument("--trainer", default=f"http://{s.stack.bind_host}:{s.trainer.metrics_port}")
+    add_endpoint_args(p, s)
     p.add_argument("--new-items", type=int, default=0,
                    help="probes clicking a never-seen item, timed until it is recommendable")
     p.add_argument("--warmup", type=float, default=20.0,

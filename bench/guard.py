@@ -207,6 +207,7 @@ def not_up(answers: dict[str, bool]) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     from bench.guard_play import Context, health, play, warm_up
+    from bench.harness import add_endpoint_args
     from bench.host import host
     from streamrec.settings import load_settings
 
@@ -234,9 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup-timeout", type=float, default=300.0,
                    help="then wait at most this long for a served version and the guard's "
                    f"healthy figure, not holding (exit {WARMUP_FAILED} past it)")
-    p.add_argument("--ingest", default=f"http://{s.stack.bind_host}:{s.ingest.port}")
-    p.add_argument("--serving", default=f"http://{s.stack.bind_host}:{s.serving.port}")
-    p.add_argument("--trainer", default=f"http://{s.stack.bind_host}:{s.trainer.metrics_port}")
+    add_endpoint_args(p, s)
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
     plan = schedule(args.minutes_per_scenario, args.only.split(",") if args.only else None)

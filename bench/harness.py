@@ -56,6 +56,16 @@ def wait_until(
         time.sleep(interval_s)
 
 
+def add_endpoint_args(parser: Any, settings: Settings) -> None:
+    """``--ingest``, ``--serving`` and ``--trainer``: the URLs of a running stack's services
+    (default: the ports of ``settings``)."""
+    s = settings
+    parser.add_argument("--ingest", default=f"http://{s.stack.bind_host}:{s.ingest.port}")
+    parser.add_argument("--serving", default=f"http://{s.stack.bind_host}:{s.serving.port}")
+    parser.add_argument("--trainer",
+                        default=f"http://{s.stack.bind_host}:{s.trainer.metrics_port}")
+
+
 def stop_process(proc: Any, grace_s: float = 10.0) -> None:
     """SIGTERM a ``subprocess.Popen``, then SIGKILL if it has not exited after ``grace_s``."""
     import subprocess
