@@ -16,8 +16,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import logging
-import os
-import signal
 import subprocess
 import time
 from collections.abc import Iterator, Sequence
@@ -117,18 +115,6 @@ class Stack:
     def stop_component(self, name: str) -> bool:
         with self._locked():
             return self._stop(name)
-
-    def kill_component(self, name: str) -> bool:
-        """SIGKILL a component at once (fault injection): no graceful shutdown."""
-        with self._locked():
-            record = read_pid(self.pid_path(name))
-            if record is None or not is_ours(record):
-                return False
-            try:
-                os.killpg(record.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                return False
-            return True
 
     def down(self, only: Sequence[str] | None = None) -> list[str]:
         """Stop what we started, in reverse order; returns the names it stopped."""

@@ -1,7 +1,8 @@
 """Events from the edge to Kafka and through the Flink feature job.
 
 * ``schema`` / ``rules`` — the event schema and its rules, defined once; ``errors`` — the root.
-* ``kafka_client`` — every Kafka client piece (producers, consumers, admin, offsets, DLQ).
+* ``kafka_client`` — every Kafka client piece (a package: connection, admin, producers,
+  consumers, DLQ).
 * ``ingest`` — the ingest API (``POST /events``), its rate limiter and metrics.
 * ``flink`` — the Flink feature job, its operator functions, parser and submission.
 * ``replay`` — backfill of historical logs; ``simulate`` — the click-stream simulator.

@@ -1,3 +1,4 @@
-"""Backfill of historical logs: ``formats`` (readers of each log format), ``runner``
-(ordering by event time and sending to ``events``, resumable) and ``ledger`` (every event id
+"""Backfill of historical logs: ``formats`` (readers of each log format), ``plan`` (rows
+read, checked and ordered by event time), ``runner`` (sending the plan to ``events``,
+resumable; callers import the plan's names from it too) and ``ledger`` (every event id
 delivered to a topic, so a second or overlapping replay sends nothing twice)."""

@@ -84,7 +84,7 @@ def test_replay_producer_deliveries_call_back_as_kafka_python_futures() -> None:
     pytest.importorskip("confluent_kafka")
     from confluent_kafka import KafkaError, KafkaException
 
-    from stream.kafka_client import REPLAY_PRODUCER_CONFIG, _Delivery
+    from stream.kafka_client.producers import REPLAY_PRODUCER_CONFIG, _Delivery
 
     class Msg:
         def partition(self) -> int:
