@@ -61,7 +61,7 @@ def _step_trainer(
     """``tower``: ``ModelConfig`` fields of the user tower (``--user-tower``, ``--attention-*``);
     ``hist`` is then the pool's window (the attention reads ``attention_len``)."""
     from model.towers.two_tower import ModelConfig
-    from model.trainer.core import Trainer, TrainOptions
+    from model.trainer.trainer import Trainer, TrainOptions
 
     return Trainer(
         ModelConfig(history_len=hist, train_history=train_history, **(tower or {})),
@@ -142,8 +142,8 @@ def _service(settings: Any, consumer: str = "auto", fused_loss: bool = True, **l
     as ``streamrec train --no-fused-loss``)."""
     from feature_store.settings import with_trainer
     from model.towers.two_tower import ModelConfig
-    from model.trainer.core import TrainOptions
-    from model.trainer.loop import LoopOptions, build_service
+    from model.trainer.service import LoopOptions, build_service
+    from model.trainer.trainer import TrainOptions
 
     # no eviction, one step per partial batch and no deltas, as this figure has always run
     settings = with_trainer(settings, fused_loss=fused_loss, evict_every_steps=0,
@@ -221,8 +221,8 @@ def bench_export(n_ids: int, root: Path) -> dict[str, Any]:
     from model.artifact.files import load_artifact
     from model.towers.tf_env import tf
     from model.towers.two_tower import ModelConfig
-    from model.trainer.core import Trainer, TrainOptions
     from model.trainer.export import write_version
+    from model.trainer.trainer import Trainer, TrainOptions
 
     trainer = Trainer(ModelConfig(), TrainOptions(evict_every_steps=0, spare_epochs=1),
                       tag=f"x{n_ids}")

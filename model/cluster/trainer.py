@@ -32,9 +32,9 @@ from model.errors import ModelError
 from model.towers.config import ModelConfig
 from model.towers.tf_env import flat_caller, tf
 from model.towers.two_tower import DEFAULT_KEY
-from model.trainer.core import Prepared, Trainer
 from model.trainer.options import TrainOptions
 from model.trainer.samples import Batch
+from model.trainer.trainer import Prepared, Trainer
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ from model.artifact.files import write_artifact
 from model.artifact.registry import Registry
 from model.scoring.pooling import fold_pool_residual
 from model.scoring.prior import export_fields
-from model.trainer.core import Trainer
+from model.trainer.trainer import Trainer
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""Process settings the training loop applies while it runs (``model.trainer.loop``)."""
+"""Process settings the training loop applies while it runs (``model.trainer.service``)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from model.trainer.loop import LoopOptions, _tuned, delta_interval
+from model.trainer.service import LoopOptions, _tuned, delta_interval
 
 
 def _blas_threads() -> list[int]:

@@ -15,12 +15,12 @@ import pytest
 
 from model.evaluation.synthetic import SyntheticConfig, SyntheticStream
 from model.towers.two_tower import DEFAULT_KEY, ModelConfig
-from model.trainer.core import Batch, Trainer, TrainOptions
 from model.trainer.dedupe import id_hashes
-from model.trainer.fetch import ChunkFetcher, KafkaPythonSource
-from model.trainer.loop import LoopOptions, TrainerService
+from model.trainer.fetch_thread import ChunkFetcher, KafkaPythonSource
 from model.trainer.prepare import Preparer
 from model.trainer.samples import KeyCache, encode_sample, to_batch
+from model.trainer.service import LoopOptions, TrainerService
+from model.trainer.trainer import Batch, Trainer, TrainOptions
 
 HIST = 5
 CFG = ModelConfig(embedding_dim=8, user_layers=(16, 8), history_len=HIST)

@@ -7,7 +7,7 @@ that does not decode goes to the dead-letter topic and counts as consumed. Every
 ``export_every_s`` / ``export_every_samples`` the trainer checkpoints and publishes a version;
 with ``delta_every_s`` > 0 deltas follow in between (provisional:
 ``docs/decisions.md#delta-stream``); with ``trainer.guard_margin`` > 0 the quality guard
-(``model.trainer.guard``) may hold publication and pin CURRENT back. Details:
+(``model.trainer.guard_rule``) may hold publication and pin CURRENT back. Details:
 docs/internals.md.
 """
 
@@ -32,17 +32,17 @@ from model.artifact.files import ArtifactError
 from model.artifact.registry import Registry, RegistryError
 from model.towers.two_tower import ModelConfig
 from model.trainer.checkpoint import CheckpointStore, LoopState, check_offsets
-from model.trainer.core import Trainer, TrainOptions
 from model.trainer.dedupe import TrainedIds
 from model.trainer.deltas import DeltaPublisher
 from model.trainer.export import publish_version
-from model.trainer.fetch import Chunk, ChunkFetcher, RecordSource, Rejected, open_source
 from model.trainer.fetch_process import ProcessFetcher
-from model.trainer.guard import Guard
-from model.trainer.guarding import GuardedPublishing
+from model.trainer.fetch_thread import Chunk, ChunkFetcher, RecordSource, Rejected, open_source
+from model.trainer.guard_publishing import GuardedPublishing
+from model.trainer.guard_rule import Guard
 from model.trainer.metrics import TrainerMetrics
 from model.trainer.prepare import Admitted, Preparer, admit
 from model.trainer.samples import digest_of_hashes
+from model.trainer.trainer import Trainer, TrainOptions
 
 log = logging.getLogger(__name__)
 

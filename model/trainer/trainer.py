@@ -1,6 +1,6 @@
 """The incremental trainer core: compiled train step, options, test-then-train, eviction.
 
-Kafka, checkpoints and exports live in ``model.trainer.loop``; this module trains on
+Kafka, checkpoints and exports live in ``model.trainer.service``; this module trains on
 in-memory :class:`Batch` objects, so tests and benchmarks drive it directly.
 
 Options: :class:`model.trainer.options.TrainOptions` (each documented there).
