@@ -96,7 +96,8 @@ def run_variant(variant: str, topic: str, e2e_samples: int, seconds: float, warm
     from bench.train import _batches
     from feature_store.settings import with_trainer
     from model.towers.two_tower import ModelConfig
-    from model.trainer.service import LoopOptions, TrainerService
+    from model.trainer.loop_options import LoopOptions
+    from model.trainer.service import TrainerService
     from model.trainer.trainer import Trainer, TrainOptions
 
     config = ModelConfig()

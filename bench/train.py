@@ -142,7 +142,8 @@ def _service(settings: Any, consumer: str = "auto", fused_loss: bool = True, **l
     as ``streamrec train --no-fused-loss``)."""
     from feature_store.settings import with_trainer
     from model.towers.two_tower import ModelConfig
-    from model.trainer.service import LoopOptions, build_service
+    from model.trainer.build import build_service
+    from model.trainer.loop_options import LoopOptions
     from model.trainer.trainer import TrainOptions
 
     # no eviction, one step per partial batch and no deltas, as this figure has always run

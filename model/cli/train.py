@@ -130,7 +130,8 @@ def run_train(args: argparse.Namespace) -> int:
     try:
         from model.towers.two_tower import ModelConfig
         from model.trainer.checkpoint import OffsetsBeyondTopic
-        from model.trainer.service import LoopOptions, TrainerService
+        from model.trainer.loop_options import LoopOptions
+        from model.trainer.service import TrainerService
         from model.trainer.trainer import TrainOptions
 
         config = ModelConfig.from_settings(settings)

@@ -17,9 +17,10 @@ from model.evaluation.synthetic import SyntheticConfig, SyntheticStream
 from model.towers.two_tower import DEFAULT_KEY, ModelConfig
 from model.trainer.dedupe import id_hashes
 from model.trainer.fetch_thread import ChunkFetcher, KafkaPythonSource
+from model.trainer.loop_options import LoopOptions
 from model.trainer.prepare import Preparer
 from model.trainer.samples import KeyCache, encode_sample, to_batch
-from model.trainer.service import LoopOptions, TrainerService
+from model.trainer.service import TrainerService
 from model.trainer.trainer import Batch, Trainer, TrainOptions
 
 HIST = 5
