@@ -145,7 +145,7 @@ def _run(tmp_path: Path, prepare_ahead: bool, monkeypatch: pytest.MonkeyPatch) -
     })
     records, distinct = _records()
     loop = LoopOptions(export_every_s=1e9, export_every_samples=150, max_samples=distinct,
-                       fetch_process=False, prepare_ahead=prepare_ahead)
+                       delta_every_s=0.0, fetch_process=False, prepare_ahead=prepare_ahead)
     trainer = Trainer(CFG, replace(OPTS, batch_size=32), tag=f"svc{int(prepare_ahead)}")
     at = datetime(2026, 1, 2, tzinfo=UTC)
     service = TrainerService(settings, trainer, loop, clock=lambda: at)
