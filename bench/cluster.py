@@ -95,8 +95,9 @@ def run_variant(variant: str, topic: str, e2e_samples: int, seconds: float, warm
     ``TrainOptions.fused_loss`` of its trainers."""
     from bench.train import _batches
     from model.towers.two_tower import ModelConfig
-    from model.trainer.core import Trainer, TrainOptions
-    from model.trainer.loop import LoopOptions, TrainerService
+    from model.trainer.loop_options import LoopOptions
+    from model.trainer.service import TrainerService
+    from model.trainer.trainer import Trainer, TrainOptions
     from streamrec.settings import with_trainer
 
     config = ModelConfig()

@@ -36,8 +36,8 @@ def synthetic_trainer(users: int, items: int, batch_size: int) -> tuple[Any, dic
     training the next ``n`` samples test-then-train, the stream)."""
     from model.evaluation.synthetic import SyntheticConfig, SyntheticStream
     from model.towers.two_tower import ModelConfig
-    from model.trainer.core import Trainer, TrainOptions
     from model.trainer.samples import KeyCache, to_batch
+    from model.trainer.trainer import Trainer, TrainOptions
 
     hist = ModelConfig().history_len
     stream = SyntheticStream(SyntheticConfig(users=users, items=items, clusters=50,

@@ -61,7 +61,7 @@ def _step_trainer(
     """``tower``: ``ModelConfig`` fields of the user tower (``--user-tower``, ``--attention-*``);
     ``hist`` is then the pool's window (the attention reads ``attention_len``)."""
     from model.towers.two_tower import ModelConfig
-    from model.trainer.core import Trainer, TrainOptions
+    from model.trainer.trainer import Trainer, TrainOptions
 
     return Trainer(
         ModelConfig(history_len=hist, train_history=train_history, **(tower or {})),
@@ -141,8 +141,9 @@ def _service(settings: Any, consumer: str = "auto", fused_loss: bool = True, **l
     (``ModelConfig()``), the settings' batch size and export cadence (``fused_loss=False``:
     as ``streamrec train --no-fused-loss``)."""
     from model.towers.two_tower import ModelConfig
-    from model.trainer.core import TrainOptions
-    from model.trainer.loop import LoopOptions, build_service
+    from model.trainer.build import build_service
+    from model.trainer.loop_options import LoopOptions
+    from model.trainer.trainer import TrainOptions
     from streamrec.settings import with_trainer
 
     # no eviction, one step per partial batch and no deltas, as this figure has always run
@@ -221,8 +222,8 @@ def bench_export(n_ids: int, root: Path) -> dict[str, Any]:
     from model.artifact.files import load_artifact
     from model.towers.tf_env import tf
     from model.towers.two_tower import ModelConfig
-    from model.trainer.core import Trainer, TrainOptions
     from model.trainer.export import write_version
+    from model.trainer.trainer import Trainer, TrainOptions
 
     trainer = Trainer(ModelConfig(), TrainOptions(evict_every_steps=0, spare_epochs=1),
                       tag=f"x{n_ids}")

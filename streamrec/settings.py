@@ -239,7 +239,7 @@ class TrainerSettings(BaseModel):
         0.2, ge=0.0, lt=1.0,
         description="Quality guard: hold deltas and versions when the rolling test-then-train "
         "Recall@10 falls this far (relative) below the last healthy publication's (0 = off; "
-        "model/trainer/guard.py).",
+        "model/trainer/guard_rule.py).",
     )
     guard_min_scored: int = Field(
         500, ge=1, description="Scored rows the guard's current figure covers (and needs)."

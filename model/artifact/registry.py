@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 
 CURRENT = "CURRENT"
 PINNED = "PINNED"
-#: The trainer's quality guard state (``model.trainer.guard``), for serving's ``/model``.
+#: The trainer's quality guard state (``model.trainer.guard_rule``), for serving's ``/model``.
 GUARD = "GUARD.json"
 STAGING = ".staging"
 _VERSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")

@@ -376,7 +376,7 @@ def _run_in(args: argparse.Namespace, settings: Any, stream: Any, stack: Any) ->
     )
     from model.evaluation.replay import EvalOptions, Learner, evaluate
     from model.towers.two_tower import ModelConfig
-    from model.trainer.core import Trainer, TrainOptions
+    from model.trainer.trainer import Trainer, TrainOptions
 
     cfg = _config(args, settings)
     make: Any = Trainer

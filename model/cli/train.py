@@ -130,13 +130,14 @@ def run_train(args: argparse.Namespace) -> int:
     try:
         from model.towers.two_tower import ModelConfig
         from model.trainer.checkpoint import OffsetsBeyondTopic
-        from model.trainer.core import TrainOptions
-        from model.trainer.loop import LoopOptions, TrainerService
+        from model.trainer.loop_options import LoopOptions
+        from model.trainer.service import TrainerService
+        from model.trainer.trainer import TrainOptions
 
         config = ModelConfig.from_settings(settings)
         options = TrainOptions.from_settings(settings)
         loop = LoopOptions.from_settings(settings, max_samples=args.max_samples)
-        from model.trainer.core import Trainer
+        from model.trainer.trainer import Trainer
 
         with ExitStack() as stack:
             if ps:

@@ -1,6 +1,6 @@
 """The two-tower trainer with its step on a parameter-server cluster.
 
-:class:`ClusterTrainer` is a :class:`model.trainer.core.Trainer` (same model, loss and numpy
+:class:`ClusterTrainer` is a :class:`model.trainer.trainer.Trainer` (same model, loss and numpy
 terms on the chief) whose tables, dense layers and their Adagrad state live on the parameter
 servers and whose train step runs on the workers (``model.cluster.sparse``). The chief keeps
 admission and the frequency estimate, in training order, and never waits for a new batch's
@@ -32,9 +32,9 @@ from model.errors import ModelError
 from model.towers.config import ModelConfig
 from model.towers.tf_env import flat_caller, tf
 from model.towers.two_tower import DEFAULT_KEY
-from model.trainer.core import Prepared, Trainer
 from model.trainer.options import TrainOptions
 from model.trainer.samples import Batch
+from model.trainer.trainer import Prepared, Trainer
 
 log = logging.getLogger(__name__)
 

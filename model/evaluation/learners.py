@@ -95,7 +95,7 @@ class TwoTowerLearner:
     candidate the model has a row for, plus the co-visitation term (``model.scoring.covisit``, the
     trainer's state, as served); candidates without a row score ``-inf``.
     Learning: the batch's samples go through the ``samples`` wire format into a training
-    :class:`model.trainer.core.Batch`, then ``epochs`` calls of ``Trainer.train_step`` (the
+    :class:`model.trainer.trainer.Batch`, then ``epochs`` calls of ``Trainer.train_step`` (the
     item-frequency estimate counts the batch once).
     """
 

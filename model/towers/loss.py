@@ -199,7 +199,7 @@ def fused_softmax_loss(
     and one temporary each. Gradients reach the vectors only (``user_vecs``, ``item_vecs``,
     ``neg_vecs``); keys, log q and weights are constants of the loss (none of them is
     trained). XLA compiles once per distinct input shape, so callers use it on batches of
-    one fixed size (``model.trainer.core``: full batches) and
+    one fixed size (``model.trainer.trainer``: full batches) and
     :func:`in_batch_softmax_loss` on the others."""
     negatives = neg_vecs is not None
     if negatives and (neg_keys is None or neg_log_q is None):

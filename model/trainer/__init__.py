@@ -2,13 +2,15 @@
 
 * ``options`` — :class:`TrainOptions`; ``samples`` — decoding records into batches.
 * ``dedupe`` — dropping samples already trained; ``negatives`` — the negative sampler.
-* ``fetch`` / ``fetch_process`` — Kafka poll and decode off the training thread / in a child.
-* ``rolling`` — the rolling test-then-train figures; ``core`` — :class:`Trainer`, the step.
-* ``checkpoint`` — model and consumed offsets saved together; ``export`` — versions.
-* ``deltas`` — the delta stream between versions on ``model.updates``.
-* ``guard`` — the quality guard's decisions; ``guarding`` — what the service does with them.
-* ``loop`` — the service loop (exactly once); ``metrics`` — its metrics and HTTP server.
+* ``fetch_thread`` / ``fetch_process`` — Kafka poll and decode on a thread / in a child.
+* ``trainer`` — :class:`Trainer`, built in layers: ``tables`` (reads, eviction) <- ``step``
+  (the train-step variants) <- ``scoring_head`` (the served score, live evaluation).
+* ``rolling`` — the rolling test-then-train figures; ``checkpoint`` — model and consumed
+  offsets saved together; ``export`` — versions; ``deltas`` — the delta stream between them.
+* ``guard_rule`` — the quality guard's decisions; ``guard_publishing`` — the service's use.
+* ``service`` — the service loop (exactly once); ``loop_options`` — how it runs; ``build`` —
+  the service built from settings; ``metrics`` — its metrics and HTTP server.
 
-Importing this package loads nothing; ``core``, ``checkpoint``, ``export``, ``deltas`` and
-``loop`` load TensorFlow.
+Importing this package loads nothing; ``trainer`` (and its layers), ``checkpoint``,
+``export``, ``deltas``, ``service`` and ``build`` load TensorFlow.
 """

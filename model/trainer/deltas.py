@@ -34,9 +34,9 @@ from model.towers.frequency import MIN_COUNT, CountFrequencyEstimator
 from model.towers.loss import INITIAL_GAP
 from model.towers.tf_env import tf
 from model.towers.two_tower import DEFAULT_KEY
-from model.trainer.core import Trainer
 from model.trainer.export import tower_fields
 from model.trainer.samples import Batch
+from model.trainer.trainer import Trainer
 
 log = logging.getLogger(__name__)
 

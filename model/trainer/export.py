@@ -11,6 +11,8 @@ Export time and size: ``docs/benchmarks.md#export``.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 from collections.abc import Mapping
 from datetime import datetime
@@ -23,7 +25,8 @@ from model.artifact.files import write_artifact
 from model.artifact.registry import Registry
 from model.scoring.pooling import fold_pool_residual
 from model.scoring.prior import export_fields
-from model.trainer.core import Trainer
+from model.towers.two_tower import ModelConfig
+from model.trainer.trainer import Trainer
 
 log = logging.getLogger(__name__)
 
@@ -138,3 +141,15 @@ def publish_version(
     published = registry.publish(version, write)
     log.info("published version %s (%d items)", published, len(arrays["item_ids"]))
     return published
+
+
+def feature_schema_hash(history_len: int, config: ModelConfig) -> str:
+    spec = {
+        "ids": "blake2b-8(kind\\x1fid)",
+        "history_len": history_len,
+        "embedding_dim": config.embedding_dim,
+        "user_layers": list(config.user_layers),
+        "admit_after": config.admit_after,
+        "history_decay": config.history_decay,
+    }
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]

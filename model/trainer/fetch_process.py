@@ -2,7 +2,7 @@
 
 Decoding samples is Python work: on a thread of the training process it holds the GIL and a
 core the compiled step wants (``docs/decisions.md#trainer-fetch-process``). The child runs
-the same :class:`model.trainer.fetch.ChunkFetcher` at the offsets the parent restored and
+the same :class:`model.trainer.fetch_thread.ChunkFetcher` at the offsets the parent restored and
 hands chunks over a queue; the parent records offsets only after training, so exactly-once is
 unchanged. The child imports no TensorFlow (``spawn``), exits when asked, when the parent is
 gone (checked 20 times a second) or on an error it reports, and ignores SIGINT and SIGTERM
@@ -20,7 +20,7 @@ import signal
 import time
 from typing import TYPE_CHECKING, Any
 
-from model.trainer.fetch import Chunk, ChunkFetcher, open_source
+from model.trainer.fetch_thread import Chunk, ChunkFetcher, open_source
 from stream.gc_tuning import tune_gc
 
 if TYPE_CHECKING:

@@ -1,4 +1,4 @@
-"""Options of the incremental trainer (:class:`model.trainer.core.Trainer`); imports no TensorFlow.
+"""Options of the incremental trainer (:class:`model.trainer.trainer.Trainer`); imports no TensorFlow.
 
 Each option changes the computation as its field says (``tests/unit/test_trainer_options.py``
 checks them): gradient accumulation, bfloat16 compute, per-table learning rates, eviction,

@@ -3,7 +3,7 @@
 :class:`Preparer` is a thread between the samples fetcher and the training thread. In
 chunk order it takes each fetched chunk (unpickling it, from the fetch process), drops the
 samples trained before (:func:`admit`, ``model.trainer.dedupe``) and has the trainer make
-the batch's step inputs (:meth:`model.trainer.core.Trainer.prepare`: tensors, sampled
+the batch's step inputs (:meth:`model.trainer.trainer.Trainer.prepare`: tensors, sampled
 negatives), then queues it for the training thread. The train step releases the
 interpreter lock while it runs, so all of this overlaps the step of the chunk before
 instead of preceding the next one's. Every stateful part (the trained-id set, the
@@ -27,11 +27,11 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 
 from model.trainer.dedupe import TrainedIds
-from model.trainer.fetch import Chunk, put_until_stopped
+from model.trainer.fetch_thread import Chunk, put_until_stopped
 from model.trainer.samples import Batch
 
 if TYPE_CHECKING:
-    from model.trainer.core import Prepared, Trainer
+    from model.trainer.trainer import Prepared, Trainer
 
 log = logging.getLogger(__name__)
 

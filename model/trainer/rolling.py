@@ -160,7 +160,7 @@ class Evaluator:
         self.i2i_recall = Rolling(window)
         self.i2i_ndcg = Rolling(window)
         #: Called with the model's per-row Recall@K hits of every scored head (the quality
-        #: guard, ``model.trainer.guard``), on the thread that evaluates.
+        #: guard, ``model.trainer.guard_rule``), on the thread that evaluates.
         self.listeners: list[Callable[[np.ndarray], None]] = []
 
     def set_candidates(

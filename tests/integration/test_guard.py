@@ -52,8 +52,9 @@ def test_a_poisoned_burst_holds_publication_and_ordinary_samples_do_not(
     settings: Settings,
 ) -> None:
     from model.towers.two_tower import ModelConfig
-    from model.trainer.core import TrainOptions
-    from model.trainer.loop import LoopOptions, build_service
+    from model.trainer.build import build_service
+    from model.trainer.loop_options import LoopOptions
+    from model.trainer.trainer import TrainOptions
 
     settings = with_trainer(settings, guard_margin=0.2, guard_min_scored=512)
     stream = SyntheticStream(SyntheticConfig(users=USERS, items=ITEMS, clusters=10,

@@ -53,8 +53,9 @@ class InProcessRun:
 def in_process_run(stack: Settings, tmp_path_factory: pytest.TempPathFactory) -> InProcessRun:
     """One trainer run in this process over a planted-preference stream with poison records."""
     from model.towers.two_tower import ModelConfig
-    from model.trainer.core import TrainOptions
-    from model.trainer.loop import LoopOptions, build_service
+    from model.trainer.build import build_service
+    from model.trainer.loop_options import LoopOptions
+    from model.trainer.trainer import TrainOptions
 
     settings = isolated_settings(stack, tmp_path_factory.mktemp("trainer"))
     cfg = SyntheticConfig(users=1000, items=500, clusters=20, history_len=20, seed=11)

@@ -11,8 +11,8 @@ from functools import cache
 
 from model.evaluation.synthetic import SyntheticConfig, SyntheticStream
 from model.towers.two_tower import ModelConfig
-from model.trainer.core import Batch, Trainer, TrainOptions
 from model.trainer.samples import KeyCache, Sample, to_batch
+from model.trainer.trainer import Batch, Trainer, TrainOptions
 
 HISTORY_LEN = 20
 BATCH = 256

@@ -15,9 +15,9 @@ from model.scoring.attention import BLOCK_PARAMS, attend
 from model.towers.attention import AttentionTower
 from model.towers.tf_env import tf
 from model.towers.two_tower import ModelConfig
-from model.trainer.core import Trainer, TrainOptions
 from model.trainer.export import write_version
 from model.trainer.samples import KeyCache, Sample, to_batch
+from model.trainer.trainer import Trainer, TrainOptions
 from streamrec.ids import item_key, user_key
 
 BATCH = 128

@@ -27,10 +27,10 @@ from model.delta import (
 from model.delta.codec import pack, unpack
 from model.evaluation.synthetic import SyntheticConfig, SyntheticStream
 from model.towers.two_tower import ModelConfig
-from model.trainer.core import Trainer, TrainOptions
 from model.trainer.deltas import DeltaBuilder
 from model.trainer.export import artifact_arrays
 from model.trainer.samples import KeyCache, to_batch
+from model.trainer.trainer import Trainer, TrainOptions
 
 HISTORY = 20
 BATCH = 128

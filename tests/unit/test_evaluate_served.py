@@ -12,8 +12,8 @@ from model.evaluation.replay import Positive
 from model.evaluation.served import ServedLearner, ServedRows
 from model.evaluation.synthetic import SyntheticConfig, SyntheticStream
 from model.towers.two_tower import ModelConfig
-from model.trainer.core import Trainer, TrainOptions
 from model.trainer.samples import KeyCache, to_batch
+from model.trainer.trainer import Trainer, TrainOptions
 from serving.retrieval import rank_with_model
 
 HISTORY = 10

@@ -1,4 +1,4 @@
-"""The quality guard's decision logic (model.trainer.guard), on hand-made hit sequences."""
+"""The quality guard's decision logic (model.trainer.guard_rule), on hand-made hit sequences."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from model.artifact.registry import Registry
-from model.trainer.guard import Guard
+from model.trainer.guard_rule import Guard
 from tests.unit.test_artifact import make
 
 
@@ -139,7 +139,7 @@ class _Deltas:
 def _service(tmp_path: Path, guard: Guard) -> Any:
     """The service's guard glue (``GuardedPublishing``, as ``TrainerService._guarded``
     calls it) on a real registry, without a trainer."""
-    from model.trainer.guarding import GuardedPublishing
+    from model.trainer.guard_publishing import GuardedPublishing
     from model.trainer.metrics import TrainerMetrics
 
 

@@ -13,8 +13,8 @@ import pytest
 
 from model.artifact.guard_note import hold_reason, note_held_since
 from model.artifact.registry import Registry
-from model.trainer.guard import Guard
-from model.trainer.guarding import GuardedPublishing
+from model.trainer.guard_publishing import GuardedPublishing
+from model.trainer.guard_rule import Guard
 from model.trainer.metrics import TrainerMetrics
 from streamrec import metric_names as names
 from tests.unit.test_artifact import make
@@ -153,7 +153,7 @@ def test_a_restored_hold_goes_on_counting(tmp_path: Path) -> None:
 
 
 def test_the_trainer_health_is_degraded_by_a_long_hold(tmp_path: Path) -> None:
-    from model.trainer.loop import TrainerService
+    from model.trainer.service import TrainerService
 
     clock = Clock()
     glue = _glue(tmp_path, clock)

@@ -16,7 +16,7 @@ from tests.support import REPO_ROOT
 #: Module -> option classes whose fields may name a trainer knob.
 OPTION_CLASSES = {
     "model/trainer/options.py": ("TrainOptions",),
-    "model/trainer/loop.py": ("LoopOptions",),
+    "model/trainer/loop_options.py": ("LoopOptions",),
     "model/towers/config.py": ("ModelConfig",),
 }
 PACKAGES = ("streamrec", "stream", "model", "serving", "feature_store", "deploy", "bench")
@@ -52,7 +52,7 @@ def test_no_option_class_gives_a_trainer_knob_a_second_default(module: str) -> N
 
 
 def test_the_knob_check_fails_on_a_second_default() -> None:
-    source = (REPO_ROOT / "model/trainer/loop.py").read_text()
+    source = (REPO_ROOT / "model/trainer/loop_options.py").read_text()
     broken = source.replace('export_every_s: float = trainer_default("export_every_s")',
                             "export_every_s: float = 30.0")
     assert broken != source
@@ -61,7 +61,7 @@ def test_the_knob_check_fails_on_a_second_default() -> None:
 
 def test_option_classes_carry_the_settings_defaults() -> None:
     from model.towers.config import ModelConfig
-    from model.trainer.loop import LoopOptions
+    from model.trainer.loop_options import LoopOptions
     from model.trainer.options import TrainOptions
 
     settings = Settings()

@@ -49,13 +49,13 @@ def test_serving_may_read_artifacts_but_not_reach_the_trainer_or_tensorflow(
             from model.artifact.files import load_artifact
             from model.scoring import covisit
             from stream.kafka_client import make_producer
-            from model.trainer.core import Trainer
+            from model.trainer.trainer import Trainer
             from stream.flink import job
             import tensorflow as tf
         """,
     })
     assert _edges(violations(root)) == {
-        ("serving.app", "model.trainer.core"),
+        ("serving.app", "model.trainer.trainer"),
         ("serving.app", "stream.flink"),
         ("serving.app", "tensorflow"),
     }

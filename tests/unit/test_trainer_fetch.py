@@ -1,4 +1,4 @@
-"""The fetch thread: chunk boundaries, dead letters and offsets (``model.trainer.fetch``), the
+"""The fetch thread: chunk boundaries, dead letters and offsets (``model.trainer.fetch_thread``), the
 whole-poll decoder it uses (``model.trainer.samples.decode_columns``) and the librdkafka source."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 from model.trainer.dedupe import id_hashes
-from model.trainer.fetch import Chunk, ChunkFetcher, ConfluentSource, KafkaPythonSource
+from model.trainer.fetch_thread import Chunk, ChunkFetcher, ConfluentSource, KafkaPythonSource
 from model.trainer.samples import (
     KeyCache,
     Sample,

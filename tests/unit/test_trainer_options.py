@@ -13,7 +13,6 @@ from model.evaluation.synthetic import SyntheticConfig, SyntheticStream
 from model.towers.tf_env import tf
 from model.towers.two_tower import DEFAULT_KEY, ModelConfig
 from model.trainer.checkpoint import CheckpointStore
-from model.trainer.core import Batch, Trainer, TrainOptions
 from model.trainer.samples import (
     KeyCache,
     SampleError,
@@ -22,6 +21,7 @@ from model.trainer.samples import (
     sample_digest,
     to_batch,
 )
+from model.trainer.trainer import Batch, Trainer, TrainOptions
 
 HIST = 5
 CFG = ModelConfig(embedding_dim=8, user_layers=(16, 8), history_len=HIST)

@@ -15,12 +15,13 @@ import pytest
 
 from model.evaluation.synthetic import SyntheticConfig, SyntheticStream
 from model.towers.two_tower import DEFAULT_KEY, ModelConfig
-from model.trainer.core import Batch, Trainer, TrainOptions
 from model.trainer.dedupe import id_hashes
-from model.trainer.fetch import ChunkFetcher, KafkaPythonSource
-from model.trainer.loop import LoopOptions, TrainerService
+from model.trainer.fetch_thread import ChunkFetcher, KafkaPythonSource
+from model.trainer.loop_options import LoopOptions
 from model.trainer.prepare import Preparer
 from model.trainer.samples import KeyCache, encode_sample, to_batch
+from model.trainer.service import TrainerService
+from model.trainer.trainer import Batch, Trainer, TrainOptions
 
 HIST = 5
 CFG = ModelConfig(embedding_dim=8, user_layers=(16, 8), history_len=HIST)
@@ -144,8 +145,7 @@ def _run(tmp_path: Path, prepare_ahead: bool, monkeypatch: pytest.MonkeyPatch) -
     })
     records, distinct = _records()
     loop = LoopOptions(export_every_s=1e9, export_every_samples=150, max_samples=distinct,
-                       fetch_process=False, prepare_ahead=prepare_ahead, delta_every_s=0.0,
-                       delta_catchup_every_s=0.0, delta_history_lag_s=0.0)
+                       delta_every_s=0.0, fetch_process=False, prepare_ahead=prepare_ahead)
     trainer = Trainer(CFG, replace(OPTS, batch_size=32), tag=f"svc{int(prepare_ahead)}")
     at = datetime(2026, 1, 2, tzinfo=UTC)
     service = TrainerService(settings, trainer, loop, clock=lambda: at)

@@ -11,10 +11,10 @@ from model.artifact.files import load_artifact
 from model.scoring.topk import top_k_rows
 from model.towers.tf_env import tf
 from model.towers.two_tower import DEFAULT_KEY, ModelConfig, TwoTower
-from model.trainer.core import Trainer, TrainOptions
 from model.trainer.export import write_version
 from model.trainer.rolling import rank_metrics, recall_ndcg
 from model.trainer.samples import KeyCache, to_batch
+from model.trainer.trainer import Trainer, TrainOptions
 from streamrec.ids import item_key, user_key
 from tests.unit.conftest_model import BATCH, HISTORY_LEN, Trained, shared_trainer
 
@@ -138,7 +138,7 @@ def test_rank_based_metrics_equal_top_k_ranking() -> None:
 def test_service_export_checkpoints_then_publishes(trained: Trained, tmp_path: Path) -> None:
     from datetime import UTC, datetime
 
-    from model.trainer.loop import TrainerService
+    from model.trainer.service import TrainerService
     from streamrec.settings import load_settings
 
     base = load_settings()

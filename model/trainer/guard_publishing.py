@@ -1,4 +1,4 @@
-"""The trainer service's side of the quality guard (``model.trainer.guard``): what it does
+"""The trainer service's side of the quality guard (``model.trainer.guard_rule``): what it does
 with a decision — metrics, log lines with the figures, the registry's pin of the healthy
 version on a rollback (dropped once the first version after the resume is out), the
 ``GUARD.json`` note serving's ``/model`` and ``/health`` show, and the hold's age (a
@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 from model.artifact.guard_note import hold_reason
 from model.artifact.registry import Registry, RegistryError
-from model.trainer.guard import Decision, Guard
+from model.trainer.guard_rule import Decision, Guard
 from model.trainer.metrics import TrainerMetrics
 
 log = logging.getLogger(__name__)

@@ -1,4 +1,4 @@
-"""Process settings the training loop applies while it runs (``model.trainer.loop``)."""
+"""Process settings the training loop applies while it runs (``model.trainer.loop_options``)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from model.trainer.loop import LoopOptions, _tuned, delta_interval
+from model.trainer.loop_options import LoopOptions, delta_interval, process_tuning
 
 
 def _blas_threads() -> list[int]:
@@ -20,7 +20,7 @@ def test_switch_interval_and_blas_threads_hold_while_running_and_are_restored() 
     import numpy  # noqa: F401 - loads the BLAS library threadpoolctl inspects
 
     before_switch, before_blas = sys.getswitchinterval(), _blas_threads()
-    with _tuned(LoopOptions(gil_switch_interval_s=0.002, blas_threads=1)):
+    with process_tuning(LoopOptions(gil_switch_interval_s=0.002, blas_threads=1)):
         assert sys.getswitchinterval() == pytest.approx(0.002)
         assert _blas_threads() and set(_blas_threads()) == {1}
     assert sys.getswitchinterval() == pytest.approx(before_switch)
@@ -29,7 +29,7 @@ def test_switch_interval_and_blas_threads_hold_while_running_and_are_restored() 
 
 def test_none_leaves_process_settings_alone() -> None:
     before = sys.getswitchinterval()
-    with _tuned(LoopOptions(gil_switch_interval_s=None, blas_threads=None)):
+    with process_tuning(LoopOptions(gil_switch_interval_s=None, blas_threads=None)):
         assert sys.getswitchinterval() == before
 
 

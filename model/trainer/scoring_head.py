@@ -1,0 +1,291 @@
+"""The scoring head: the served score's parts, the learned mix, and live evaluation.
+
+Test-then-train (:meth:`ScoringHead.fit_batch`): a batch's head is scored against every
+candidate with the whole served score before the batch trains, on the evaluation thread;
+the learned mix and the co-visitation term learn there, in training order. Layer of
+:class:`model.trainer.trainer.Trainer` above the step.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from model.scoring.covisit import term as covisit_term
+from model.scoring.mixer import ScoreMixer
+from model.scoring.prior import served_item_vectors
+from model.trainer.rolling import Evaluator
+from model.trainer.samples import Batch
+from model.trainer.step import HeadVectors, Prepared, TrainerStep
+
+#: Candidate columns a live step of the learned mix samples (plus the batch's targets).
+MIX_SAMPLE = 2048
+
+
+class ScoringHead(TrainerStep):
+    """Test-then-train on top of the step: the scoring of heads and the score's parts."""
+
+    evaluator: Evaluator
+    mixer: ScoreMixer
+    _mix_rng: np.random.Generator
+    _eval_pool: ThreadPoolExecutor | None
+    _eval_pending: deque[Future[None]]
+    _since_refresh: int
+    _full_batches: int
+    _columns: tuple[np.ndarray, int, int, np.ndarray] | None
+
+    # -- the score's parts and their learned weights (model.scoring.mixer) -------------------
+    def score_weights(self) -> tuple[float, float, float]:
+        """(towers, prior, co-visitation) weights of the score as served now: the learned
+        mix, or the config's constants (1, ``prior_weight``, ``covisit_weight``)."""
+        w = self.mixer.as_dict()
+        return w["tower"], w.get("prior", 0.0), w.get("covisit", 0.0)
+
+    def last_weight(self) -> float:
+        """Weight of the most recent history item's own co-visitation term (0: none)."""
+        return self.mixer.as_dict().get("covisit_last", 0.0)
+
+    def item_parts(self) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """(keys, item side of the towers' part, log q or None) of every known item."""
+        keys, rows, log_q = self._item_rows()
+        return keys, self._tower_items(rows), log_q
+
+    def _tower_items(self, rows: np.ndarray) -> np.ndarray:
+        """Item side of the towers' part: normalised rows, over the temperature when the
+        score has a prior (the towers' part as :meth:`item_vectors` carries it)."""
+        if self.config.normalize and rows.size:
+            rows = rows / np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-12)
+        if self.config.prior_weight:
+            rows = rows / np.float32(self.config.temperature)
+        return np.ascontiguousarray(rows, np.float32)
+
+    def score_parts(
+        self, tower_users: np.ndarray, tower_items: np.ndarray, log_q: np.ndarray | None,
+        history: np.ndarray, item_keys: np.ndarray,
+    ) -> list[np.ndarray]:
+        """``[B, N]`` parts of the score in :attr:`mixer` order: towers, prior, co-visitation
+        (``log1p`` of the sums). ``tower_users`` are raw user tower outputs (no prior 1)."""
+        parts = [tower_users @ tower_items.T]
+        if self.config.prior_weight:
+            q = np.zeros(len(item_keys), np.float32) if log_q is None else log_q
+            parts.append(np.broadcast_to(np.asarray(q, np.float32), parts[0].shape))
+        if self.covisit is not None:
+            parts.append(np.log1p(self.covisit.sums(history, item_keys)))
+            if "covisit_last" in self.mixer.names:
+                parts.append(np.log1p(self.covisit.sums(history[:, :1], item_keys)))
+        return parts
+
+    def learn_mix(self, parts: list[np.ndarray], target_pos: np.ndarray) -> None:
+        """One step of the learned mix on scored rows (before the model learns them)."""
+        if self.config.mix == "learned":
+            self.mixer.update(parts, target_pos)
+
+    def _observe_and_score(
+        self, vectors: HeadVectors | None, head: Batch, trained: Batch
+    ) -> None:
+        """Evaluation-thread work of one trained batch, in training order: score its head
+        with the whole served score (``vectors``: the head's user tower outputs before the
+        batch trained, or a callable returning them; None = not evaluated), let the learned
+        mix learn from those scores, count the batch's items for the popularity baseline,
+        then let the co-visitation term learn it (off the training thread)."""
+        if callable(vectors):
+            vectors = vectors()
+        ev = self.evaluator
+        if vectors is not None and ev.candidate_keys.size:
+            self._score_head(vectors, head)
+        elif vectors is not None:
+            ev.evaluate(None, ev.positions(head.item_keys))
+        ev.popularity.observe(trained.item_keys)
+        if self.covisit is not None:
+            self.covisit.learn(trained.history, trained.item_keys, trained.weights)
+
+    def _score_head(self, vectors: np.ndarray, head: Batch) -> None:
+        """The live figures of a head (``TrainOptions.eval_rows``) against every
+        candidate, with the served score built in float32 (the co-visitation parts added at
+        their non-zeros), then one step of the learned mix on a uniform sample of
+        :data:`MIX_SAMPLE` candidate columns plus the targets (uniform negatives: the
+        sampled softmax needs no correction)."""
+        ev = self.evaluator
+        keys, n = ev.candidate_keys, ev.candidate_keys.size
+        history = head.history
+        target_pos = ev.positions(head.item_keys)
+        tower = vectors @ ev.candidate_tower.T
+        w = self.mixer.as_dict()
+        score = tower * np.float32(w["tower"])
+        if "prior" in w and ev.candidate_log_q is not None:
+            score += np.float32(w["prior"]) * ev.candidate_log_q[None, :]
+        sparse: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        item2item = None
+        if self.covisit is not None:
+            where = self._covisit_columns(keys)
+            sparse.extend(self._covisit_sparse(history, where, "covisit_last" in w))
+            for (r, c, v), name in zip(sparse, ("covisit", "covisit_last"), strict=False):
+                score[r, c] += np.float32(w[name]) * v
+            r, c, v = sparse[0]
+            item2item = np.zeros((len(score), n), np.float32)
+            item2item[r, c] = v
+        ev.evaluate(score, target_pos, item2item=item2item)
+        if self.config.mix != "learned":
+            return
+        cols = np.union1d(self._mix_rng.choice(n, min(n, MIX_SAMPLE), replace=False),
+                          target_pos[target_pos >= 0])
+        sub_target = np.where(target_pos >= 0, np.searchsorted(cols, target_pos), -1)
+        parts = [tower[:, cols]]
+        if "prior" in w:
+            q = (np.zeros(cols.size, np.float32) if ev.candidate_log_q is None
+                 else ev.candidate_log_q[cols])
+            parts.append(np.broadcast_to(q, (len(tower), cols.size)))
+        sub = np.full(n, -1, np.int64)
+        sub[cols] = np.arange(cols.size)
+        for r, c, v in sparse:
+            part = np.zeros((len(tower), cols.size), np.float32)
+            keep = sub[c] >= 0
+            part[r[keep], sub[c[keep]]] = v[keep]
+            parts.append(part)
+        self.mixer.update(parts, sub_target)
+
+    def _covisit_columns(self, keys: np.ndarray) -> np.ndarray:
+        """Candidate column of each co-visitation dense id (-1: not a candidate), kept
+        between candidate refreshes and extended by the ids added since."""
+        cv = self.covisit
+        assert cv is not None
+        ids, cached = cv.keys, self._columns
+        if cached is None or cached[0] is not keys or cached[1] != cv.generation:
+            cached = (keys, cv.generation, 0, np.zeros(0, np.int64))
+        if cached[2] < ids.size:
+            new = self.evaluator.positions(ids[cached[2]:])
+            cached = (keys, cv.generation, ids.size, np.concatenate([cached[3], new]))
+        self._columns = cached
+        return cached[3]
+
+    def _covisit_sparse(
+        self, history: np.ndarray, where: np.ndarray, last: bool
+    ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """(row, candidate column, ``log1p`` of the co-visitation sum) of the non-zeros of
+        ``history``, and with ``last`` of its most recent items' own term; ``where`` maps the
+        state's dense ids to candidate columns (``positions``)."""
+        assert self.covisit is not None
+        out = []
+        for triples in self.covisit.row_sums_and_last(history, last):
+            if triples is None:
+                continue
+            rows, ids, s = triples
+            col = where[ids]
+            ok = col >= 0
+            out.append((rows[ok], col[ok], np.log1p(s[ok]).astype(np.float32)))
+        return out
+
+    def item_vectors(self) -> tuple[np.ndarray, np.ndarray]:
+        """(keys, scoring vectors float32) of every known item: the item tower output, with
+        the popularity prior when ``ModelConfig.prior_weight`` (``model.scoring.prior``)."""
+        return self._scoring_items(*self._item_rows())
+
+    def _scoring_items(
+        self, keys: np.ndarray, rows: np.ndarray, log_q: np.ndarray | None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`item_vectors` from :meth:`_item_rows` (numpy only: any thread)."""
+        tower_w, prior_w, _ = self.score_weights()
+        return keys, served_item_vectors(
+            rows, log_q, normalize=self.config.normalize, tower_weight=tower_w,
+            prior_weight=prior_w, temperature=self.config.temperature,
+        )
+
+    def _refresh_candidates(
+        self, keys: np.ndarray, rows: np.ndarray, log_q: np.ndarray | None
+    ) -> None:
+        self.evaluator.set_candidates(keys, self._tower_items(rows), log_q)
+
+    def covisit_scores(self, history: np.ndarray, item_keys: np.ndarray) -> np.ndarray:
+        """``[B, N]`` float32: the co-visitation term (``model.scoring.covisit``) of each history row
+        (item keys, most recent first) for each of ``item_keys``; zeros without the term."""
+        self.wait_evaluation()
+        if self.covisit is None:
+            return np.zeros((len(history), len(item_keys)), np.float32)
+        out = covisit_term(self.covisit.sums(history, item_keys), self.score_weights()[2])
+        last = self.last_weight()
+        if last:
+            out += covisit_term(self.covisit.sums(history[:, :1], item_keys), last)
+        return out
+
+    def fit_batch(self, batch: Batch, prepared: Prepared | None = None) -> float:
+        """Test-then-train: score the first ``eval_rows`` rows of every ``eval_every``-th
+        full batch and of every partial one (a stream slower than the trainer leaves CPU to
+        spare) with the model as it was before this batch, then train on the batch (a
+        partial one ``spare_epochs`` times); returns the training loss.
+
+        The single-step path scores the user vectors its own forward pass computed before
+        the update (ids first seen in this batch have just been admitted there, so they
+        score with their fresh row rather than the default row: both are untrained).
+        ``prepared``: ``batch``'s inputs from :meth:`prepare`.
+        """
+        opts = self.options
+        ahead: dict[str, Any] = {}
+        if prepared is not None:
+            if prepared.batch is not batch:
+                raise ValueError("prepared inputs of another batch")
+            ahead["prepared"] = prepared
+        full = len(batch) >= opts.batch_size
+        evaluating = opts.eval_rows > 0 and (not full or self._full_batches % opts.eval_every == 0)
+        self._full_batches += full
+        head = batch.rows(slice(0, opts.eval_rows))
+        vectors: HeadVectors | None = None
+        if evaluating:
+            if self._since_refresh >= opts.eval_refresh_steps:
+                # the rows as the model holds them now; the scoring matrix is built on the
+                # evaluation thread while this batch trains
+                self._evaluation(self._refresh_candidates, *self._item_rows())
+                self._since_refresh = 0
+            if self._accumulates(batch):
+                vectors = self.tower_users(head.user_keys, head.history)
+        loss = self.train_step(batch, covisit=False, **ahead)
+        if evaluating and vectors is None:
+            vectors = self._head_vectors  # before the further passes replace them
+        for epoch in range(1, 1 if full else opts.spare_epochs):
+            if ahead:
+                ahead["epoch"] = epoch
+            loss = self.train_step(batch, count=False, covisit=False, **ahead)
+        if evaluating:
+            self._evaluation(self._observe_and_score, vectors, head, batch)
+        else:
+            self._evaluation(self._observe_and_score, None, head, batch)
+        self._since_refresh += 1
+        return loss
+
+    def _evaluation(self, fn: Callable[..., None], *args: Any) -> None:
+        """Run evaluation work (a candidate refresh; a head's scoring, then the batch's
+        popularity counts) on the evaluation thread (``eval_async``), at most
+        ``eval_queue`` pieces behind the training (the oldest is waited for first), else
+        inline: the pieces run in training order on one thread, each batch is scored against
+        the candidates of its own refresh and the popularity counts of the batches before
+        it, whatever the depth (every piece's arguments are snapshots taken when it is
+        handed over)."""
+        if not self.options.eval_async:
+            fn(*args)
+            return
+        pending = self._eval_pending
+        while len(pending) >= self.options.eval_queue:
+            pending.popleft().result()
+        if self._eval_pool is None:
+            self._eval_pool = ThreadPoolExecutor(1, thread_name_prefix="trainer-eval")
+        pending.append(self._eval_pool.submit(fn, *args))
+
+    def wait_evaluation(self) -> None:
+        """Block until every batch handed to the evaluation is scored (errors re-raised)."""
+        self._wait_scored()
+
+    def _wait_scored(self) -> None:
+        """Block until every piece handed to the evaluation thread is done (errors
+        re-raised, oldest first)."""
+        pending = self._eval_pending
+        while pending:
+            pending.popleft().result()
+
+    def quality(self) -> dict[str, float]:
+        """The evaluation's figures (``Evaluator.summary``) with every trained batch scored."""
+        self.wait_evaluation()
+        return self.evaluator.summary()
+

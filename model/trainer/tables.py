@@ -1,0 +1,108 @@
+"""The trainer's tables: reads of the TFRA tables, the user tower, and eviction.
+
+The bottom layer of :class:`model.trainer.trainer.Trainer` (tables <- step <- scoring head
+<- trainer, each using only the layers beneath it). It declares the state the layers share;
+the trainer builds it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from model.scoring.prior import user_scoring_vectors
+from model.towers.frequency import CountFrequencyEstimator
+from model.towers.loss import FrequencyEstimator
+from model.towers.tf_env import tf
+from model.towers.two_tower import ModelConfig, TwoTower
+from model.trainer.negatives import NegativeSampler
+from model.trainer.options import TrainOptions
+
+
+class TrainerTables:
+    """Reads of the model's tables and their eviction (the rows exports and deltas read)."""
+
+    options: TrainOptions
+    config: ModelConfig
+    model: TwoTower
+    freq: FrequencyEstimator | CountFrequencyEstimator
+    opt_user: Any
+    opt_item: Any
+    opt_dense: Any
+    step: tf.Variable
+    negatives: NegativeSampler
+    evicted_rows: int
+    _evict_in: int | None
+    _user_vec_fn: Callable[..., Any]
+
+    def user_vectors(self, user_keys: np.ndarray, history: np.ndarray) -> np.ndarray:
+        """Scoring vectors of users (the user tower, plus the prior's 1: ``model.scoring.prior``)."""
+        return user_scoring_vectors(self.tower_users(user_keys, history), self.config.prior_weight)
+
+    def tower_users(self, user_keys: np.ndarray, history: np.ndarray) -> np.ndarray:
+        """The user tower's output of users with their histories (most recent first)."""
+        return self._user_vec_fn(
+            tf.constant(user_keys, tf.int64), tf.constant(self._history(history), tf.int64)
+        ).numpy()
+
+    def known_rows(self, table: Any) -> tuple[np.ndarray, np.ndarray]:
+        """(keys, rows) of the ids of ``table`` (``model.users`` or ``model.items``) with an
+        own row: what exports and deltas read (``TwoTower.known_rows``; the cluster
+        trainer reads its parameter servers' shards instead)."""
+        return self.model.known_rows(table)
+
+    def known_keys(self, table: Any) -> np.ndarray:
+        """The keys of :meth:`known_rows` (the negatives' candidates, the live item ids)."""
+        return self.known_rows(table)[0]
+
+    def default_row(self, table: Any) -> np.ndarray:
+        """The shared row of ``table``'s ids without one (``TwoTower.default_row``)."""
+        return self.model.default_row(table)
+
+    def _item_rows(self) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """What :meth:`item_vectors` reads of the model now: (keys, rows, log q or None)."""
+        keys, rows = self.known_rows(self.model.items)
+        if not self.config.prior_weight:
+            return keys, rows, None
+        return keys, rows, self.freq.log_q(tf.constant(keys, tf.int64)).numpy()
+
+    def _history(self, history: np.ndarray) -> np.ndarray:
+        """The model's window of a (most recent first) history: ``ModelConfig.window``."""
+        return history[:, : self.config.window]
+
+    def maybe_evict(self) -> int:
+        every = self.options.evict_every_steps
+        if not every:
+            return 0
+        # Reads the step variable only when a multiple of ``every`` is due (a countdown in
+        # between; a checkpoint restore is caught up with at the next read).
+        if self._evict_in is not None and self._evict_in > 1:
+            self._evict_in -= 1
+            return 0
+        due = int(self.step.numpy()) % every
+        self._evict_in = every - due
+        if due:
+            return 0
+        removed = 0
+        for table, opt, cap in (
+            (self.model.users, self.opt_user, self.options.max_user_rows),
+            (self.model.items, self.opt_item, self.options.max_item_rows),
+        ):
+            removed += self.model.evict(table, cap, self._slot_tables(opt, table))
+        self.evicted_rows += removed
+        if removed and self.negatives.count:
+            self.negatives.reset(self.known_keys(self.model.items))
+        return removed
+
+    @staticmethod
+    def _slot_tables(opt: object, table: object) -> list[object]:
+        try:
+            slot = opt.get_slot(table.shadow, "accumulator")  # type: ignore[attr-defined]
+        except (KeyError, AttributeError, ValueError):
+            return []
+        return [slot.params]
+
+    def table_sizes(self) -> dict[str, int]:
+        return {"user_rows": self.model.users.size(), "item_rows": self.model.items.size()}

@@ -1,0 +1,151 @@
+"""The incremental trainer: :class:`Trainer` builds the model, optimizers and evaluation state.
+
+Kafka, checkpoints and exports live in ``model.trainer.service``; this module trains on
+in-memory :class:`Batch` objects, so tests and benchmarks drive it directly. The trainer is
+built in layers, each using only those beneath it: ``tables`` (reads, the user tower,
+eviction) <- ``step`` (the train-step variants) <- ``scoring_head`` (the served score's
+parts, the learned mix, live evaluation) <- this module (construction, checkpointed state).
+
+Options: :class:`model.trainer.options.TrainOptions` (each documented there).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from model.scoring.covisit import CoVisitation
+from model.scoring.mixer import ScoreMixer
+from model.towers.frequency import CountFrequencyEstimator
+from model.towers.loss import FrequencyEstimator
+from model.towers.tf_env import de, tf, tf_keras
+from model.towers.two_tower import ModelConfig, TwoTower
+from model.trainer.negatives import NegativeSampler
+from model.trainer.options import TrainOptions
+from model.trainer.rolling import Evaluator
+from model.trainer.samples import Batch
+from model.trainer.scoring_head import ScoringHead
+from model.trainer.step import STEP_SIGNATURE, HeadVectors, Prepared
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Batch", "HeadVectors", "Prepared", "Trainer", "TrainOptions"]
+
+
+def _pick(value: float | None, default: float) -> float:
+    return default if value is None else value
+
+
+def _mixer(config: ModelConfig, covisit: bool) -> ScoreMixer:
+    """The score's parts (towers, then the prior and co-visitation where the model has
+    them) with their initial weights; the weights learn only with ``config.mix`` learned."""
+    names, initial = ["tower"], [1.0]
+    if config.prior_weight:
+        names.append("prior")
+        initial.append(config.prior_weight)
+    if covisit:
+        names.append("covisit")
+        initial.append(config.covisit_weight)
+        if config.mix == "learned":  # the most recent item's own term, learnt from 0
+            names.append("covisit_last")
+            initial.append(0.0)
+    return ScoreMixer(names, initial, lr=config.mix_lr)
+
+
+def _adagrad(lr: float) -> Any:
+    return tf_keras.optimizers.legacy.Adagrad(learning_rate=lr)
+
+
+class Trainer(ScoringHead):
+    """A TwoTower model with its optimizers, logQ estimator and evaluation state."""
+
+    def __init__(
+        self, config: ModelConfig, options: TrainOptions | None = None, tag: str = ""
+    ) -> None:
+        """``tag`` names the TFRA tables (distinct per trainer in one process; see TwoTower)."""
+        self.options = options or TrainOptions()
+        opts = self.options
+        if opts.mixed_precision and config.compute_dtype != "bfloat16":
+            config = replace(config, compute_dtype="bfloat16")
+        self.config = config
+        self.model = TwoTower(config, tag=tag)
+        self.freq: FrequencyEstimator | CountFrequencyEstimator
+        if opts.logq_estimator == "count":
+            self.freq = CountFrequencyEstimator(opts.logq_buckets, opts.logq_half_life)
+        else:
+            self.freq = FrequencyEstimator(opts.logq_buckets, opts.logq_alpha)
+        lr = opts.learning_rate
+        self.opt_user = de.DynamicEmbeddingOptimizer(_adagrad(_pick(opts.user_lr, lr)))
+        self.opt_item = de.DynamicEmbeddingOptimizer(_adagrad(_pick(opts.item_lr, lr)))
+        self.opt_dense = _adagrad(_pick(opts.dense_lr, lr))
+        self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
+        self.model.init_default_rows()
+        self.evaluator = Evaluator(opts.eval_k, opts.eval_window)
+        self._eval_pool: ThreadPoolExecutor | None = None
+        self._evict_in: int | None = None
+        self._eval_pending: deque[Future[None]] = deque()
+        self._since_refresh = opts.eval_refresh_steps
+        self._full_batches = 0
+        #: (candidate keys, co-visitation generation, ids mapped, column of each id)
+        self._columns: tuple[np.ndarray, int, int, np.ndarray] | None = None
+        #: The last step's head vectors (test-then-train), or a callable that returns them
+        #: once the step ran (a cluster step in flight; called on the evaluation thread).
+        self._head_vectors: HeadVectors | None = None
+        self.negatives = NegativeSampler(opts.sampled_negatives, config.seed)
+        self.covisit = (
+            CoVisitation(
+                config.covisit_window,
+                config.covisit_decay,
+                config.covisit_half_life,
+                config.covisit_max_pairs,
+                reverse=config.covisit_reverse,
+            )
+            if config.covisit_weight
+            else None
+        )
+        self.mixer = _mixer(config, self.covisit is not None)
+        self._mix_rng = np.random.default_rng(config.seed)
+        single = self._dedup_step if opts.dedup_lookups else self._single_step
+        self._step_fn = tf.function(single, input_signature=STEP_SIGNATURE)
+        self._step_call: Any = None
+        self._accum_fn = tf.function(self._accum_step, input_signature=STEP_SIGNATURE)
+        #: Called with (batch, sampled negatives) before each optimizer update: the keys
+        #: whose rows it moves (``model.trainer.deltas``); None = nobody listens.
+        self.on_step: Callable[[Batch, np.ndarray], None] | None = None
+        #: The model's tables hold the trained rows at every step (False: they are copied in
+        #: only by :meth:`sync`, e.g. from parameter servers), which deltas read.
+        self.rows_local = True
+        #: Rows removed by eviction so far (a delta rescans its tables when this moves).
+        self.evicted_rows = 0
+        self._user_vec_fn = tf.function(
+            self.model.user_vectors,
+            input_signature=[tf.TensorSpec([None], tf.int64), tf.TensorSpec([None, None], tf.int64)],
+        )
+
+    # -- checkpointable state ---------------------------------------------------------------
+    def trackables(self) -> dict[str, object]:
+        """Objects a tf.train.Checkpoint must hold to resume exactly (slots included)."""
+        return {
+            "model": self.model,
+            "freq": self.freq,
+            "opt_user": self.opt_user,
+            "opt_item": self.opt_item,
+            "opt_dense": self.opt_dense,
+            "step": self.step,
+        }
+
+    def restored(self, prefix: str) -> None:
+        """Called once the trackables are read from the checkpoint at ``prefix`` (a
+        ``tf.train.Checkpoint`` path), before training: state saved in an earlier layout is
+        brought forward here. Nothing to do for one process."""
+
+    def sync(self) -> None:
+        """Block until every step handed out is applied to the state a checkpoint saves
+        (a no-op in one process; the cluster trainer waits for its workers)."""
+
