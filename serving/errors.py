@@ -21,11 +21,6 @@ class ServingError(Exception):
         self.message = message
 
 
-class BadRequest(ServingError):
-    status = 400
-    code = "bad_request"
-
-
 class Unauthorized(ServingError):
     status = 401
     code = "unauthorized"
@@ -39,11 +34,6 @@ class Forbidden(ServingError):
 class NotFound(ServingError):
     status = 404
     code = "not_found"
-
-
-class Conflict(ServingError):
-    status = 409
-    code = "conflict"
 
 
 class VersionRefused(ServingError):

@@ -314,7 +314,9 @@ def create_app(
             status, reason, detail = 500, "error", "internal error"
         metrics.requests.labels(str(status)).inc()
         metrics.rejected.labels(reason).inc(len(errors or ()) or 1)
-        body: dict[str, Any] = {"detail": detail}
+        # the body both APIs answer with (docs/design.md, "Errors"); ``errors`` lists the
+        # refused events of a batch
+        body: dict[str, Any] = {"error": reason, "detail": detail}
         if errors is not None:
             body["errors"] = errors
         headers = {"Retry-After": str(RETRY_AFTER_S)} if status == 503 else None

@@ -100,7 +100,7 @@ def test_invalid_batch_is_refused_whole(settings: Settings, client: TestClient) 
         {"user_id": "u", "item_id": "m1", "event_type": "click", "colour": "red"},
     ]
     resp = client.post("/events", json=batch)
-    assert resp.status_code == 422
+    assert resp.status_code == 422 and resp.json()["error"] == "invalid"
     errors = [(e["index"], e["field"]) for e in resp.json()["errors"]]
     assert errors == [(1, "user_id"), (2, "event_type"), (2, "ts"), (3, "colour")]
 
