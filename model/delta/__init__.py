@@ -1,7 +1,7 @@
 """Deltas: what changed in the trainer between two full versions (numpy only; spec
 ``model/delta/FORMAT.md``). Serving imports this package; it never imports TensorFlow.
 
-* ``codec`` — the binary record (header + arrays + checksum) and the row codecs
+* ``wire`` — the binary record (header + arrays + checksum) and the row codecs
   (float32, float16, bfloat16, int8 with a per-row scale).
 * ``state`` — :class:`ModelState`, the served model in the form deltas change it, and
   :func:`compose` (a state as a ``ServingArtifact``), :func:`state_checksum`.
@@ -24,7 +24,7 @@ from model.delta.apply import (
     from_snapshot,
     peek,
 )
-from model.delta.codec import CODECS, SNAPSHOT_FILE, DeltaError, decode_rows, encode_rows
+from model.delta.wire import CODECS, SNAPSHOT_FILE, DeltaError, decode_rows, encode_rows
 from model.delta.served import Composer
 from model.delta.state import Constants, ModelState, compose, state_checksum
 

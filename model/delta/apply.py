@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from model.delta.codec import DeltaError, decode_rows, encode_rows, pack, unpack
+from model.delta.wire import DeltaError, decode_rows, encode_rows, pack, unpack
 from model.delta.state import Constants, Layer, ModelState, insert_sorted, seed_catalog_index
 
 _I64 = np.zeros(0, np.int64)
@@ -80,7 +80,7 @@ class Delta:
 
 
 def encode(delta: Delta, codec: str = "float32", *, compress: bool = False) -> bytes:
-    """The delta as one record (``model.delta.codec``); user and history rows in ``codec``."""
+    """The delta as one record (``model.delta.wire``); user and history rows in ``codec``."""
     meta: dict[str, Any] = {
         "base_version": delta.base_version, "seq": delta.seq, "offsets": dict(delta.offsets),
         "trained_through_ms": delta.trained_through_ms, "samples_trained": delta.samples_trained,

@@ -26,7 +26,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from model.artifact.files import ServingArtifact
-from model.delta.codec import DeltaError
+from model.delta.wire import DeltaError
 from model.delta.state import Constants, ModelState, item_index, servable
 
 MAGIC = b"SRS1"

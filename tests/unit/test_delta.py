@@ -24,7 +24,7 @@ from model.delta import (
     from_snapshot,
     state_checksum,
 )
-from model.delta.codec import pack, unpack
+from model.delta.wire import pack, unpack
 from model.evaluation.synthetic import SyntheticConfig, SyntheticStream
 from model.towers.two_tower import ModelConfig
 from model.trainer.core import Trainer, TrainOptions
