@@ -1,4 +1,4 @@
-"""Wire encoding of a delta: row codecs and one binary record with a checksum (numpy only).
+"""The wire stage: a delta (:class:`Delta`) as one binary record and back (numpy only).
 
 Record layout (one Kafka value)::
 
@@ -10,7 +10,8 @@ flipped bit anywhere. With ``zlib`` the payload is deflated (level 1) after the 
 Row codecs (:data:`CODECS`), for the float32 ``[n, d]`` row arrays only: ``float32``,
 ``float16``, ``bfloat16`` (upper 16 bits, round to nearest even) and ``int8`` (per row
 ``q = round(x / s)``, ``s = max|x| / 127``); the dense layers, prior and co-visitation weights
-stay exact. Spec: ``model/delta/FORMAT.md``.
+stay exact. :func:`encode` / :func:`decode` / :func:`peek` turn a :class:`Delta` into a
+record and back. Spec: ``model/delta/FORMAT.md``.
 """
 
 from __future__ import annotations
@@ -20,10 +21,12 @@ import json
 import struct
 import zlib
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from model.delta.state import Constants, Layer
 from model.errors import ModelError
 
 MAGIC = b"SRD1"
@@ -120,3 +123,117 @@ def unpack(record: bytes) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         a.setflags(write=False)
         arrays[spec["name"]] = a
     return dict(header["meta"]), arrays
+
+
+@dataclass(frozen=True, eq=False)
+class Delta:
+    """What changed in the trainer since the previous delta (sequence rules: ``model.delta.apply``)."""
+
+    base_version: str
+    seq: int
+    offsets: Mapping[str, int]
+    trained_through_ms: int | None
+    samples_trained: int
+    user_keys: np.ndarray
+    user_rows: np.ndarray
+    removed_users: np.ndarray
+    default_user_row: np.ndarray
+    hist_keys: np.ndarray
+    hist_rows: np.ndarray
+    removed_hist: np.ndarray
+    new_item_keys: np.ndarray
+    new_item_ids: np.ndarray
+    removed_items: np.ndarray
+    prior_buckets: np.ndarray
+    prior_base: np.ndarray
+    prior_scalars: tuple[float, float, float]
+    #: Dense ids ``first ..`` of the co-visitation's new item keys.
+    covisit_first_id: int
+    covisit_new_keys: np.ndarray
+    covisit_codes: np.ndarray
+    covisit_values: np.ndarray
+    covisit_removed: np.ndarray
+    covisit_scale: float
+    weights: tuple[float, float, float, float]
+    layers: tuple[Layer, ...]
+    #: The lineage's constants: snapshots (``seq == 0``) only.
+    constants: Constants | None = None
+    created_at: str | None = None
+    #: The trainer's :func:`state_checksum` of the state this delta leads to ("" = none).
+    state_checksum: str = ""
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def rows_changed(self) -> int:
+        return int(self.user_keys.size + self.hist_keys.size)
+
+
+def encode(delta: Delta, codec: str = "float32", *, compress: bool = False) -> bytes:
+    """The delta as one record (``model.delta.wire``); user and history rows in ``codec``."""
+    meta: dict[str, Any] = {
+        "base_version": delta.base_version, "seq": delta.seq, "offsets": dict(delta.offsets),
+        "trained_through_ms": delta.trained_through_ms, "samples_trained": delta.samples_trained,
+        "prior_scalars": list(delta.prior_scalars), "covisit_first_id": delta.covisit_first_id,
+        "covisit_scale": delta.covisit_scale, "weights": list(delta.weights),
+        "activations": [act for _, _, act in delta.layers], "codec": codec,
+        "constants": delta.constants.to_json() if delta.constants else None,
+        "created_at": delta.created_at, "state_checksum": delta.state_checksum,
+        "extra": dict(delta.extra),
+    }
+    arrays: dict[str, np.ndarray] = {}
+    for name in ("user", "hist"):
+        for part, arr in encode_rows(getattr(delta, f"{name}_rows"), codec).items():
+            arrays[f"{name}_rows.{part}"] = arr
+    for name in ("user_keys", "removed_users", "default_user_row", "hist_keys", "removed_hist",
+                 "new_item_keys", "new_item_ids", "removed_items", "prior_buckets",
+                 "prior_base", "covisit_new_keys", "covisit_codes", "covisit_values",
+                 "covisit_removed"):
+        arrays[name] = getattr(delta, name)
+    for i, (w, b, _) in enumerate(delta.layers):
+        arrays[f"layer_{i}_w"], arrays[f"layer_{i}_b"] = w, b
+    return pack(meta, arrays, compress=compress)
+
+
+def decode(record: bytes) -> Delta:
+    """Inverse of :func:`encode` (checksum verified; rows back in float32)."""
+    meta, arrays = unpack(record)
+    try:
+        codec = meta["codec"]
+        rows = {
+            name: decode_rows({k.split(".", 1)[1]: v for k, v in arrays.items()
+                               if k.startswith(f"{name}_rows.")}, codec)
+            for name in ("user", "hist")
+        }
+        layers = tuple(
+            (arrays[f"layer_{i}_w"], arrays[f"layer_{i}_b"], str(act))
+            for i, act in enumerate(meta["activations"])
+        )
+        constants = Constants(**meta["constants"]) if meta.get("constants") else None
+        return Delta(
+            base_version=str(meta["base_version"]), seq=int(meta["seq"]),
+            offsets={str(k): int(v) for k, v in meta["offsets"].items()},
+            trained_through_ms=meta["trained_through_ms"],
+            samples_trained=int(meta["samples_trained"]),
+            user_keys=arrays["user_keys"], user_rows=rows["user"],
+            removed_users=arrays["removed_users"], default_user_row=arrays["default_user_row"],
+            hist_keys=arrays["hist_keys"], hist_rows=rows["hist"],
+            removed_hist=arrays["removed_hist"], new_item_keys=arrays["new_item_keys"],
+            new_item_ids=arrays["new_item_ids"], removed_items=arrays["removed_items"],
+            prior_buckets=arrays["prior_buckets"], prior_base=arrays["prior_base"],
+            prior_scalars=tuple(float(x) for x in meta["prior_scalars"]),  # type: ignore[arg-type]
+            covisit_first_id=int(meta["covisit_first_id"]),
+            covisit_new_keys=arrays["covisit_new_keys"], covisit_codes=arrays["covisit_codes"],
+            covisit_values=arrays["covisit_values"], covisit_removed=arrays["covisit_removed"],
+            covisit_scale=float(meta["covisit_scale"]),
+            weights=tuple(float(x) for x in meta["weights"]),  # type: ignore[arg-type]
+            layers=layers, constants=constants, created_at=meta.get("created_at"),
+            state_checksum=str(meta.get("state_checksum", "")), extra=meta.get("extra", {}),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise DeltaError(f"delta record lacks or garbles {exc}") from exc
+
+
+def peek(record: bytes) -> tuple[str, int]:
+    """(base version, seq) of a record, checksum verified, without building the delta."""
+    meta, _ = unpack(record)
+    return str(meta["base_version"]), int(meta["seq"])

@@ -306,7 +306,7 @@ def test_pairs_gone_and_moved_by_their_definition() -> None:
 
 @pytest.mark.parametrize("n, m", [(0, 3), (5, 0), (40, 1), (40, 7), (40, 60), (41, 9)])
 def test_insert_sorted_is_np_insert(n: int, m: int) -> None:
-    from model.delta.state import insert_sorted
+    from model.delta.apply import insert_sorted
 
     rng = np.random.default_rng(n * 100 + m)
     keys = np.sort(rng.choice(10_000, n, replace=False)).astype(np.int64)
