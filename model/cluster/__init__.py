@@ -1,7 +1,6 @@
 """The trainer as a parameter-server cluster (TF2 ``ParameterServerStrategy``, TFRA tables).
 
-Route, and why it is exact (the documented Keras + TFRA route loses updates with more than
-one worker): ``docs/cluster.md``.
+Route, and why it is exact (Keras + TFRA loses updates past one worker): ``docs/cluster.md``.
 
 * ``spec`` — :class:`ClusterLayout`, every role's address (no TensorFlow).
 * ``server`` — one PS or worker process and :func:`launch` of a local layout.

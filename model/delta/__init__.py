@@ -11,8 +11,7 @@ A delta goes through four stages, one module each, in this order:
   :class:`UnknownBase` ask for a resync), :func:`from_snapshot`, :func:`empty_state`.
 * ``served`` — :func:`compose` (a state as a ``ServingArtifact``) and :class:`Composer`
   (each state of a lineage, patched per delta from the last one).
-
-``shared`` maps a state and its artifact as one file for other processes (``serving.shared_state``).
+* ``shared`` — a state and its artifact as one file other processes map.
 """
 
 from model.delta.apply import DeltaGap, UnknownBase, apply, empty_state, from_snapshot
