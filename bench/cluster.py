@@ -105,7 +105,8 @@ def run_variant(variant: str, topic: str, e2e_samples: int, seconds: float, warm
     def trainer(options: TrainOptions, tag: str) -> Any:
         if variant == "single":
             return Trainer(config, options, tag=tag)
-        from model.cluster.trainer import ClusterOptions, ClusterTrainer
+        from model.cluster.options import ClusterOptions
+        from model.cluster.trainer import ClusterTrainer
 
         wire = "bfloat16" if variant == "cluster_bf16" else "float32"
         return ClusterTrainer(config, options, conn, ClusterOptions(wire), tag=tag)

@@ -15,6 +15,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from model.cli.evaluate_config import run_config
+from model.evaluation.report import plot_over_time, table
+
 log = logging.getLogger(__name__)
 
 FORMATS = ("movielens", "ml-1m", "ml-100k", "ndjson", "csv")
@@ -237,11 +240,11 @@ def _handle(args: argparse.Namespace) -> int:
     doc["seconds"] = round(time.monotonic() - started, 1)
     doc["rejected_rows"] = replay_report["rejected"]
     doc["exclude"] = args.exclude
-    doc["config"] = _config(args, settings)
+    doc["config"] = run_config(args, settings)
     doc["score_weights"] = args.score_weights
     if args.codecs:
         doc["row_codecs"] = _codec_figures(doc, args)
-    print(_table(doc))
+    print(table(doc))
     print("score weights (" + doc["config"]["mix"] + "): "
           + ", ".join(f"{k} {v:.3f}" for k, v in args.score_weights.items()))
     if args.json:
@@ -282,76 +285,6 @@ def _codec_figures(doc: dict[str, Any], args: argparse.Namespace) -> dict[str, A
     return out
 
 
-def _config(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
-    dim = args.embedding_dim or settings.trainer.embedding_dim
-    layers = args.user_layers or f"{2 * dim},{dim}"
-    return {
-        "batch_size": args.batch_size,
-        "warmup": args.warmup,
-        "epochs": args.epochs,
-        "learning_rate": args.learning_rate,
-        "dense_lr": args.dense_lr,
-        "temperature": _default(args.temperature, "temperature"),
-        "embedding_dim": dim,
-        "user_layers": [int(x) for x in layers.split(",")],
-        "history_len": _default(args.history_len, "history_len"),
-        "history_decay": _default(args.history_decay, "history_decay"),
-        "pool_residual": _default(args.pool_residual, "pool_residual"),
-        "covisit_weight": _default(args.covisit_weight, "covisit_weight"),
-        "mix": _default(args.mix, "mix"),
-        "mix_lr": _default(args.mix_lr, "mix_lr"),
-        "covisit_window": _default(args.covisit_window, "covisit_window"),
-        "covisit_decay": _default(args.covisit_decay, "covisit_decay"),
-        "covisit_half_life": _default(args.covisit_half_life, "covisit_half_life"),
-        "covisit_reverse": _default(args.covisit_reverse, "covisit_reverse"),
-        "train_history": bool(_default(args.history_grad, "train_history")),
-        "user_tower": _default(args.user_tower, "user_tower"),
-        **{
-            f"attention_{n}": _default(getattr(args, f"attention_{n}"), f"attention_{n}")
-            for n in ("blocks", "heads", "len", "ffn")
-        },
-        "attention_pool": bool(_default(args.attention_pool, "attention_pool")),
-        "admit_after": args.admit_after,
-        "normalize": not args.no_normalize,
-        "normalize_user": not args.no_normalize_user,
-        "prior_weight": _default(args.prior_weight, "prior_weight"),
-        "user_admit_after": args.user_admit_after,
-        "seed": settings.trainer.seed if args.seed is None else args.seed,
-        "exclude": args.exclude,
-        "recent_window": args.recent_window,
-        "cooc_window": args.cooc_window,
-        "itemknn_window": args.itemknn_window,
-        "itemknn_alpha": args.itemknn_alpha,
-        "itemknn_decay": args.itemknn_decay,
-        "sr_steps": args.sr_steps,
-        "sr_query": args.sr_query,
-        "sknn_sample": args.sknn_sample,
-        "sknn_k": args.sknn_k,
-        "sknn_window": args.sknn_window,
-        "sampled_negatives": _default(args.negatives, "sampled_negatives"),
-        "mask_same_user": bool(_default(args.mask_same_user, "mask_same_user")),
-        "logq_estimator": _default(args.logq, "logq_estimator"),
-        "logq_half_life": _default(args.logq_half_life, "logq_half_life"),
-        "aux_weight": _default(args.aux_weight, "aux_weight"),
-        "cluster": {"ps": args.ps, "workers": args.workers,
-                    "wire_dtype": args.wire_dtype or settings.trainer.wire_dtype},
-    }
-
-
-def _default(value: Any, name: str) -> Any:
-    """``value`` if given, else the ``ModelConfig``/``TrainOptions`` default (the live
-    trainer's)."""
-    if value is not None:
-        return value
-    from dataclasses import fields
-
-    from model.towers.two_tower import ModelConfig
-    from model.trainer.options import TrainOptions
-
-    defaults = {f.name: f.default for cls in (ModelConfig, TrainOptions) for f in fields(cls)}
-    return defaults[name]
-
-
 def _run(args: argparse.Namespace, settings: Any, stream: Any) -> Any:
     from contextlib import ExitStack
 
@@ -378,7 +311,7 @@ def _run_in(args: argparse.Namespace, settings: Any, stream: Any, stack: Any) ->
     from model.towers.two_tower import ModelConfig
     from model.trainer.trainer import Trainer, TrainOptions
 
-    cfg = _config(args, settings)
+    cfg = run_config(args, settings)
     make: Any = Trainer
     if args.ps:
         from functools import partial
@@ -493,63 +426,3 @@ def _cluster(stack: Any, settings: Any, ps: int, workers: int, wire: str, config
         local_trainer(settings, ps, workers, config, options, wire_dtype=wire, tag=tag,
                       log_dir=log_dir)
     )
-
-
-def _table(doc: dict[str, Any]) -> str:
-    keys = [k for k in doc if k.startswith(("recall@", "ndcg@"))]
-    rows = [("model", doc)] + list(doc.get("side", {}).items()) + list(doc["baselines"].items())
-    lines = [
-        f"events {doc['events']}, scored {doc['scored']}, warm-up {doc['warmup']}, "
-        f"exclude {doc['exclude']}, {doc['seconds']} s"
-    ]
-    lines.append(f"{'method':<20}" + "".join(f"{k:>12}" for k in keys))
-    for name, figs in rows:
-        lines.append(f"{name:<20}" + "".join(f"{figs[k]:>12.4f}" for k in keys))
-    key = keys[0] if keys else "recall@10"
-    if doc.get("ratio_to_popularity") is not None:
-        lines.append(f"model / popularity {key}: {doc['ratio_to_popularity']:.2f}x")
-    if doc.get("ratio_to_best") is not None:
-        lines.append(
-            f"model / best baseline ({doc['best_baseline']}) {key}: {doc['ratio_to_best']:.2f}x"
-        )
-    for group, figs in doc.get("by_history", {}).items():
-        best = doc.get("best_baseline")
-        line = f"users with {group:>3} earlier items: {figs['scored']:>6} scored, model {key} "
-        line += f"{figs['model'][key]:.4f}"
-        if best is not None:
-            line += f", {best} {figs[best][key]:.4f}"
-        lines.append(line)
-    for codec, figs in doc.get("row_codecs", {}).items():
-        change = figs["change_vs_float32"].get(key)
-        lines.append(f"served-{codec} {key} vs served-float32: "
-                     + ("n/a" if change is None else f"{100 * change:+.2f}%")
-                     + f", {figs['delta_bytes_per_batch'] / 1e3:.1f} kB per delta")
-    return "\n".join(lines)
-
-
-def plot_over_time(doc: dict[str, Any], path: Path) -> None:
-    """One panel per figure (Recall/NDCG @10/@20), one line per method, x = chunk end time."""
-    from datetime import UTC, datetime
-
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    keys = [k for k in doc if k.startswith(("recall@", "ndcg@"))]
-    fig, axes = plt.subplots(len(keys), 1, figsize=(9, 2.6 * len(keys)), sharex=True)
-    for ax, key in zip(axes, keys, strict=True):
-        for name, chunks in doc["over_time"].items():
-            x = [datetime.fromtimestamp(c["last_ts"] / 1000, UTC) for c in chunks]
-            others = {**doc["baselines"], **doc.get("side", {})}
-            overall = doc[key] if name == "model" else others[name][key]
-            ax.plot(x, [c[key] for c in chunks], marker="o", label=f"{name} ({overall:.3f})")
-        ax.set_ylabel(key)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8, loc="upper left")
-    axes[-1].set_xlabel("event time (end of chunk)")
-    fig.suptitle(f"test-then-train: {doc['scored']} scored of {doc['events']} events")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)

@@ -205,8 +205,9 @@ def _cluster_trainer(
 
     from model.cluster.coordinator import connect
     from model.cluster.metrics import ClusterMetrics, ClusterSampler
+    from model.cluster.options import ClusterOptions, check_supported
     from model.cluster.service import cluster_servers
-    from model.cluster.trainer import ClusterOptions, ClusterTrainer, check_supported
+    from model.cluster.trainer import ClusterTrainer
 
     check_supported(config, options)  # before any process starts
     tcfg = settings.trainer  # ps and workers: the settings with the flags applied

@@ -23,7 +23,8 @@ def local_trainer(
 ) -> Iterator[Any]:
     """A ClusterTrainer of ``config`` / ``options`` on ``ps`` + ``workers`` fresh servers."""
     from model.cluster.coordinator import connect
-    from model.cluster.trainer import ClusterOptions, ClusterTrainer, check_supported
+    from model.cluster.options import ClusterOptions, check_supported
+    from model.cluster.trainer import ClusterTrainer
 
     check_supported(config, options)  # before any process starts
     tcfg = settings.trainer.model_copy(

@@ -19,16 +19,16 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from model.cluster.coordinator import Coordinator
 from model.cluster.metrics import ClusterMetrics, ClusterSnapshot
+from model.cluster.options import ClusterOptions, StepsReplayed, check_supported
 from model.cluster.sparse import ShardedTable
 from model.cluster.stats import StepStats, WireLedger, nbytes, ps_figures
-from model.errors import ModelError
+from model.cluster.tables import ShardedTables
 from model.towers.config import ModelConfig
 from model.towers.tf_env import flat_caller, tf
 from model.towers.two_tower import DEFAULT_KEY
@@ -41,42 +41,6 @@ log = logging.getLogger(__name__)
 #: Keras' legacy Adagrad (the single-process optimizers): first accumulator and epsilon.
 ADAGRAD_INITIAL = 0.1
 EPSILON = 1e-7
-
-
-class ClusterError(ModelError):
-    """The cluster cannot train this config, or its state is not consistent."""
-
-
-class StepsReplayed(ClusterError):
-    """A step began more than once since the last cut (a worker failed mid-step)."""
-
-
-@dataclass(frozen=True)
-class ClusterOptions:
-    #: dtype of rows and gradients on the wire ("float32" or "bfloat16"; tables stay
-    #: float32); bfloat16 evaluates within noise of float32 (docs/cluster.md)
-    wire_dtype: str = "bfloat16"
-    #: Steps scheduled after an evaluated one before its head goes to the evaluation
-    #: thread (which fetches it from the worker): the chief never waits for a step it has
-    #: just scheduled, and the evaluation lags the training by this many batches at most.
-    head_lag_steps: int = 4
-
-
-def check_supported(config: ModelConfig, options: TrainOptions) -> None:
-    """Raise :class:`ClusterError` naming what the cluster step does not support yet."""
-    unsupported = []
-    if config.attention:
-        unsupported.append("the attention user tower (user_tower='attention')")
-    if not config.train_history:
-        unsupported.append("train_history=False (--no-history-grad)")
-    if options.grad_accum_steps > 1:
-        unsupported.append("gradient accumulation (--grad-accum > 1)")
-    if options.mixed_precision or config.compute_dtype != "float32":
-        unsupported.append("bfloat16 compute (--mixed-precision)")
-    if not options.dedup_lookups:
-        unsupported.append("dedup_lookups=False")
-    if unsupported:
-        raise ClusterError("the cluster trainer does not support " + ", ".join(unsupported))
 
 
 def layers_from_checkpoint(prefix: str, layers: int) -> tuple[np.ndarray, np.ndarray] | None:
@@ -123,7 +87,7 @@ _STEP_SIG = [
 ]
 
 
-class ClusterTrainer(Trainer):
+class ClusterTrainer(ShardedTables, Trainer):
     """A Trainer whose step runs on the cluster of ``conn``; see the module doc."""
 
     def __init__(
@@ -246,42 +210,6 @@ class ClusterTrainer(Trainer):
         model.kernels, model.biases = parts[0 : 2 * n : 2], parts[1 : 2 * n : 2]
         return model
 
-    def _sharded(self, table: Any) -> ShardedTable:
-        """The sharded table of the local ``model.users`` or ``model.items``."""
-        return self.users_ps if table is self.model.users else self.items_ps
-
-    def known_rows(self, table: Any) -> tuple[np.ndarray, np.ndarray]:
-        """(keys, rows) of the ids with an own row, read from the shards one parameter
-        server at a time into arrays sized by the shards (the chief holds the result and
-        one shard's export, not a copy of each), admission filtered by the chief's stats
-        as one process filters its table. Steps may be in flight: :meth:`sync` first for
-        the rows of a cut."""
-        shards = self._sharded(table).params.tables
-        threshold = self.model.threshold(table)
-        size = sum(int(t.size()) for t in shards)
-        keys_out = np.empty(size, np.int64)
-        rows_out = np.empty((size, self.config.embedding_dim), np.float32)
-        n = 0
-        for shard in shards:
-            keys, rows = (t.numpy() for t in shard.export())
-            keep = keys != DEFAULT_KEY
-            if threshold > 1 and keys.size:
-                keep &= table.sightings(tf.constant(keys)).numpy() >= threshold
-            m = int(keep.sum())
-            if n + m > keys_out.size:  # a step in flight grew the shard since its size
-                keys_out = np.resize(keys_out, n + m)
-                rows_out = np.resize(rows_out, (n + m, rows_out.shape[1]))
-            np.compress(keep, keys, out=keys_out[n:n + m])
-            np.compress(keep, rows, axis=0, out=rows_out[n:n + m])
-            n += m
-            del keys, rows
-        return keys_out[:n], rows_out[:n]
-
-    def known_keys(self, table: Any) -> np.ndarray:
-        """The admitted keys by the chief's stats: the shards hold a row for each once its
-        step ran (no round trip to the parameter servers)."""
-        return self._admitted(table)[0]
-
     def tower_users(self, user_keys: np.ndarray, history: np.ndarray) -> np.ndarray:
         """The user tower of users with their histories on the rows the shards hold now
         (``streamrec evaluate``'s scoring): the chief keeps no copy of the shards between
@@ -297,29 +225,12 @@ class ClusterTrainer(Trainer):
                 local.params.upsert(tf.constant(keys[held]), tf.boolean_mask(rows, held))
         return super().tower_users(user_keys, history)
 
-    def default_row(self, table: Any) -> np.ndarray:
-        """The shared row of ids without one, as its shard holds it."""
-        key = tf.constant([DEFAULT_KEY], tf.int64)
-        return np.asarray(self._sharded(table).params.lookup(key).numpy()[0], np.float32)
-
     def _join(self) -> None:
         """Wait for every scheduled step (timed: the chief's ``join`` wait)."""
         started = self.monotonic()
         self.conn.coordinator.join()
         if self.metrics is not None:
             self.metrics.waits["join"].observe(self.monotonic() - started)
-
-    def admitted_rows(self) -> dict[str, int]:
-        """Rows each table's admission stats grant (``DEFAULT_KEY`` aside): what the shards
-        hold, plus their default row, once the steps in flight ran. With admission at the
-        first sighting every stats entry is admitted, and the count is the stats' size."""
-        out = {}
-        for name, table in (("user", self.model.users), ("item", self.model.items)):
-            if self.model.threshold(table) <= 1:
-                out[name] = int(table.stats.size())
-            else:
-                out[name] = int(self._admitted(table)[0].size)
-        return out
 
     def snapshot(self, clock: Callable[[], float]) -> ClusterSnapshot:
         """Every PS's shard rows and traffic, every worker's steps and traffic, the chief's
@@ -328,53 +239,6 @@ class ClusterTrainer(Trainer):
         users, items = self.users_ps.shard_sizes(), self.items_ps.shard_sizes()
         return ClusterSnapshot(ps_figures(traffic, users, items), tuple(workers),
                                self.admitted_rows(), self.scheduled, clock())
-
-    def table_sizes(self) -> dict[str, int]:
-        """Rows per table, and per table and parameter server (``item_rows_ps1``: the
-        trainer's table-rows gauge and the manifest carry both)."""
-        out = {}
-        for name, table in (("user_rows", self.users_ps), ("item_rows", self.items_ps)):
-            shards = table.shard_sizes()
-            out[name] = sum(shards)
-            out.update({f"{name}_ps{i}": n for i, n in enumerate(shards)})
-        return out
-
-    def maybe_evict(self) -> int:
-        """Every ``evict_every_steps`` scheduled steps each table keeps its ``max_*_rows``
-        most recently trained rows (the one-process rule, ``TwoTowerModel.evict``), removed
-        from the shards and their accumulators on the parameter servers.
-
-        The chief's admission stats name the rows: the PS hold a row for each admitted key
-        once its step ran, so no table is read back. Every scheduled step is joined first:
-        no step in flight reads or writes a row removed here.
-        """
-        every = self.options.evict_every_steps
-        if not every or self.scheduled % every:
-            return 0
-        self._join()
-        opts, removed = self.options, 0
-        for local, sharded, cap in (
-            (self.model.users, self.users_ps, opts.max_user_rows),
-            (self.model.items, self.items_ps, opts.max_item_rows),
-        ):
-            keys, last = self._admitted(local)
-            if keys.size > cap:
-                drop = tf.constant(keys[np.argsort(last, kind="stable")[: keys.size - cap]])
-                sharded.remove(drop)
-                local.stats.remove(drop)
-                removed += keys.size - cap
-                log.info("evicted %d rows from %s (max %d)", keys.size - cap, sharded.name, cap)
-            self.model.trim_stats(local, cap)
-        self.evicted_rows += removed
-        if removed and self.negatives.count:
-            self.negatives.reset(self._admitted(self.model.items)[0])
-        return removed
-
-    def _admitted(self, table: Any) -> tuple[np.ndarray, np.ndarray]:
-        """(keys, last step) of the admitted keys of a table's stats (``DEFAULT_KEY`` aside)."""
-        keys, vals = (t.numpy() for t in table.stats.export())
-        keep = (vals[:, 0] >= self.model.threshold(table)) & (keys != DEFAULT_KEY)
-        return keys[keep], vals[keep, 1]
 
     # -- the step -----------------------------------------------------------------------------
     def warm(self) -> None:

@@ -1,32 +1,33 @@
 """Deltas: what changed in the trainer between two full versions (numpy only; spec
 ``model/delta/FORMAT.md``). Serving imports this package; it never imports TensorFlow.
 
-* ``codec`` — the binary record (header + arrays + checksum) and the row codecs
-  (float32, float16, bfloat16, int8 with a per-row scale).
-* ``state`` — :class:`ModelState`, the served model in the form deltas change it, and
-  :func:`compose` (a state as a ``ServingArtifact``), :func:`state_checksum`.
-* ``served`` — :class:`Composer`: each state of a lineage as an artifact, patched per
-  delta from the last one (equal to :func:`compose`).
-* ``shared`` — a state and its artifact as one file other processes map (one composer per
-  host, ``serving.shared_state``).
-* ``apply`` — :class:`Delta`, :func:`encode` / :func:`decode`, :func:`apply` (pure: a new
-  state; idempotent by sequence; :class:`DeltaGap` / :class:`UnknownBase` ask for a resync).
+A delta goes through four stages, one module each, in this order:
+
+* ``wire`` — :class:`Delta` and its record: :func:`encode` / :func:`decode` / :func:`peek`,
+  the header, arrays and checksum, and the row codecs (float32, float16, bfloat16, int8).
+* ``state`` — :class:`ModelState` (the served model in the form deltas change it),
+  :class:`Constants`, :func:`state_checksum`.
+* ``apply`` — :func:`apply` (pure: a new state; idempotent by sequence; :class:`DeltaGap` /
+  :class:`UnknownBase` ask for a resync), :func:`from_snapshot`, :func:`empty_state`.
+* ``served`` — :func:`compose` (a state as a ``ServingArtifact``) and :class:`Composer`
+  (each state of a lineage, patched per delta from the last one).
+* ``shared`` — a state and its artifact as one file other processes map.
 """
 
-from model.delta.apply import (
+from model.delta.apply import DeltaGap, UnknownBase, apply, empty_state, from_snapshot
+from model.delta.served import Composer, compose
+from model.delta.state import Constants, ModelState, state_checksum
+from model.delta.wire import (
+    CODECS,
+    SNAPSHOT_FILE,
     Delta,
-    DeltaGap,
-    UnknownBase,
-    apply,
+    DeltaError,
     decode,
-    empty_state,
+    decode_rows,
     encode,
-    from_snapshot,
+    encode_rows,
     peek,
 )
-from model.delta.codec import CODECS, SNAPSHOT_FILE, DeltaError, decode_rows, encode_rows
-from model.delta.served import Composer
-from model.delta.state import Constants, ModelState, compose, state_checksum
 
 __all__ = [
     "CODECS", "SNAPSHOT_FILE", "Composer", "Constants", "Delta", "DeltaError", "DeltaGap", "ModelState", "UnknownBase",

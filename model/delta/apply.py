@@ -1,4 +1,4 @@
-"""A delta (:class:`Delta`), its wire form, and :func:`apply` (pure; numpy only).
+"""The apply stage: a delta applied to a state, :func:`apply` (pure; numpy only).
 
 A delta with ``seq == 0`` is a *snapshot*: everything of a state, relative to nothing (the
 trainer writes one beside every full version; serving starts a lineage from it). A delta
@@ -12,14 +12,13 @@ with ``seq = n > 0`` applies to the state of the same ``base_version`` at ``n - 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
-from typing import Any
+from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 
-from model.delta.codec import DeltaError, decode_rows, encode_rows, pack, unpack
-from model.delta.state import Constants, Layer, ModelState, insert_sorted, seed_catalog_index
+from model.delta.state import Constants, ModelState
+from model.delta.wire import Delta, DeltaError
 
 _I64 = np.zeros(0, np.int64)
 
@@ -34,120 +33,6 @@ class UnknownBase(DeltaError):
 
 def _empty_rows(dim: int) -> np.ndarray:
     return np.zeros((0, dim), np.float32)
-
-
-@dataclass(frozen=True, eq=False)
-class Delta:
-    """What changed in the trainer since the previous delta (see the module doc)."""
-
-    base_version: str
-    seq: int
-    offsets: Mapping[str, int]
-    trained_through_ms: int | None
-    samples_trained: int
-    user_keys: np.ndarray
-    user_rows: np.ndarray
-    removed_users: np.ndarray
-    default_user_row: np.ndarray
-    hist_keys: np.ndarray
-    hist_rows: np.ndarray
-    removed_hist: np.ndarray
-    new_item_keys: np.ndarray
-    new_item_ids: np.ndarray
-    removed_items: np.ndarray
-    prior_buckets: np.ndarray
-    prior_base: np.ndarray
-    prior_scalars: tuple[float, float, float]
-    #: Dense ids ``first ..`` of the co-visitation's new item keys.
-    covisit_first_id: int
-    covisit_new_keys: np.ndarray
-    covisit_codes: np.ndarray
-    covisit_values: np.ndarray
-    covisit_removed: np.ndarray
-    covisit_scale: float
-    weights: tuple[float, float, float, float]
-    layers: tuple[Layer, ...]
-    #: The lineage's constants: snapshots (``seq == 0``) only.
-    constants: Constants | None = None
-    created_at: str | None = None
-    #: The trainer's :func:`state_checksum` of the state this delta leads to ("" = none).
-    state_checksum: str = ""
-    extra: Mapping[str, Any] = field(default_factory=dict)
-
-    @property
-    def rows_changed(self) -> int:
-        return int(self.user_keys.size + self.hist_keys.size)
-
-
-def encode(delta: Delta, codec: str = "float32", *, compress: bool = False) -> bytes:
-    """The delta as one record (``model.delta.codec``); user and history rows in ``codec``."""
-    meta: dict[str, Any] = {
-        "base_version": delta.base_version, "seq": delta.seq, "offsets": dict(delta.offsets),
-        "trained_through_ms": delta.trained_through_ms, "samples_trained": delta.samples_trained,
-        "prior_scalars": list(delta.prior_scalars), "covisit_first_id": delta.covisit_first_id,
-        "covisit_scale": delta.covisit_scale, "weights": list(delta.weights),
-        "activations": [act for _, _, act in delta.layers], "codec": codec,
-        "constants": delta.constants.to_json() if delta.constants else None,
-        "created_at": delta.created_at, "state_checksum": delta.state_checksum,
-        "extra": dict(delta.extra),
-    }
-    arrays: dict[str, np.ndarray] = {}
-    for name in ("user", "hist"):
-        for part, arr in encode_rows(getattr(delta, f"{name}_rows"), codec).items():
-            arrays[f"{name}_rows.{part}"] = arr
-    for name in ("user_keys", "removed_users", "default_user_row", "hist_keys", "removed_hist",
-                 "new_item_keys", "new_item_ids", "removed_items", "prior_buckets",
-                 "prior_base", "covisit_new_keys", "covisit_codes", "covisit_values",
-                 "covisit_removed"):
-        arrays[name] = getattr(delta, name)
-    for i, (w, b, _) in enumerate(delta.layers):
-        arrays[f"layer_{i}_w"], arrays[f"layer_{i}_b"] = w, b
-    return pack(meta, arrays, compress=compress)
-
-
-def decode(record: bytes) -> Delta:
-    """Inverse of :func:`encode` (checksum verified; rows back in float32)."""
-    meta, arrays = unpack(record)
-    try:
-        codec = meta["codec"]
-        rows = {
-            name: decode_rows({k.split(".", 1)[1]: v for k, v in arrays.items()
-                               if k.startswith(f"{name}_rows.")}, codec)
-            for name in ("user", "hist")
-        }
-        layers = tuple(
-            (arrays[f"layer_{i}_w"], arrays[f"layer_{i}_b"], str(act))
-            for i, act in enumerate(meta["activations"])
-        )
-        constants = Constants(**meta["constants"]) if meta.get("constants") else None
-        return Delta(
-            base_version=str(meta["base_version"]), seq=int(meta["seq"]),
-            offsets={str(k): int(v) for k, v in meta["offsets"].items()},
-            trained_through_ms=meta["trained_through_ms"],
-            samples_trained=int(meta["samples_trained"]),
-            user_keys=arrays["user_keys"], user_rows=rows["user"],
-            removed_users=arrays["removed_users"], default_user_row=arrays["default_user_row"],
-            hist_keys=arrays["hist_keys"], hist_rows=rows["hist"],
-            removed_hist=arrays["removed_hist"], new_item_keys=arrays["new_item_keys"],
-            new_item_ids=arrays["new_item_ids"], removed_items=arrays["removed_items"],
-            prior_buckets=arrays["prior_buckets"], prior_base=arrays["prior_base"],
-            prior_scalars=tuple(float(x) for x in meta["prior_scalars"]),  # type: ignore[arg-type]
-            covisit_first_id=int(meta["covisit_first_id"]),
-            covisit_new_keys=arrays["covisit_new_keys"], covisit_codes=arrays["covisit_codes"],
-            covisit_values=arrays["covisit_values"], covisit_removed=arrays["covisit_removed"],
-            covisit_scale=float(meta["covisit_scale"]),
-            weights=tuple(float(x) for x in meta["weights"]),  # type: ignore[arg-type]
-            layers=layers, constants=constants, created_at=meta.get("created_at"),
-            state_checksum=str(meta.get("state_checksum", "")), extra=meta.get("extra", {}),
-        )
-    except (KeyError, TypeError, ValueError) as exc:
-        raise DeltaError(f"delta record lacks or garbles {exc}") from exc
-
-
-def peek(record: bytes) -> tuple[str, int]:
-    """(base version, seq) of a record, checksum verified, without building the delta."""
-    meta, _ = unpack(record)
-    return str(meta["base_version"]), int(meta["seq"])
 
 
 def _upsert(
@@ -290,3 +175,42 @@ def _all_in(sorted_keys: np.ndarray, keys: np.ndarray) -> bool:
         return not keys.size
     pos = np.minimum(np.searchsorted(sorted_keys, keys), sorted_keys.size - 1)
     return bool(np.all(sorted_keys[pos] == keys))
+
+
+def insert_sorted(
+    keys: np.ndarray, values: np.ndarray, at: np.ndarray, new_keys: np.ndarray,
+    new_values: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """``np.insert(keys, at, new_keys)`` and ``np.insert(values, at, new_values, axis=0)``
+    for non-decreasing ``at``. Rows of ``values`` (2-D) are copied as the runs between
+    insertion points, one slice copy each: ``np.insert`` goes through a boolean mask over
+    every row, which costs more (``docs/decisions.md#delta-stream``). A 1-D table keeps
+    ``np.insert`` (its mask is cheap; a run per key was slower)."""
+    if values.ndim == 1:
+        return np.insert(keys, at, new_keys), np.insert(values, at, new_values)
+    m, n = at.size, keys.shape[0]
+    out_k = np.empty(n + m, keys.dtype)
+    out_v = np.empty((n + m, *values.shape[1:]), values.dtype)
+    dest = at + np.arange(m, dtype=np.int64)
+    out_k[dest], out_v[dest] = new_keys, new_values
+    bounds = [0, *at.tolist(), n]
+    for i in range(m + 1):
+        lo, hi = bounds[i], bounds[i + 1]
+        if hi > lo:
+            out_k[lo + i:hi + i] = keys[lo:hi]
+            out_v[lo + i:hi + i] = values[lo:hi]
+    return out_k, out_v
+
+
+def seed_catalog_index(state: ModelState, previous: ModelState, added: np.ndarray) -> None:
+    """Give ``state`` (whose catalog is ``previous``'s with ``added`` keys appended, none
+    removed) its :attr:`ModelState.catalog_index` from ``previous``'s: one merge, no sort."""
+    if "catalog_index" not in previous.__dict__:
+        return  # never used: built on first use instead
+    keys, rows = previous.catalog_index
+    if added.size:
+        order = np.argsort(added, kind="stable")
+        at = np.searchsorted(keys, added[order])
+        keys, rows = insert_sorted(keys, rows, at, added[order],
+                                   previous.item_keys.size + order.astype(np.int64))
+    state.__dict__["catalog_index"] = (keys, rows)

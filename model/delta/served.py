@@ -1,25 +1,106 @@
-"""Composing successive states of a lineage into servable artifacts, patched per delta.
+"""The served stage: a state composed into a ``ServingArtifact``, per delta by a patch.
 
-:func:`model.delta.compose` builds an artifact from a state from scratch (catalog lookups,
-a sort, the id map): too slow to run for every delta in every serving worker. A
-:class:`Composer` keeps, privately, what those lookups produce aligned with the catalog's
-rows, rewrites only what a delta changed, and recomputes the served item matrix from the
-cached rows into a new array, so the result equals a full compose and requests in flight keep
-the array they started with. A delta that removes items, the first state of a lineage and any
-state not the successor of the last are composed from scratch. What is cached and why the
-matrix is recomputed: docs/internals.md; the costs: ``docs/decisions.md#delta-stream``.
+:func:`compose` builds an artifact from a state from scratch (catalog lookups, a sort, the id
+map): too slow to run for every delta in every serving worker. A :class:`Composer` keeps,
+privately, what those lookups produce aligned with the catalog's rows, rewrites only what a
+delta changed, and recomputes the served item matrix from the cached rows into a new array, so
+the result equals a full compose and requests in flight keep the array they started with. A
+delta that removes items, the first state of a lineage and any state not the successor of the
+last are composed from scratch. What is cached and why the matrix is recomputed:
+docs/internals.md; the costs: ``docs/decisions.md#delta-stream``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from model.artifact.files import ServingArtifact
-from model.delta.apply import Delta
-from model.delta.state import ModelState, compose, insert_sorted, item_index, servable
+from model.delta.apply import insert_sorted
+from model.delta.state import ModelState
+from model.delta.wire import Delta
 from model.scoring.prior import normalized_rows, served_item_vectors
+
+
+def compose(state: ModelState, previous: ServingArtifact | None = None) -> ServingArtifact:
+    """The state as a servable artifact (its ``manifest`` names the base version and the
+    delta sequence), built from scratch. ``previous``: the artifact of an earlier state of
+    the lineage, whose id -> row map is reused when the catalog is the same or only grew.
+    :class:`Composer` builds the same artifact per delta from the last one."""
+    covisit = state.covisit_csr() if state.constants.covisit_window is not None else None
+    return servable(state, state.item_vectors(), covisit, item_index(state.item_ids, previous))
+
+
+def servable(
+    state: ModelState, vectors: np.ndarray,
+    covisit: tuple[np.ndarray, np.ndarray, np.ndarray] | None, index: Mapping[str, int],
+) -> ServingArtifact:
+    """The artifact of ``state`` with its item ``vectors``, CSR pairs and id -> row map
+    (computed by the caller: from scratch or patched); the arrays are made read-only."""
+    c = state.constants
+    for arr in vectors, state.user_rows, state.hist_rows:
+        arr.setflags(write=False)
+    manifest: dict[str, Any] = {
+        "format": "streamrec-artifact",
+        "version": state.base_version,
+        "delta_seq": state.seq,
+        "created_at": state.created_at,
+        "trained_through_ms": state.trained_through_ms,
+        "normalize": c.normalize,
+        "dims": {
+            "items": int(state.item_ids.shape[0]), "d": int(vectors.shape[1]),
+            "hist_items": int(state.hist_keys.shape[0]), "hist_dim": int(state.hist_rows.shape[1]),
+            "users": int(state.user_keys.shape[0]), "user_dim": int(state.user_rows.shape[1]),
+        },
+    }
+    if c.score_bias:
+        manifest["score_bias"] = True
+    if c.history_len is not None:
+        manifest["history_len"] = c.history_len
+    if c.history_decay != 1.0:
+        manifest["history_decay"] = c.history_decay
+    if covisit is not None:
+        manifest["covisit"] = {
+            "weight": state.weights[2], "last_weight": state.weights[3],
+            "window": c.covisit_window, "decay": c.covisit_decay,
+        }
+    return ServingArtifact(
+        path=Path(f"delta:{state.base_version}+{state.seq}"),
+        manifest=manifest,
+        item_ids=state.item_ids,
+        item_vectors=vectors,
+        item_hist_keys=state.hist_keys,
+        item_hist_rows=state.hist_rows,
+        user_keys=state.user_keys,
+        user_rows=state.user_rows,
+        default_user_row=state.default_user_row,
+        layers=state.layers,
+        normalize=c.normalize,
+        item_index=index,
+        covisit=covisit,
+    )
+
+
+def item_index(ids: np.ndarray, previous: ServingArtifact | None,
+               prefix_known: bool = False) -> Mapping[str, int]:
+    """id -> catalog row; from ``previous`` when its catalog is ``ids`` or a prefix of it
+    (apply keeps the same array when the catalog did not change and appends new items).
+    ``prefix_known``: the caller knows that it is (the prefix is not compared)."""
+    if previous is not None:
+        old = previous.item_ids
+        if old is ids:
+            return previous.item_index
+        n = old.shape[0]
+        if n <= ids.shape[0] and (prefix_known or np.array_equal(ids[:n], old)):
+            if n == ids.shape[0]:
+                return previous.item_index  # the same catalog (maps are never written)
+            index = dict(previous.item_index)
+            index.update((str(i), n + r) for r, i in enumerate(ids[n:].tolist()))
+            return index
+    return {str(i): r for r, i in enumerate(ids.tolist())}
 
 
 class Composer:
@@ -131,5 +212,3 @@ def _ranges(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
         return np.zeros(0, np.int64)
     starts = np.repeat(lo - np.concatenate([[0], np.cumsum(lengths)[:-1]]), lengths)
     return starts + np.arange(total, dtype=np.int64)
-
-

@@ -26,8 +26,9 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from model.artifact.files import ServingArtifact
-from model.delta.codec import DeltaError
-from model.delta.state import Constants, ModelState, item_index, servable
+from model.delta.served import item_index, servable
+from model.delta.state import Constants, ModelState
+from model.delta.wire import DeltaError
 
 MAGIC = b"SRS1"
 #: Byte alignment of every array in the file.

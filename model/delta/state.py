@@ -1,14 +1,13 @@
-"""The served model as deltas build it: :class:`ModelState`, and what it computes.
+"""The state stage: :class:`ModelState`, the served model in the form deltas change it.
 
 A state holds what the served score depends on in the form the trainer changes it, so a
 delta replaces only what moved (format: ``model/delta/FORMAT.md``): user and history rows by
 key and the user tower's dense layers, the catalog in row order, the popularity prior by hash
 bucket, the co-visitation pairs relative to the lineage's reference count, and the mix weights.
 
-:func:`compose` turns a state into a :class:`model.artifact.files.ServingArtifact` with the
-arithmetic of ``Trainer._scoring_items`` and ``CoVisitation.csr``; :func:`state_checksum`
-hashes a state in a canonical order (replicas that applied the same deltas hash equal). Each
-part in detail: docs/internals.md.
+Its methods compute what a full version holds (``Trainer._scoring_items``,
+``CoVisitation.csr``); :func:`state_checksum` hashes a state in a canonical order (replicas
+that applied the same deltas hash equal). Each part in detail: docs/internals.md.
 """
 
 from __future__ import annotations
@@ -17,12 +16,10 @@ import hashlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from model.artifact.files import ServingArtifact
 from model.scoring.prior import served_item_vectors
 
 _LOW = np.int64(0xFFFFFFFF)
@@ -167,123 +164,6 @@ class ModelState:
         if self.constants.covisit_window is not None:
             out["covisit"] = self.covisit_csr()
         return out
-
-
-def compose(state: ModelState, previous: ServingArtifact | None = None) -> ServingArtifact:
-    """The state as a servable artifact (its ``manifest`` names the base version and the
-    delta sequence), built from scratch. ``previous``: the artifact of an earlier state of
-    the lineage, whose id -> row map is reused when the catalog is the same or only grew.
-    ``model.delta.served.Composer`` builds the same artifact per delta from the last one."""
-    covisit = state.covisit_csr() if state.constants.covisit_window is not None else None
-    return servable(state, state.item_vectors(), covisit, item_index(state.item_ids, previous))
-
-
-def servable(
-    state: ModelState, vectors: np.ndarray,
-    covisit: tuple[np.ndarray, np.ndarray, np.ndarray] | None, index: Mapping[str, int],
-) -> ServingArtifact:
-    """The artifact of ``state`` with its item ``vectors``, CSR pairs and id -> row map
-    (computed by the caller: from scratch or patched); the arrays are made read-only."""
-    c = state.constants
-    for arr in vectors, state.user_rows, state.hist_rows:
-        arr.setflags(write=False)
-    manifest: dict[str, Any] = {
-        "format": "streamrec-artifact",
-        "version": state.base_version,
-        "delta_seq": state.seq,
-        "created_at": state.created_at,
-        "trained_through_ms": state.trained_through_ms,
-        "normalize": c.normalize,
-        "dims": {
-            "items": int(state.item_ids.shape[0]), "d": int(vectors.shape[1]),
-            "hist_items": int(state.hist_keys.shape[0]), "hist_dim": int(state.hist_rows.shape[1]),
-            "users": int(state.user_keys.shape[0]), "user_dim": int(state.user_rows.shape[1]),
-        },
-    }
-    if c.score_bias:
-        manifest["score_bias"] = True
-    if c.history_len is not None:
-        manifest["history_len"] = c.history_len
-    if c.history_decay != 1.0:
-        manifest["history_decay"] = c.history_decay
-    if covisit is not None:
-        manifest["covisit"] = {
-            "weight": state.weights[2], "last_weight": state.weights[3],
-            "window": c.covisit_window, "decay": c.covisit_decay,
-        }
-    return ServingArtifact(
-        path=Path(f"delta:{state.base_version}+{state.seq}"),
-        manifest=manifest,
-        item_ids=state.item_ids,
-        item_vectors=vectors,
-        item_hist_keys=state.hist_keys,
-        item_hist_rows=state.hist_rows,
-        user_keys=state.user_keys,
-        user_rows=state.user_rows,
-        default_user_row=state.default_user_row,
-        layers=state.layers,
-        normalize=c.normalize,
-        item_index=index,
-        covisit=covisit,
-    )
-
-
-def insert_sorted(
-    keys: np.ndarray, values: np.ndarray, at: np.ndarray, new_keys: np.ndarray,
-    new_values: np.ndarray,
-) -> tuple[np.ndarray, np.ndarray]:
-    """``np.insert(keys, at, new_keys)`` and ``np.insert(values, at, new_values, axis=0)``
-    for non-decreasing ``at``. Rows of ``values`` (2-D) are copied as the runs between
-    insertion points, one slice copy each: ``np.insert`` goes through a boolean mask over
-    every row, which costs more (``docs/decisions.md#delta-stream``). A 1-D table keeps
-    ``np.insert`` (its mask is cheap; a run per key was slower)."""
-    if values.ndim == 1:
-        return np.insert(keys, at, new_keys), np.insert(values, at, new_values)
-    m, n = at.size, keys.shape[0]
-    out_k = np.empty(n + m, keys.dtype)
-    out_v = np.empty((n + m, *values.shape[1:]), values.dtype)
-    dest = at + np.arange(m, dtype=np.int64)
-    out_k[dest], out_v[dest] = new_keys, new_values
-    bounds = [0, *at.tolist(), n]
-    for i in range(m + 1):
-        lo, hi = bounds[i], bounds[i + 1]
-        if hi > lo:
-            out_k[lo + i:hi + i] = keys[lo:hi]
-            out_v[lo + i:hi + i] = values[lo:hi]
-    return out_k, out_v
-
-
-def seed_catalog_index(state: ModelState, previous: ModelState, added: np.ndarray) -> None:
-    """Give ``state`` (whose catalog is ``previous``'s with ``added`` keys appended, none
-    removed) its :attr:`ModelState.catalog_index` from ``previous``'s: one merge, no sort."""
-    if "catalog_index" not in previous.__dict__:
-        return  # never used: built on first use instead
-    keys, rows = previous.catalog_index
-    if added.size:
-        order = np.argsort(added, kind="stable")
-        at = np.searchsorted(keys, added[order])
-        keys, rows = insert_sorted(keys, rows, at, added[order],
-                                   previous.item_keys.size + order.astype(np.int64))
-    state.__dict__["catalog_index"] = (keys, rows)
-
-
-def item_index(ids: np.ndarray, previous: ServingArtifact | None,
-               prefix_known: bool = False) -> Mapping[str, int]:
-    """id -> catalog row; from ``previous`` when its catalog is ``ids`` or a prefix of it
-    (apply keeps the same array when the catalog did not change and appends new items).
-    ``prefix_known``: the caller knows that it is (the prefix is not compared)."""
-    if previous is not None:
-        old = previous.item_ids
-        if old is ids:
-            return previous.item_index
-        n = old.shape[0]
-        if n <= ids.shape[0] and (prefix_known or np.array_equal(ids[:n], old)):
-            if n == ids.shape[0]:
-                return previous.item_index  # the same catalog (maps are never written)
-            index = dict(previous.item_index)
-            index.update((str(i), n + r) for r, i in enumerate(ids[n:].tolist()))
-            return index
-    return {str(i): r for r, i in enumerate(ids.tolist())}
 
 
 def state_checksum(state: ModelState) -> str:

@@ -9,4 +9,5 @@
   session-kNN, numpy only.
 * ``sequential`` — the per-user baseline sequential rules, numpy only.
 * ``synthetic`` — a synthetic ``samples`` stream with planted preferences.
+* ``report`` — a report as the command's table and as a plot over time.
 """

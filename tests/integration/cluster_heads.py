@@ -28,9 +28,10 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     from model.cluster.coordinator import connect
+    from model.cluster.options import ClusterOptions
     from model.cluster.server import launch
     from model.cluster.spec import ClusterLayout
-    from model.cluster.trainer import ClusterOptions, ClusterTrainer
+    from model.cluster.trainer import ClusterTrainer
     from model.evaluation.synthetic import SyntheticConfig, SyntheticStream
     from model.towers.two_tower import ModelConfig
     from model.trainer.options import TrainOptions

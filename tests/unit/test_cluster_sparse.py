@@ -82,7 +82,7 @@ def test_up_runs_each_server_of_a_fixed_layout_as_a_component_before_the_chief()
 
 
 def test_configs_the_cluster_step_does_not_support_are_refused_by_name() -> None:
-    from model.cluster.trainer import ClusterError, check_supported
+    from model.cluster.options import ClusterError, check_supported
     from model.towers.config import ModelConfig
     from model.trainer.options import TrainOptions
 

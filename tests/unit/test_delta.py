@@ -24,7 +24,7 @@ from model.delta import (
     from_snapshot,
     state_checksum,
 )
-from model.delta.codec import pack, unpack
+from model.delta.wire import pack, unpack
 from model.evaluation.synthetic import SyntheticConfig, SyntheticStream
 from model.towers.two_tower import ModelConfig
 from model.trainer.deltas import DeltaBuilder
@@ -306,7 +306,7 @@ def test_pairs_gone_and_moved_by_their_definition() -> None:
 
 @pytest.mark.parametrize("n, m", [(0, 3), (5, 0), (40, 1), (40, 7), (40, 60), (41, 9)])
 def test_insert_sorted_is_np_insert(n: int, m: int) -> None:
-    from model.delta.state import insert_sorted
+    from model.delta.apply import insert_sorted
 
     rng = np.random.default_rng(n * 100 + m)
     keys = np.sort(rng.choice(10_000, n, replace=False)).astype(np.int64)
