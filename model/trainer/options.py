@@ -1,6 +1,6 @@
 """Options of the incremental trainer (:class:`model.trainer.trainer.Trainer`); imports no TensorFlow.
 
-Each option changes the computation as its field says (``tests/unit/test_trainer_options.py``
+Each option changes the computation as its field says (``tests/unit/model/trainer/test_trainer_options.py``
 checks them): gradient accumulation, bfloat16 compute, per-table learning rates, eviction,
 deduplicated lookups, sampled negatives, the same-user mask, the frequency estimator, the
 auxiliary item-item loss term and the fused (XLA) loss. Each option's meaning in full:

@@ -9,7 +9,7 @@ from dataclasses import replace
 import numpy as np
 
 from model.delta import Composer, Delta, ModelState, apply, compose, decode, from_snapshot
-from tests.unit.test_delta import shared_lineage
+from tests.unit.model.delta.test_delta import shared_lineage
 
 
 def _assert_same(mine: object, full: object) -> None:

@@ -31,9 +31,9 @@ from serving.shared_state import (
 from serving.workers import ComposerProcess
 from streamrec.settings import load_settings
 from tests.support import free_port, wait_until
-from tests.unit.test_delta import CREATED, shared_lineage
-from tests.unit.test_delta_compose import _assert_same
-from tests.unit.test_serving_deltas import Seeks, _publish
+from tests.unit.model.delta.test_delta import CREATED, shared_lineage
+from tests.unit.model.delta.test_delta_compose import _assert_same
+from tests.unit.serving.test_serving_deltas import Seeks, _publish
 
 
 @pytest.fixture(scope="module")

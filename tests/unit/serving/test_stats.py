@@ -335,7 +335,7 @@ def test_the_stacks_collector_reads_a_serving_app_over_http(servers, tmp_path) -
     from serving.stats_file import stats_path
     from streamrec.settings import load_settings
     from tests.support import wait_until
-    from tests.unit.test_serving_app import MemoryStore
+    from tests.unit.serving.test_serving_app import MemoryStore
 
     ingest, _ = servers
     ingest.body = ingest_text(5)

@@ -17,7 +17,7 @@ from model.trainer.guard_publishing import GuardedPublishing
 from model.trainer.guard_rule import Guard
 from model.trainer.metrics import TrainerMetrics
 from streamrec import metric_names as names
-from tests.unit.test_artifact import make
+from tests.unit.model.artifact.test_artifact import make
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 

@@ -19,7 +19,13 @@ from stream.cli.features import settings_json
 from stream.flink.functions import StateCache, UserBatchStage, user_input
 from stream.flink.rehydrate import PartGuard
 from streamrec.settings import DEFAULT_EVENT_WEIGHTS, load_settings
-from tests.unit.test_flink_functions import FakeCounter, FakeCtx, FakeMapState, FakeState, wire
+from tests.unit.stream.flink.test_flink_functions import (
+    FakeCounter,
+    FakeCtx,
+    FakeMapState,
+    FakeState,
+    wire,
+)
 
 T0 = 1_700_000_040_000
 

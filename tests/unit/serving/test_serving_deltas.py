@@ -16,7 +16,7 @@ from serving.deltas import DeltaFollower, Pacer
 from serving.loader import ModelLoader
 from serving.metrics import ServingMetrics
 from streamrec.settings import load_settings
-from tests.unit.test_delta import CREATED, shared_lineage
+from tests.unit.model.delta.test_delta import CREATED, shared_lineage
 
 NOW = CREATED
 

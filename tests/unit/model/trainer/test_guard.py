@@ -12,7 +12,7 @@ import pytest
 
 from model.artifact.registry import Registry
 from model.trainer.guard_rule import Guard
-from tests.unit.test_artifact import make
+from tests.unit.model.artifact.test_artifact import make
 
 
 def _rows(rng: np.random.Generator, n: int, recall: float) -> np.ndarray:

@@ -7,7 +7,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from serving.fastpath import parse_recommend
-from tests.unit.test_serving_app import env, publish  # noqa: F401 - the fixture
+from tests.unit.serving.test_serving_app import env, publish  # noqa: F401 - the fixture
 
 QUERIES = [
     "user_id=alice", "user_id=alice&k=7", "user_id=alice&k=7&exclude_seen=false",

@@ -17,7 +17,7 @@ from deploy.cli import build_parser
 from deploy.components import PROMETHEUS_RULES, prometheus_config
 from streamrec.settings import load_settings
 from tests.support import REPO_ROOT
-from tests.unit.test_alert_rules import exported_names
+from tests.unit.deploy.test_alert_rules import exported_names
 
 COMPOSE = yaml.safe_load((REPO_ROOT / "docker-compose.yml").read_text())
 SERVICES = COMPOSE["services"]
