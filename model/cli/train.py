@@ -141,8 +141,11 @@ def run_train(args: argparse.Namespace) -> int:
 
         with ExitStack() as stack:
             if ps:
-                trainer: Any = _cluster_trainer(stack, settings, ps, workers, args, config, options,
-                                                metrics)
+                from model.cluster.local import cluster_trainer
+
+                log_dir = settings.stack.run_dir / "logs" / "trainer-cluster"
+                trainer: Any = stack.enter_context(
+                    cluster_trainer(settings, config, options, log_dir=log_dir, metrics=metrics))
             else:
                 trainer = Trainer(config, options)
             service = TrainerService(
@@ -193,36 +196,6 @@ def _leave(code: int) -> NoReturn:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
-
-
-def _cluster_trainer(
-    stack: ExitStack, settings: Any, ps: int, workers: int, args: argparse.Namespace,
-    config: Any, options: Any, metrics: Any,
-) -> Any:
-    """The chief's trainer on a cluster whose servers stay up while ``stack`` is open, its
-    per-role metrics in ``metrics``' registry (sampled until ``stack`` closes)."""
-    import time
-
-    from model.cluster.coordinator import connect
-    from model.cluster.metrics import ClusterMetrics, ClusterSampler
-    from model.cluster.options import ClusterOptions, check_supported
-    from model.cluster.service import cluster_servers
-    from model.cluster.trainer import ClusterTrainer
-
-    check_supported(config, options)  # before any process starts
-    tcfg = settings.trainer  # ps and workers: the settings with the flags applied
-    log_dir = settings.stack.run_dir / "logs" / "trainer-cluster"
-    layout = stack.enter_context(cluster_servers(tcfg, log_dir, settings.stack.ready_timeout_s))
-    log.info("trainer cluster: %d PS, %d workers, chief at %s", ps, workers, layout.chief)
-    wire = settings.trainer.wire_dtype
-    cluster_metrics = ClusterMetrics(metrics.registry, layout)
-    trainer = ClusterTrainer(config, options, connect(layout), ClusterOptions(wire_dtype=wire),
-                             metrics=cluster_metrics)
-    sampler = ClusterSampler(lambda: trainer.snapshot(time.time), cluster_metrics,
-                             settings.trainer.cluster_metrics_every_s)
-    stack.callback(sampler.stop)  # before the servers stop (the stack unwinds in reverse)
-    sampler.start()
-    return trainer
 
 
 def _serve_role(settings: Any, role: str, index: int) -> int:
