@@ -1,6 +1,7 @@
 """The bottom rung of streamrec: its kernel, and the client its users import.
 
-* ``settings`` — the one frozen settings object of a process (every default lives there).
+* ``settings`` — the one frozen settings object of a process (every default lives there);
+  ``trainer_settings`` — its trainer section, the one default of every trainer knob.
 * ``ids`` — id hashing; ``idset`` — an exact set of 64-bit id hashes (trained samples,
   replayed events); ``atomic`` — durable atomic file writes.
 * ``metric_names`` — every Prometheus metric name streamrec exports, defined once.

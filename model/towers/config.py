@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from streamrec.settings import trainer_default
+from streamrec.trainer_settings import trainer_default
 
 if TYPE_CHECKING:
     from streamrec.settings import Settings
