@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -94,8 +95,10 @@ def test_the_collector_process_writes_each_tick_and_removes_its_snapshot(tmp_pat
 
     async def scenario() -> None:
         task = asyncio.create_task(collect_into(collector, path))
+        deadline = time.monotonic() + 10.0
         while len(seen) < 3:
-            await asyncio.sleep(0.01)  # polls the file the task writes
+            assert time.monotonic() < deadline, "no third snapshot within 10 s"
+            await asyncio.sleep(0.01)  # polls the file the task writes, under the deadline
             if path.exists():
                 seen.append(json.loads(path.read_bytes()))
         task.cancel()
