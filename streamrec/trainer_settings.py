@@ -77,12 +77,14 @@ class TrainerSettings(BaseModel):
     delta_compress: bool = Field(False, description="Deflate each delta record (zlib level 1).")
     guard_margin: float = Field(
         0.2, ge=0.0, lt=1.0,
-        description="Quality guard: hold deltas and versions when the rolling test-then-train "
-        "Recall@10 falls this far (relative) below the last healthy publication's (0 = off; "
-        "model/trainer/guard_rule.py).",
+        description="Quality guard: hold deltas and versions when a guarded rate of the scored "
+        "rows (the served state beating the trained one, unexplained targets, lost histories, "
+        "repeating users or items) rises by this much over its rate at the last healthy "
+        "publication, by a CUSUM test (0 = off; model/trainer/guard_rule.py).",
     )
     guard_min_scored: int = Field(
-        500, ge=1, description="Scored rows the guard's current figure covers (and needs)."
+        500, ge=1, description="Scored rows without a trip before a hold ends (and the "
+        "rows the current Recall@10 the guard shows covers)."
     )
     guard_hold_alarm_s: float = Field(
         60.0, ge=0.0,

@@ -9,7 +9,6 @@ the spec says. Numpy only: this module must never import TensorFlow.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 from collections.abc import Mapping, Sequence
@@ -34,7 +33,10 @@ from model.artifact.manifest import (
     check_covisit_params,
     check_dims,
     format_version,
+    load_npy,
     read_manifest,
+    sha256_file,
+    sorted_table,
 )
 from model.scoring.covisit import accumulate, history_rows, position_weights, term
 from model.scoring.pooling import pool_history
@@ -46,30 +48,9 @@ __all__ = [
     "ACTIVATIONS", "FORMAT", "FORMAT_VERSION", "MANIFEST", "READABLE_VERSIONS", "ArtifactError",
     "ServingArtifact", "load_artifact", "read_manifest", "write_artifact",
 ]
-_CHUNK = 1 << 20
 
 
 Layer = tuple[np.ndarray, np.ndarray, str]
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def _sorted_table(keys: np.ndarray, rows: np.ndarray, what: str) -> tuple[np.ndarray, np.ndarray]:
-    keys = np.asarray(keys, dtype=np.int64).reshape(-1)
-    rows = np.asarray(rows, dtype=np.float32)
-    if rows.ndim != 2 or rows.shape[0] != keys.shape[0]:
-        raise ArtifactError(f"{what}: rows {rows.shape} do not match {keys.shape[0]} keys")
-    order = np.argsort(keys, kind="stable")
-    keys, rows = keys[order], rows[order]
-    if keys.size > 1 and not np.all(keys[1:] > keys[:-1]):
-        raise ArtifactError(f"{what}: duplicate keys")
-    return keys, rows
 
 
 def write_artifact(
@@ -113,8 +94,8 @@ def write_artifact(
         raise ArtifactError(f"item_vectors {vectors.shape} do not match {ids.shape[0]} item ids")
     if len(set(ids.tolist())) != ids.shape[0]:
         raise ArtifactError("duplicate item ids")
-    hist_keys, hist_rows = _sorted_table(item_hist_keys, item_hist_rows, "item_hist")
-    ukeys, urows = _sorted_table(user_keys, user_rows, "users")
+    hist_keys, hist_rows = sorted_table(item_hist_keys, item_hist_rows, "item_hist")
+    ukeys, urows = sorted_table(user_keys, user_rows, "users")
     default = np.asarray(default_user_row, dtype=np.float32).reshape(-1)
     if default.shape[0] != urows.shape[1]:
         raise ArtifactError(f"default_user_row has {default.shape[0]} dims, users {urows.shape[1]}")
@@ -160,7 +141,7 @@ def write_artifact(
         path = out / name
         np.save(path, arr, allow_pickle=False)
         files[name] = {
-            "sha256": _sha256(path),
+            "sha256": sha256_file(path),
             "bytes": path.stat().st_size,
             "shape": list(arr.shape),
             "dtype": arr.dtype.str,
@@ -256,6 +237,15 @@ class ServingArtifact:
         """Per history (most recent first): ``(item rows, added scores)`` of the co-visitation
         term (``model.scoring.covisit``: ``weight * log1p(s)``, only rows with ``s > 0``); empty
         arrays for every history when the version has no such term (formats 1-3)."""
+        window = int(self.manifest["covisit"]["window"]) if self.covisit is not None else 0
+        return self.covisit_scores_of_rows(
+            [np.asarray(history_rows(self.item_index, h, window), np.int64) for h in histories])
+
+    def covisit_scores_of_rows(
+        self, histories: Sequence[np.ndarray]
+    ) -> list[tuple[np.ndarray, np.ndarray]]:
+        """:meth:`covisit_scores` of histories given as item rows of this version (-1: not
+        one of its items), most recent first."""
         empty = (np.zeros(0, np.int64), np.zeros(0, np.float32))
         if self.covisit is None:
             return [empty] * len(histories)
@@ -266,7 +256,7 @@ class ServingArtifact:
         indptr, neighbours, weights = self.covisit
         out = []
         for hist in histories:
-            rows = np.asarray(history_rows(self.item_index, hist, window), np.int64)
+            rows = np.asarray(hist[:window], np.int64)
             pos = np.flatnonzero(rows >= 0)
             if not pos.size:
                 out.append(empty)
@@ -291,6 +281,19 @@ class ServingArtifact:
         out = self.item_vectors @ self.user_vectors(user_ids, histories).T
         if self.covisit is not None:
             for col, (rows, added) in enumerate(self.covisit_scores(histories)):
+                out[rows, col] += added
+        return out
+
+    def scores_of_keys(
+        self, user_keys: np.ndarray, histories: Sequence[np.ndarray],
+        history_rows: Sequence[np.ndarray],
+    ) -> np.ndarray:
+        """:meth:`scores` of users given by key, their histories as item keys and as item rows
+        of this version (-1: not one of its items), most recent first: the trainer scores its
+        rows (keys only) as serving would."""
+        out = self.item_vectors @ self.user_vectors_of_keys(user_keys, histories).T
+        if self.covisit is not None:
+            for col, (rows, added) in enumerate(self.covisit_scores_of_rows(history_rows)):
                 out[rows, col] += added
         return out
 
@@ -325,9 +328,16 @@ class ServingArtifact:
         ``score_bias`` the last column is the constant 1 that adds each item's bias to its score."""
         if len(user_ids) != len(histories):
             raise ValueError("user_ids and histories differ in length")
-        b = len(user_ids)
-        keys = np.fromiter((user_key(u) for u in user_ids), np.int64, b)
-        pos, found = self._lookup(keys, self.user_keys)
+        cut = None if self.history_len is None else max(
+            self.history_len, self.attention.length if self.attention else 0)
+        return self.user_vectors_of_keys(
+            np.fromiter((user_key(u) for u in user_ids), np.int64, len(user_ids)),
+            [item_keys(list(h[:cut])) for h in histories])
+
+    def user_vectors_of_keys(self, keys: np.ndarray, histories: Sequence[np.ndarray]) -> np.ndarray:
+        """:meth:`user_vectors` of users given by key, their histories as item keys."""
+        b = len(keys)
+        pos, found = self._lookup(np.asarray(keys, np.int64), self.user_keys)
         urows = np.empty((b, self.default_user_row.shape[0]), np.float32)
         urows[:] = self.default_user_row
         if found.any():
@@ -335,7 +345,8 @@ class ServingArtifact:
         hrows = np.zeros((b, self.item_hist_rows.shape[1]), np.float32)
         window, decay, att = self.history_len, self.history_decay, self.attention
         cut = None if window is None else max(window, att.length if att else 0)
-        lookups = [self._lookup(item_keys(list(h[:cut])), self.item_hist_keys) for h in histories]
+        lookups = [self._lookup(np.asarray(h[:cut], np.int64), self.item_hist_keys)
+                   for h in histories]
         for i, (hpos, hfound) in enumerate(lookups):
             hpos, hfound = hpos[:window], hfound[:window]
             if hfound.any():
@@ -356,24 +367,6 @@ class ServingArtifact:
         return np.ascontiguousarray(x, dtype=np.float32)
 
 
-def _load_npy(directory: Path, name: str, spec: Mapping[str, Any], verify: bool) -> np.ndarray:
-    path = directory / name
-    if not path.is_file():
-        raise ArtifactError(f"{path}: missing")
-    if path.stat().st_size != spec.get("bytes"):
-        raise ArtifactError(f"{path}: {path.stat().st_size} bytes, manifest says {spec.get('bytes')}")
-    if verify and _sha256(path) != spec.get("sha256"):
-        raise ArtifactError(f"{path}: sha256 mismatch")
-    try:
-        arr = np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as exc:
-        raise ArtifactError(f"{path}: {exc}") from exc
-    if list(arr.shape) != list(spec.get("shape", [])) or arr.dtype.str != spec.get("dtype"):
-        raise ArtifactError(f"{path}: {arr.dtype.str}{arr.shape} differs from the manifest")
-    arr.setflags(write=False)
-    return arr
-
-
 def load_artifact(directory: str | Path, *, verify: bool = True) -> ServingArtifact:
     """Load a version directory, verifying every file's size, sha256, shape and dtype."""
     path = Path(directory)
@@ -385,7 +378,7 @@ def load_artifact(directory: str | Path, *, verify: bool = True) -> ServingArtif
     for name, spec in files.items():
         if "/" in name or name.startswith("."):
             raise ArtifactError(f"{path}: bad file name {name!r}")
-        arrays[name] = _load_npy(path, name, spec, verify)
+        arrays[name] = load_npy(path, name, spec, verify)
     needed = {
         "item_ids.npy", "item_vectors.npy", "item_hist_keys.npy", "item_hist_rows.npy",
         "user_keys.npy", "user_rows.npy", "default_user_row.npy",

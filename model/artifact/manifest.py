@@ -6,6 +6,7 @@ re-exports these names.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping
 from pathlib import Path
@@ -20,6 +21,7 @@ FORMAT_VERSION = 6
 #: Versions the reader accepts (see the module doc).
 READABLE_VERSIONS = (1, 2, 3, 4, 5, 6)
 MANIFEST = "manifest.json"
+_CHUNK = 1 << 20
 ACTIVATIONS = ("relu", "linear")
 RESERVED = frozenset(
     {
@@ -139,3 +141,44 @@ def check_covisit_arrays(indptr: np.ndarray, items: np.ndarray, weights: np.ndar
         raise ArtifactError(f"covisit: neighbour rows outside [0, {n})")
     if not np.isfinite(weights).all() or (weights < 0).any():
         raise ArtifactError("covisit: weights must be finite and >= 0")
+
+
+def sha256_file(path: Path) -> str:
+    """Hex SHA-256 of a file, read in chunks."""
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def sorted_table(keys: np.ndarray, rows: np.ndarray, what: str) -> tuple[np.ndarray, np.ndarray]:
+    """``(keys, rows)`` sorted by key; refuses mismatched shapes and duplicate keys."""
+    keys = np.asarray(keys, dtype=np.int64).reshape(-1)
+    rows = np.asarray(rows, dtype=np.float32)
+    if rows.ndim != 2 or rows.shape[0] != keys.shape[0]:
+        raise ArtifactError(f"{what}: rows {rows.shape} do not match {keys.shape[0]} keys")
+    order = np.argsort(keys, kind="stable")
+    keys, rows = keys[order], rows[order]
+    if keys.size > 1 and not np.all(keys[1:] > keys[:-1]):
+        raise ArtifactError(f"{what}: duplicate keys")
+    return keys, rows
+
+
+def load_npy(directory: Path, name: str, spec: Mapping[str, Any], verify: bool) -> np.ndarray:
+    """One array of a version, checked against its manifest entry ``spec``; read-only."""
+    path = directory / name
+    if not path.is_file():
+        raise ArtifactError(f"{path}: missing")
+    if path.stat().st_size != spec.get("bytes"):
+        raise ArtifactError(f"{path}: {path.stat().st_size} bytes, manifest says {spec.get('bytes')}")
+    if verify and sha256_file(path) != spec.get("sha256"):
+        raise ArtifactError(f"{path}: sha256 mismatch")
+    try:
+        arr = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise ArtifactError(f"{path}: {exc}") from exc
+    if list(arr.shape) != list(spec.get("shape", [])) or arr.dtype.str != spec.get("dtype"):
+        raise ArtifactError(f"{path}: {arr.dtype.str}{arr.shape} differs from the manifest")
+    arr.setflags(write=False)
+    return arr

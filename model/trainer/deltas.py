@@ -279,6 +279,9 @@ class DeltaPublisher:
         self.sent = 0
         self.bytes_sent = 0
         self.last: Delta | None = None
+        #: The last delta as serving applies it (decoded when the row codec is lossy): the
+        #: step from the state before it to ``builder.mirror``.
+        self.applied: Delta | None = None
 
     @classmethod
     def start(
@@ -337,12 +340,13 @@ class DeltaPublisher:
         if not self.active or not self.builder.pending:
             return None
         before = self.builder.mirror
-        delta = self.builder.delta(meta)
+        delta = applied = self.builder.delta(meta)
         record = encode(delta, self.codec, compress=self.compress)
         if self.codec != "float32" and before is not None:
             # the mirror is what serving holds: the rows as the codec delivers them, so its
             # checksum (``status``) is the one every replica converges to
-            self.builder.mirror = apply(before, decode(record))
+            applied = decode(record)
+            self.builder.mirror = apply(before, applied)
         try:
             self.producer.send(self.topic, key=self.key, value=record)
         except KafkaError as exc:
@@ -351,7 +355,7 @@ class DeltaPublisher:
             return None
         self.sent += 1
         self.bytes_sent += len(record)
-        self.last = delta
+        self.last, self.applied = delta, applied
         return delta
 
     def flush(self) -> None:

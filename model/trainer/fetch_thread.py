@@ -292,16 +292,17 @@ class ChunkFetcher(threading.Thread):
         cols, rejected, offsets = pending.take(n_samples)
         n = len(cols)
         batch = None
+        ts = np.array(cols.ts_ms, np.int64).reshape(n)
         if n:
             batch = batch_from_columns(cols.user_ids, cols.item_ids, cols.histories,
                                        np.array(cols.weights, np.float32), self.history_len,
-                                       self.keys)
+                                       self.keys, times=ts)
         return Chunk(
             sample_ids=cols.sample_ids,
             item_ids=cols.item_ids,
             batch=batch,
             id_hashes=id_hashes(cols.sample_ids),
-            ts_ms=np.array(cols.ts_ms, np.int64).reshape(n),
+            ts_ms=ts,
             rejected=rejected,
             offsets=offsets,
         )

@@ -90,6 +90,8 @@ class GuardedPublishing:
                         "scored); suspect publications: %s", d.reason, _fmt(d.reference),
                         d.scored, ", ".join(d.suspect) or "none")
             self.rollback(d)
+        elif d.action == "held" and d.reason:
+            log.warning("quality guard still HOLDS publication: %s", d.reason)
         elif d.action == "resume":
             m.guard_held.set(0)
             log.warning("quality guard RESUMES publication: %s (healthy recall %s)",

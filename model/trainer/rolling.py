@@ -35,19 +35,43 @@ def recall_ndcg(ranked_keys: np.ndarray, targets: np.ndarray) -> tuple[np.ndarra
     return found.astype(np.float64), ndcg
 
 
-def rank_metrics(
-    scores: np.ndarray, target_pos: np.ndarray, k: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """Per-row recall@k and NDCG@k from the target's rank (number of candidates scoring
-    strictly higher); ``target_pos`` -1 = target not among the candidates (a miss).
-    Same figures as ranking the top k, without sorting."""
+def target_ranks(scores: np.ndarray, target_pos: np.ndarray) -> np.ndarray:
+    """Per row: how many candidates score strictly higher than the target (-1: the target
+    is not a candidate, ``target_pos`` -1)."""
     rows = np.arange(scores.shape[0])
-    found = target_pos >= 0
     target = scores[rows, np.maximum(target_pos, 0)]
     rank = (scores > target[:, None]).sum(axis=1)
-    hit = found & (rank < k)
-    ndcg = np.where(hit, 1.0 / np.log2(rank + 2.0), 0.0)
+    return np.where(target_pos >= 0, rank, -1)
+
+
+def rank_metrics(
+    scores: np.ndarray, target_pos: np.ndarray, k: int, ranks: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per-row recall@k and NDCG@k from the target's rank (:func:`target_ranks`, or
+    ``ranks`` already computed); a target not among the candidates is a miss. Same
+    figures as ranking the top k, without sorting."""
+    rank = target_ranks(scores, target_pos) if ranks is None else ranks
+    hit = (rank >= 0) & (rank < k)
+    ndcg = np.where(hit, 1.0 / np.log2(np.maximum(rank, 0) + 2.0), 0.0)
     return hit.astype(np.float64), ndcg
+
+
+@dataclass(frozen=True)
+class ScoredRows:
+    """What the evaluation saw of one scored head, for its listeners (the quality guard):
+    the model's Recall@K hits, the target's rank among ``candidates`` (-1: not one), how
+    many times the target was a training target before, and the rows' own keys."""
+
+    hits: np.ndarray
+    ranks: np.ndarray
+    candidates: int
+    target_counts: np.ndarray
+    user_keys: np.ndarray
+    item_keys: np.ndarray
+    #: Item keys, most recent first, 0-padded ``[B, L]``.
+    history: np.ndarray
+    #: Event times (epoch ms; None: unknown).
+    times: np.ndarray | None = None
 
 
 @dataclass
@@ -159,9 +183,9 @@ class Evaluator:
         self.pop_ndcg = Rolling(window)
         self.i2i_recall = Rolling(window)
         self.i2i_ndcg = Rolling(window)
-        #: Called with the model's per-row Recall@K hits of every scored head (the quality
+        #: Called with the :class:`ScoredRows` of every head scored with its keys (the quality
         #: guard, ``model.trainer.guard_rule``), on the thread that evaluates.
-        self.listeners: list[Callable[[np.ndarray], None]] = []
+        self.listeners: list[Callable[[ScoredRows], None]] = []
 
     def set_candidates(
         self, keys: np.ndarray, tower: np.ndarray, log_q: np.ndarray | None = None
@@ -187,20 +211,28 @@ class Evaluator:
 
     def evaluate(
         self, scores: np.ndarray | None, target_pos: np.ndarray,
-        item2item: np.ndarray | None = None,
+        item2item: np.ndarray | None = None, head: Any = None,
     ) -> None:
         """Rank rows ``[B, N]`` of scores over the candidates (before the model trains on
-        them); ``item2item`` the item-to-item memory's own scores of the same rows."""
+        them); ``item2item`` the item-to-item memory's own scores of the same rows; ``head``
+        the rows' batch (``model.trainer.samples.Batch``: the listeners get its keys)."""
         n = int(target_pos.size)
         if scores is None or self.candidate_keys.size == 0 or n == 0:
             zeros = np.zeros(n)
             for r in (self.recall, self.ndcg, self.pop_recall, self.pop_ndcg):
                 r.add(zeros)
             return
-        rec, ndcg = rank_metrics(scores, target_pos, self.k)
+        ranks = target_ranks(scores, target_pos)
+        rec, ndcg = rank_metrics(scores, target_pos, self.k, ranks)
         self.recall.add(rec)
-        for listener in self.listeners:
-            listener(rec)
+        if head is not None and self.listeners:
+            counts = self._pop_counts[np.maximum(target_pos, 0)] if self._pop_counts.size \
+                else np.zeros(n)
+            scored = ScoredRows(rec, ranks, int(self.candidate_keys.size),
+                                np.where(target_pos >= 0, counts, 0.0), head.user_keys,
+                                head.item_keys, head.history, getattr(head, "times", None))
+            for listener in self.listeners:
+                listener(scored)
         self.ndcg.add(ndcg)
         pop_top = self.positions(self._pop_top)
         prec, pndcg = recall_ndcg(np.broadcast_to(pop_top, (n, pop_top.size)), target_pos)

@@ -38,12 +38,15 @@ class Batch:
     item_keys: np.ndarray
     history: np.ndarray
     weights: np.ndarray
+    #: Event times (epoch ms) of the rows, when the batch came from the samples topic.
+    times: np.ndarray | None = None
 
     def __len__(self) -> int:
         return int(self.item_keys.shape[0])
 
     def rows(self, sl: slice | np.ndarray) -> Batch:
-        return Batch(self.user_keys[sl], self.item_keys[sl], self.history[sl], self.weights[sl])
+        return Batch(self.user_keys[sl], self.item_keys[sl], self.history[sl], self.weights[sl],
+                     None if self.times is None else self.times[sl])
 
 
 class SampleError(ModelError, ValueError):
@@ -172,8 +175,10 @@ def batch_from_columns(
     weights: np.ndarray,
     history_len: int,
     keys: KeyCache | None = None,
+    times: np.ndarray | None = None,
 ) -> Batch:
-    """:func:`to_batch` of samples given column-wise (as :class:`Columns` holds them)."""
+    """:func:`to_batch` of samples given column-wise (as :class:`Columns` holds them);
+    ``times``: their event times."""
     keys = keys or KeyCache()
     n = len(item_ids)
     width = max(history_len, 1)
@@ -193,6 +198,7 @@ def batch_from_columns(
         item_keys=keys.items(item_ids),
         history=hist,
         weights=np.asarray(weights, np.float32),
+        times=times,
     )
 
 

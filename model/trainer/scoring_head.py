@@ -128,7 +128,7 @@ class ScoringHead(TrainerStep):
             r, c, v = sparse[0]
             item2item = np.zeros((len(score), n), np.float32)
             item2item[r, c] = v
-        ev.evaluate(score, target_pos, item2item=item2item)
+        ev.evaluate(score, target_pos, item2item=item2item, head=head)
         if self.config.mix != "learned":
             return
         cols = np.union1d(self._mix_rng.choice(n, min(n, MIX_SAMPLE), replace=False),

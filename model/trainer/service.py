@@ -33,6 +33,7 @@ from model.trainer.fetch_process import ProcessFetcher
 from model.trainer.fetch_thread import Chunk, ChunkFetcher, RecordSource, Rejected, open_source
 from model.trainer.guard_publishing import GuardedPublishing
 from model.trainer.guard_rule import Guard
+from model.trainer.guard_served import ServedView
 from model.trainer.loop_options import LoopOptions, delta_interval, process_tuning
 from model.trainer.metrics import TrainerMetrics
 from model.trainer.prepare import Admitted, Preparer, admit
@@ -309,6 +310,9 @@ class TrainerService:
     def _start_deltas(self) -> None:
         if self.loop.delta_every_s > 0 and self.deltas is None:
             self.deltas = DeltaPublisher.start(self.settings, self.trainer, lambda: self.item_ids)
+            if self.deltas is not None and self.guard is not None:
+                # the paired signal: the state serving holds, on the guard's rows
+                self.guard.served = ServedView(self.deltas, self.trainer.evaluator.k).hits
 
     def _delta_meta(self) -> dict[str, Any]:
         st = self.state

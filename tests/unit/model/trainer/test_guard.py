@@ -1,7 +1,9 @@
-"""The quality guard's decision logic (model.trainer.guard_rule), on hand-made hit sequences."""
+"""The quality guard's decision logic (model.trainer.guard_rule), on hand-made scored heads
+(``guard_traffic.Traffic``): benign shifts of traffic never hold, regressions do."""
 
 from __future__ import annotations
 
+import math
 from datetime import UTC, datetime
 from pathlib import Path
 from types import SimpleNamespace
@@ -11,114 +13,181 @@ import numpy as np
 import pytest
 
 from model.artifact.registry import Registry
-from model.trainer.guard_rule import Guard
+from model.trainer.guard_rule import MIN_EVIDENCE, THRESHOLD, Cusum, Guard, RowSignals
 from tests.unit.model.artifact.test_artifact import make
+from tests.unit.model.trainer.guard_traffic import Traffic, healthy, paired
 
 
-def _rows(rng: np.random.Generator, n: int, recall: float) -> np.ndarray:
-    return (rng.random(n) < recall).astype(np.float64)
+def _until_hold(guard: Guard, traffic: Traffic, limit: int, head: int = 32,
+                **shift: Any) -> int:
+    """Rows of ``shift`` fed (a check after each head) until the guard holds; -1: never."""
+    for n in range(head, limit + 1, head):
+        guard.observe(traffic.rows(head, **shift))
+        if not guard.check().publishes:
+            return n
+        guard.published(f"d{n}", full=False)
+    return -1
 
 
-def _feed(guard: Guard, rng: np.random.Generator, n: int, recall: float, head: int = 32) -> None:
-    for _ in range(n // head):
-        guard.observe(_rows(rng, head, recall))
-
-
-def _healthy(guard: Guard, rng: np.random.Generator, recall: float = 0.3) -> None:
-    """Publications every 64 rows over a steady stream until the reference is set."""
-    for i in range(60):
-        _feed(guard, rng, 64, recall)
-        d = guard.check()
-        assert d.publishes, d
-        guard.published(f"v{i}" if i % 10 == 0 else f"v{i - i % 10}#{i % 10}", full=i % 10 == 0)
-    assert guard.reference == pytest.approx(recall, abs=0.05)
-
-
-def test_off_with_margin_zero_publishes_whatever_the_figures() -> None:
+def test_off_with_margin_zero_publishes_whatever_the_rows() -> None:
+    traffic = Traffic(1)
     guard = Guard(0.0, 100)
-    guard.observe(np.ones(1000))
+    traffic.feed(guard, 1000)
     guard.published("v1", full=True)
-    guard.observe(np.zeros(1000))
+    traffic.feed(guard, 1000, random_share=1.0, broken=True)
     assert guard.check().action == "publish"
     assert not guard.held
 
 
-def test_no_reference_no_judgement() -> None:
+def test_no_reference_no_judgement_of_the_rates() -> None:
     guard = Guard(0.2, 100)
-    guard.observe(np.zeros(50))
-    assert guard.check().action == "publish"  # too few rows, no healthy publication yet
+    Traffic(2).feed(guard, 14_016, random_share=1.0)  # targets old enough: ESTABLISHED_ROWS
+    assert guard.check().action == "publish"  # no healthy publication yet
     guard.published("v1", full=True)
-    assert guard.reference is None  # 50 rows < min_scored
+    assert guard.detectors["unexplained"].p0 == pytest.approx(0.5, abs=0.05)
 
 
-def test_steady_stream_with_ordinary_noise_never_holds() -> None:
-    rng = np.random.default_rng(1)
-    guard = Guard(0.2, 500, reference_rows=5000)
-    _healthy(guard, rng)
-    for i in range(300):  # recall drifting 0.30 -> 0.27 over ~19k rows
-        _feed(guard, rng, 64, 0.30 - 0.03 * i / 300)
-        assert guard.check().publishes
-        guard.published(f"d{i}", full=False)
+@pytest.mark.parametrize("shift", [
+    {}, {"new_users": True}, {"tail": 0.08}, {"users": 20}, {"served_better": 0.0},
+])
+def test_benign_traffic_never_holds(shift: dict[str, Any]) -> None:
+    """A steady stream, a burst of new users (no histories), a slightly longer tail, a
+    handful of users, the served state equal to the trained one: 20,000 rows, no hold."""
+    users = shift.pop("users", 500)
+    traffic = Traffic(3, users=users)
+    guard = paired(Guard(0.2, 500, reference_rows=5000), traffic)
+    healthy(guard, traffic)
+    assert _until_hold(guard, traffic, 20_000, **shift) == -1
     assert guard.holds == 0
 
 
-def test_a_bad_window_holds_before_its_publication_and_nothing_served_is_suspect() -> None:
-    rng = np.random.default_rng(2)
-    guard = Guard(0.2, 500, reference_rows=5000)
-    _healthy(guard, rng)
-    guard.observe(np.zeros(64))  # a burst: every row since the last publication misses
-    d = guard.check()
-    assert d.action == "hold" and guard.held
-    assert d.suspect == () and d.rollback_to is None  # serving is on the last healthy state
-    assert d.reference is not None and d.reference > 0.2
-    assert guard.check().action == "held"
+def test_a_replayed_user_old_events_are_not_a_lost_history() -> None:
+    """A replayed (older) event's point-in-time history is empty when the user's history
+    already holds newer events: not judged. A history empty twice running, at event times
+    no older than the user's last, is."""
+    lost = RowSignals()._lost
+    assert np.isnan(lost([1, 2], [3, 0], [100, 100])).all()  # first sight: nothing to lose
+    assert lost([1], [4], [110]).tolist() == [0.0]  # a history again
+    assert np.isnan(lost([1, 1, 1], [0, 0, 0], [50, 60, 70])).all()  # a replay of older events
+    assert np.isnan(lost([1], [0], [120])).all()  # empty once, now: not yet
+    assert lost([1], [1], [130]).tolist() == [0.0]
+    assert np.isnan(lost([1], [0], [140])).all()
+    assert lost([1], [0], [150]).tolist() == [1.0]  # twice running: lost
+    assert np.isnan(lost([2], [0], [160])).all()  # never seen with a history: not judged
 
 
-def test_a_slow_decline_trips_the_sliding_figure_and_rolls_back_past_the_evidence() -> None:
-    rng = np.random.default_rng(3)
-    guard = Guard(0.2, 500, reference_rows=5000)
-    _healthy(guard, rng)  # v50 is the newest full version, then v50#1..#9
-    before = guard.scored
+def test_worse_recall_alone_is_not_a_regression() -> None:
+    """Traffic the model predicts less well (a new mix, a new catalogue) lowers the trained
+    and the served state's hits alike: no hold, whatever the recall does."""
+    traffic = Traffic(4)
+    guard = paired(Guard(0.2, 500, reference_rows=5000), traffic)
+    healthy(guard, traffic)
+    before = guard.recent.value
+    assert _until_hold(guard, traffic, 5000, new_users=True, tail=0.04) == -1
+    for _ in range(40):  # nothing hits at all: both states miss every row alike
+        rows = traffic.rows(32, new_users=True)
+        traffic.served = np.zeros(32)
+        guard.observe(type(rows)(rows.hits * 0, rows.ranks + 50, rows.candidates,
+                                 rows.target_counts * 0, rows.user_keys, rows.item_keys,
+                                 rows.history))
+        assert guard.check().publishes
+    assert guard.recent.value < before / 2
+
+
+@pytest.mark.parametrize(("shift", "signal"), [
+    ({"random_share": 0.3}, "unexplained"),
+    ({"broken": True}, "lost_history"),
+    ({"bot_share": 0.3}, "one_user"),
+    ({"served_better": 0.1}, "paired"),
+])
+def test_a_regression_holds_within_2000_rows_and_names_its_signal(
+    shift: dict[str, Any], signal: str,
+) -> None:
+    traffic = Traffic(5)
+    guard = paired(Guard(0.2, 500, reference_rows=5000), traffic)
+    healthy(guard, traffic)
+    rows = _until_hold(guard, traffic, 2000, **shift)
+    assert 0 < rows <= 2000, guard.status()
+    assert guard.last is not None and guard.last.reason.startswith(signal), guard.last
+    assert rows >= MIN_EVIDENCE
+
+
+def test_a_hold_rolls_back_to_the_newest_full_version_before_the_evidence() -> None:
+    traffic = Traffic(6)
+    guard = paired(Guard(0.2, 500, reference_rows=5000), traffic)
+    healthy(guard, traffic)  # v190 the newest full version, then v190#1..#9
+    traffic.feed(guard, 20, head=20, random_share=1.0)  # the evidence begins: too few rows
+    assert guard.check().publishes
+    guard.published("v60", full=True)
     decision = None
-    for i in range(40):  # recall 0.18: each window alone too small to be sure
-        _feed(guard, rng, 32, 0.18)
+    for i in range(1, 60):
+        traffic.feed(guard, 32, random_share=0.3)
         decision = guard.check()
         if not decision.publishes:
             break
-        guard.published(f"v60#{i}" if i else "v60", full=i == 0)
+        guard.published(f"v60#{i}", full=False)
     assert decision is not None and decision.action == "hold"
-    assert decision.current is not None and decision.current < 0.8 * decision.reference
-    # everything published within the last min_scored rows is suspect; the rollback goes
-    # to the newest full version published before them
-    assert decision.suspect and "v60" in decision.suspect
-    assert decision.rollback_to == "v50"
-    assert guard.scored - before < 500 + 32  # caught within one sliding window of it
+    assert decision.suspect and decision.suspect[0] == "v60"
+    assert decision.rollback_to == "v190"
 
 
-def test_resumes_only_after_min_scored_rows_after_the_hold_recover() -> None:
-    rng = np.random.default_rng(4)
-    guard = Guard(0.2, 500, reference_rows=5000)
-    _healthy(guard, rng)
-    guard.observe(np.zeros(64))
+def test_a_burst_since_the_last_publication_holds_with_nothing_served_suspect() -> None:
+    traffic = Traffic(7)
+    guard = paired(Guard(0.2, 500, reference_rows=5000), traffic)
+    healthy(guard, traffic)
+    traffic.feed(guard, 128, random_share=1.0)
+    d = guard.check()
+    assert d.action == "hold" and guard.held
+    # nothing trained on the burst was published; the publication just before it may be
+    # suspect (a CUSUM's excursion can begin on an ordinary row a few rows earlier)
+    assert d.suspect in ((), ("v190#9",)) and d.rollback_to in (None, "v190")
+    assert guard.check().action == "held"
+
+
+def test_resumes_after_min_scored_rows_without_a_trip_and_keeps_its_references() -> None:
+    traffic = Traffic(8)
+    guard = paired(Guard(0.2, 500, reference_rows=5000), traffic)
+    healthy(guard, traffic)
+    p0 = guard.detectors["unexplained"].p0
+    traffic.feed(guard, 128, random_share=1.0)
     assert guard.check().action == "hold"
-    _feed(guard, rng, 480, 0.3)
+    traffic.feed(guard, 480)
     assert guard.check().action == "held"  # fewer than min_scored rows since the hold
-    _feed(guard, rng, 64, 0.3)
+    traffic.feed(guard, 64)
     d = guard.check()
     assert d.action == "resume" and d.publishes and not guard.held
-    reference = guard.reference
     guard.published("v99", full=True)
-    assert guard.reference == reference  # the burst's rows do not lower the reference
+    assert guard.detectors["unexplained"].p0 == p0  # the burst's rows do not move it
 
 
-def test_a_bad_figure_keeps_holding() -> None:
-    rng = np.random.default_rng(5)
-    guard = Guard(0.2, 500, reference_rows=5000)
-    _healthy(guard, rng)
-    guard.observe(np.zeros(64))
-    guard.check()
-    _feed(guard, rng, 2000, 0.1)
-    assert guard.check().action == "held"
+def test_a_regression_that_goes_on_keeps_holding() -> None:
+    traffic = Traffic(9)
+    guard = paired(Guard(0.2, 500, reference_rows=5000), traffic)
+    healthy(guard, traffic)
+    traffic.feed(guard, 512, bot_share=0.5)
+    assert guard.check().action == "hold"
+    for _ in range(30):
+        traffic.feed(guard, 64, bot_share=0.5)
+        assert guard.check().action == "held"
+
+
+def test_cusum_false_alarms_are_rare_at_the_reference_rate() -> None:
+    """200 runs of 5,000 rows at the reference rate: no trip (the threshold allows
+    ``FALSE_ALARM`` per excursion); the same CUSUM trips on the tested rate."""
+    rng = np.random.default_rng(10)
+    trips = 0
+    for _ in range(200):
+        c = Cusum(0.2, 0.1)
+        c.add((rng.random(5000) < 0.1).astype(np.float64), 0)
+        trips += c.tripped
+    assert trips == 0
+    c = Cusum(0.2, 0.1)
+    c.add((rng.random(400) < 0.3).astype(np.float64), 1000)
+    assert c.tripped and c.s >= THRESHOLD and c.start >= 1000
+    assert THRESHOLD == pytest.approx(math.log(1e4))
+    high = Cusum(0.2, 0.9)  # a rate that cannot rise by the shift is not judged
+    high.add(np.ones(1000), 0)
+    assert not high.active and not high.tripped
 
 
 def test_bad_arguments_refused() -> None:
@@ -152,30 +221,41 @@ def _service(tmp_path: Path, guard: Guard) -> Any:
                            _guarded=lambda: glue.allows(deltas))
 
 
+def _decline(svc: Any, guard: Guard, traffic: Traffic, published: str) -> None:
+    """Random targets after ``published`` was served, a delta each head, until it holds."""
+    seq = 0
+    while svc._guarded():
+        if seq:
+            guard.published(f"{published}#{seq}", full=False)
+        traffic.feed(guard, 32, random_share=0.3)
+        seq += 1
+
+
+def _served_v3_after_v1_v2(svc: Any, guard: Guard, traffic: Traffic) -> None:
+    for v in ("v1", "v2"):  # healthy versions, v2 long before the decline
+        traffic.feed(guard, 6400)
+        assert svc._guarded()
+        guard.published(v, full=True)
+    traffic.feed(guard, 640)
+    traffic.feed(guard, 20, head=20, random_share=1.0)  # the decline begins: too few rows
+    assert svc._guarded()
+    guard.published("v3", full=True)  # served, then the decline shows
+
+
 def test_the_loop_pins_the_healthy_version_on_a_served_suspect_and_unpins_on_resume(
     tmp_path: Path,
 ) -> None:
-    rng = np.random.default_rng(6)
-    guard = Guard(0.2, 500, reference_rows=5000)
+    traffic = Traffic(11)
+    guard = paired(Guard(0.2, 500, reference_rows=5000), traffic)
     svc = _service(tmp_path, guard)
-    for v in ("v1", "v2"):  # healthy versions, v2 long before the decline
-        _feed(guard, rng, 3000, 0.3)
-        assert svc._guarded()
-        guard.published(v, full=True)
-    _feed(guard, rng, 640, 0.3)  # v2 more than a sliding window before the decline
-    assert svc._guarded()
-    guard.published("v3", full=True)  # served, then the decline shows
-    seq = 0
-    while svc._guarded():  # a delta every head: each window too small to be sure alone
-        if seq:
-            guard.published(f"v3#{seq}", full=False)
-        _feed(guard, rng, 32, 0.18)
-        seq += 1
+    _served_v3_after_v1_v2(svc, guard, traffic)
+    _decline(svc, guard, traffic, "v3")
     assert svc.registry.current() == "v2" and svc.registry.pinned() == "v2"
     note = svc.registry.guard()
     assert note["held"] and note["pinned"] == "v2" and note["suspect"][0] == "v3"
+    assert note["reason"].startswith("unexplained")
     assert svc.metrics.guard_held._value.get() == 1
-    _feed(guard, rng, 600, 0.3)
+    traffic.feed(guard, 600)
     assert svc._guarded()
     assert svc.deltas.resets == 1  # a new full version (a new lineage) comes next...
     assert svc.registry.current() == "v2"  # ...and until it is out, serving stays on v2
@@ -188,57 +268,47 @@ def test_the_loop_pins_the_healthy_version_on_a_served_suspect_and_unpins_on_res
 
 
 def test_a_pin_by_hand_is_left_alone(tmp_path: Path) -> None:
-    rng = np.random.default_rng(7)
-    guard = Guard(0.2, 500, reference_rows=5000)
+    traffic = Traffic(12)
+    guard = paired(Guard(0.2, 500, reference_rows=5000), traffic)
     svc = _service(tmp_path, guard)
-    _feed(guard, rng, 3000, 0.3)
-    guard.published("v1", full=True)
-    _feed(guard, rng, 3000, 0.3)
-    guard.published("v2", full=True)
+    for v in ("v1", "v2"):
+        traffic.feed(guard, 6400)
+        guard.published(v, full=True)
     svc.registry.pin("v3")
-    _feed(guard, rng, 640, 0.3)
+    traffic.feed(guard, 640)
+    traffic.feed(guard, 20, head=20, random_share=1.0)
     guard.published("v3", full=True)
-    seq = 0
-    while svc._guarded():
-        if seq:
-            guard.published(f"v3#{seq}", full=False)
-        _feed(guard, rng, 32, 0.18)
-        seq += 1
+    _decline(svc, guard, traffic, "v3")
     assert guard.last is not None and guard.last.rollback_to == "v2"  # would roll back...
     assert svc.registry.pinned() == "v3" and svc.glue.pin is None  # ...but the pin wins
 
 
-def test_a_restarted_trainer_keeps_holding_against_the_same_healthy_figure(tmp_path: Path) -> None:
+def test_a_restarted_trainer_keeps_holding_against_the_same_references(tmp_path: Path) -> None:
     import json
 
     from model.trainer.checkpoint import LoopState
 
-    rng = np.random.default_rng(8)
-    guard = Guard(0.2, 500, reference_rows=5000)
+    traffic = Traffic(13)
+    guard = paired(Guard(0.2, 500, reference_rows=5000), traffic)
     svc = _service(tmp_path, guard)
-    for v in ("v1", "v2"):
-        _feed(guard, rng, 3000, 0.3)
-        assert svc._guarded()
-        guard.published(v, full=True)
-    _feed(guard, rng, 640, 0.3)
-    assert svc._guarded()
-    guard.published("v3", full=True)
-    while svc._guarded():  # the decline: held, serving rolled back to v2
-        guard.published("v3#1", full=False)
-        _feed(guard, rng, 32, 0.15)
+    _served_v3_after_v1_v2(svc, guard, traffic)
+    _decline(svc, guard, traffic, "v3")
     reference, holds = guard.reference, guard.holds
+    p0 = {name: c.p0 for name, c in guard.cusums.items()}
     assert guard.held and svc.glue.pin == "v2"
     # what TrainerService.checkpoint saves and restore reads back (the store's JSON)
     saved = json.loads(json.dumps(LoopState(guard=svc.glue.to_json()).to_json()))
-    fresh = Guard(0.2, 500, reference_rows=5000)
+    fresh = paired(Guard(0.2, 500, reference_rows=5000), traffic)
     again = _service(tmp_path / "again", fresh)
     again.glue.registry = svc.registry
     again.glue.restore(LoopState.from_json(saved).guard or {})
     assert fresh.held and fresh.reference == reference and fresh.holds == holds
+    assert {name: c.p0 for name, c in fresh.cusums.items()} == p0
+    assert fresh.shares["one_user"].reference == guard.shares["one_user"].reference
     assert again.glue.pin == "v2" and again.metrics.guard_held._value.get() == 1
-    _feed(fresh, rng, 480, 0.3)
+    traffic.feed(fresh, 480)
     assert fresh.check().action == "held"  # still min_scored rows after the hold to go
-    _feed(fresh, rng, 64, 0.3)
+    traffic.feed(fresh, 64)
     assert again.glue.allows(again.deltas) and again.deltas.resets == 1
     again.glue.published("v4", full=True)  # the new lineage after the resume drops the pin
     assert svc.registry.pinned() is None

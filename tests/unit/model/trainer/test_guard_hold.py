@@ -8,7 +8,6 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import SimpleNamespace
 
-import numpy as np
 import pytest
 
 from model.artifact.guard_note import hold_reason, note_held_since
@@ -18,6 +17,7 @@ from model.trainer.guard_rule import Guard
 from model.trainer.metrics import TrainerMetrics
 from streamrec import metric_names as names
 from tests.unit.model.artifact.test_artifact import make
+from tests.unit.model.trainer.guard_traffic import Traffic, healthy
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 
@@ -35,16 +35,13 @@ class Clock:
         self.now += timedelta(seconds=seconds)
 
 
-def _healthy(guard: Guard, rng: np.random.Generator) -> None:
-    for i in range(60):
-        guard.observe((rng.random(64) < 0.3).astype(np.float64))
-        assert guard.check().publishes
-        guard.published(f"v{i}", full=True)
+def _healthy(guard: Guard, seed: int) -> None:
+    healthy(guard, Traffic(seed))
 
 
 def _holding(guard: Guard, glue: GuardedPublishing | None = None) -> None:
-    """A burst: every row since the last publication misses, the guard holds."""
-    guard.observe(np.zeros(64))
+    """A burst: every target since the last publication random, the guard holds."""
+    Traffic(99).feed(guard, 128, random_share=1.0)
     allowed = glue.allows(None) if glue is not None else guard.check(T0).publishes
     assert not allowed and guard.held
 
@@ -53,7 +50,7 @@ def _glue(tmp_path: Path, clock: Clock, alarm_s: float = 60.0) -> GuardedPublish
     reg = Registry(tmp_path, "tt", keep=10)
     reg.publish("v1", lambda d: make(d, version="v1"))
     guard = Guard(0.2, 500, reference_rows=5000)
-    _healthy(guard, np.random.default_rng(1))
+    _healthy(guard, 1)
     return GuardedPublishing(guard, reg, TrainerMetrics(), clock, alarm_s)
 
 
@@ -64,9 +61,9 @@ def _sample(metrics: TrainerMetrics, name: str) -> float:
 
 
 def test_a_hold_keeps_its_start_and_its_age_until_it_resumes() -> None:
-    rng = np.random.default_rng(2)
+    traffic = Traffic(2)
     guard = Guard(0.2, 500, reference_rows=5000)
-    _healthy(guard, rng)
+    healthy(guard, traffic)
     assert guard.status(T0)["held_for_s"] is None and guard.held_at is None
     _holding(guard)
     assert guard.held_at == T0
@@ -76,8 +73,7 @@ def test_a_hold_keeps_its_start_and_its_age_until_it_resumes() -> None:
     assert status["held"] and status["held_for_s"] == 75.0
     assert status["held_at"] == T0.isoformat()
     assert guard.status()["held_for_s"] is None  # no clock, no age
-    for _ in range(17):
-        guard.observe((rng.random(32) < 0.3).astype(np.float64))
+    traffic.feed(guard, 544)
     assert guard.check(T0 + timedelta(seconds=90)).action == "resume"
     assert guard.held_at is None
     assert guard.status(T0 + timedelta(seconds=95))["held_for_s"] is None
@@ -85,7 +81,7 @@ def test_a_hold_keeps_its_start_and_its_age_until_it_resumes() -> None:
 
 def test_the_start_of_a_hold_survives_a_checkpoint_and_old_checkpoints_restore() -> None:
     guard = Guard(0.2, 500, reference_rows=5000)
-    _healthy(guard, np.random.default_rng(3))
+    _healthy(guard, 3)
     _holding(guard)
     saved = json.loads(json.dumps(guard.to_json()))
     later = T0 + timedelta(minutes=5)
@@ -129,9 +125,7 @@ def test_a_resume_clears_the_hold_everywhere(tmp_path: Path) -> None:
     _holding(glue.guard, glue)
     clock.advance(120)
     assert glue.degraded()
-    rng = np.random.default_rng(4)
-    for _ in range(17):
-        glue.guard.observe((rng.random(32) < 0.3).astype(np.float64))
+    Traffic(4).feed(glue.guard, 544)
     assert glue.allows(None)
     assert glue.degraded() == []
     assert _sample(glue.metrics, names.TRAINER_GUARD_HELD_SECONDS) == 0.0

@@ -94,3 +94,15 @@ def test_an_absent_or_empty_history_decodes() -> None:
     assert decode_sample(json.dumps(base)).history == ()
     assert decode_sample(json.dumps({**base, "history": []})).history == ()
     assert decode_sample(json.dumps({**base, "history": ["a", "b"]})).history == ("a", "b")
+
+
+def test_a_batch_keeps_its_rows_event_times_through_rows() -> None:
+    from model.trainer.samples import batch_from_columns
+
+    times = np.array([5, 6, 7], np.int64)
+    batch = batch_from_columns(["u1", "u2", "u3"], ["a", "b", "c"], [["b"], [], ["a", "b"]],
+                               np.ones(3, np.float32), 4, times=times)
+    assert batch.times is not None and batch.times.tolist() == [5, 6, 7]
+    head = batch.rows(slice(0, 2))
+    assert head.times is not None and head.times.tolist() == [5, 6]
+    assert batch_from_columns(["u"], ["a"], [[]], np.ones(1, np.float32), 4).rows([0]).times is None
