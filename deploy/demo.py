@@ -149,6 +149,7 @@ def run_demo(settings: Settings, rate: float, duration_s: float | None, users: i
             recall = trn.get(f"{names.TRAINER_QUALITY}{{metric=recall@10}}")
             pop = trn.get(f"{names.TRAINER_QUALITY}{{metric=popularity_recall@10}}")
             i2i = trn.get(f"{names.TRAINER_QUALITY}{{metric=item2item_recall@10}}")
+            knn = trn.get(f"{names.TRAINER_QUALITY}{{metric=itemknn_recall@10}}")
             cur = {"accepted": accepted, "samples": samples, "trained": trained}
 
             def rate_of(name: str, now_vals: dict[str, Any] = cur,
@@ -165,7 +166,8 @@ def run_demo(settings: Settings, rate: float, duration_s: float | None, users: i
                 f"{served} age {f'{age:.0f}s' if age is not None else '-'}"
                 f"  recall@10 {f'{recall:.3f}' if recall is not None else '-'}"
                 f" (popularity {f'{pop:.3f}' if pop is not None else '-'}, item-to-item "
-                f"{f'{i2i:.3f}' if i2i is not None else '-'})  serving p99 "
+                f"{f'{i2i:.3f}' if i2i is not None else '-'}, item-kNN "
+                f"{f'{knn:.3f}' if knn is not None else '-'})  serving p99 "
                 f"{f'{p99:.1f}ms' if p99 is not None else '-'} popular/degraded "
                 f"{probe.share('popular', 'degraded'):.0%}",
                 flush=True,

@@ -50,6 +50,9 @@ INTERVAL_S, WINDOW_S, RATE_WINDOW_S, TOP_K = 2.0, 900.0, 10.0, 10
 Labels = tuple[tuple[str, str], ...]
 Samples = dict[tuple[str, Labels], float]
 
+#: The trainer's live baselines (``model.trainer.rolling``): ``recall_baseline`` is their best.
+LIVE_BASELINES = ("popularity", "item2item", "itemknn")
+
 
 def parse_metrics(text: str) -> Samples:
     """Prometheus text exposition -> ``{(sample name, sorted labels): value}``."""
@@ -269,8 +272,10 @@ class StatsCollector:
             raw.trainer = tm.get((TRAINER_SAMPLES, ()), 0.0)
             raw.cluster = cluster_figures(tm)
             recall = _finite(tm.get((TRAINER_QUALITY, (("metric", f"recall@{self.k}"),))))
-            baseline = _finite(
-                tm.get((TRAINER_QUALITY, (("metric", f"popularity_recall@{self.k}"),))))
+            # the strongest of the baselines the trainer keeps live beside the model
+            live = [_finite(tm.get((TRAINER_QUALITY, (("metric", f"{b}_recall@{self.k}"),))))
+                    for b in LIVE_BASELINES]
+            baseline = max((v for v in live if v is not None), default=None)
             through = _finite(tm.get((TRAINER_THROUGH, ())))
             self.components["trainer"].detail["trained_through_ms"] = (
                 int(through * 1000) if through else None)

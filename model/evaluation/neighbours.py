@@ -20,6 +20,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from model.scoring.covisit import ITEMKNN_ALPHA
+
 _SHIFT = 32
 _MASK = (1 << _SHIFT) - 1
 #: Session-kNN sums similarities over a dense ``rows x users`` array while it is at most this
@@ -246,7 +248,7 @@ class ItemKNNBaseline(CooccurrenceBaseline):
 
     name = "itemknn"
 
-    def __init__(self, window: int = 20, alpha: float = 0.3, decay: float = 0.7) -> None:
+    def __init__(self, window: int = 20, alpha: float = ITEMKNN_ALPHA, decay: float = 0.7) -> None:
         super().__init__(window)
         if alpha < 0 or not 0 < decay <= 1:
             raise ValueError("alpha must be >= 0 and decay in (0, 1]")

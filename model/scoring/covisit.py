@@ -30,6 +30,11 @@ DENSE_MAX = 1 << 22
 #: ... and at most this many times the entries summed (else sorting them is cheaper).
 DENSE_RATIO = 8
 
+#: Popularity damping of item-kNN over co-occurrence sums, ``sum / (count + 1) ** alpha``: the
+#: panel's ``itemknn`` baseline (``model.evaluation.neighbours``) and the trainer's live
+#: item-kNN figure (``model.trainer.rolling``); chosen on the panel, docs/decisions.md.
+ITEMKNN_ALPHA = 0.3
+
 
 def position_weights(window: int, decay: float) -> np.ndarray:
     """``decay ** j`` for the history positions ``j < window`` (float64)."""

@@ -42,7 +42,7 @@ MIN_RATE = 0.01
 CONCENTRATION_ROWS, CONCENTRATION_FACTOR, CONCENTRATION_FLOOR = 1000, 3.0, 0.1
 #: ``unexplained`` judges targets that were a training target at least ``ESTABLISHED`` times,
 #: the first at least ``ESTABLISHED_ROWS`` scored rows ago.
-ESTABLISHED, ESTABLISHED_ROWS = 20, 10_000
+ESTABLISHED, ESTABLISHED_ROWS = 20, 2_000
 #: Users remembered as seen with a history (``lost_history``); forgotten all at once past it.
 SEEN_USERS = 1_000_000
 SIGNALS = ("paired", "unexplained", "lost_history")

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from model.scoring.covisit import ITEMKNN_ALPHA
 from model.scoring.topk import top_k_rows
 
 
@@ -183,6 +184,8 @@ class Evaluator:
         self.pop_ndcg = Rolling(window)
         self.i2i_recall = Rolling(window)
         self.i2i_ndcg = Rolling(window)
+        self.knn_recall = Rolling(window)
+        self.knn_ndcg = Rolling(window)
         #: Called with the :class:`ScoredRows` of every head scored with its keys (the quality
         #: guard, ``model.trainer.guard_rule``), on the thread that evaluates.
         self.listeners: list[Callable[[ScoredRows], None]] = []
@@ -246,6 +249,14 @@ class Evaluator:
                                        target_pos[:rows], self.k)
             self.i2i_recall.add(irec)
             self.i2i_ndcg.add(indcg)
+            # item-kNN: the same sums damped by the candidate's popularity, as evaluate's
+            # ``itemknn`` damps its co-occurrence sums (ties by popularity)
+            damp = np.power(self._pop_counts + 1.0, -ITEMKNN_ALPHA).astype(np.float32) \
+                if self._pop_counts.size else np.float32(1.0)
+            krec, kndcg = rank_metrics(np.expm1(item2item) * damp + np.float32(1e-6) * tie,
+                                       target_pos[:rows], self.k)
+            self.knn_recall.add(krec)
+            self.knn_ndcg.add(kndcg)
 
     def summary(self) -> dict[str, float]:
         k = self.k
@@ -256,6 +267,8 @@ class Evaluator:
             f"popularity_ndcg@{k}": self.pop_ndcg.value,
             f"item2item_recall@{k}": self.i2i_recall.value,
             f"item2item_ndcg@{k}": self.i2i_ndcg.value,
+            f"itemknn_recall@{k}": self.knn_recall.value,
+            f"itemknn_ndcg@{k}": self.knn_ndcg.value,
             f"lifetime_recall@{k}": self.recall.lifetime,
             f"lifetime_ndcg@{k}": self.ndcg.lifetime,
             f"lifetime_popularity_recall@{k}": self.pop_recall.lifetime,

@@ -125,6 +125,8 @@ def trainer_text(samples: float, recall: float | str, baseline: float | str) -> 
         "# TYPE streamrec_trainer_quality_rolling gauge\n"
         f'streamrec_trainer_quality_rolling{{metric="recall@10"}} {recall}\n'
         f'streamrec_trainer_quality_rolling{{metric="popularity_recall@10"}} {baseline}\n'
+        f'streamrec_trainer_quality_rolling{{metric="item2item_recall@10"}} NaN\n'
+        f'streamrec_trainer_quality_rolling{{metric="itemknn_recall@10"}} 0.05\n'
         f'streamrec_trainer_quality_rolling{{metric="ndcg@10"}} 0.5\n'
         "# TYPE streamrec_trainer_trained_through_timestamp_seconds gauge\n"
         "streamrec_trainer_trained_through_timestamp_seconds 1.7e+09\n"
@@ -180,7 +182,7 @@ def test_rates_quality_latency_and_shares_from_known_values(servers, serving) ->
     assert latest["trainer_eps"] == pytest.approx(500.0)
     assert latest["samples_ps"] == pytest.approx(150.0)
     assert latest["recall"] == pytest.approx(0.31)
-    assert latest["recall_baseline"] == pytest.approx(0.12)
+    assert latest["recall_baseline"] == pytest.approx(0.12)  # the best live baseline
     assert latest["rps"] == pytest.approx(50.0)
     assert latest["share_popular"] == pytest.approx(0.05)
     assert latest["share_degraded"] == pytest.approx(0.05)
