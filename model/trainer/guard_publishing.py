@@ -134,14 +134,22 @@ class GuardedPublishing:
             log.warning("quality guard: CURRENT is pinned to %s by hand; no rollback", pinned)
             return
         try:
-            self.registry.pin(d.rollback_to)
+            kept = set(self.registry.versions())
+            # the newest full version before the evidence that retention has not pruned
+            target = next((v for v in d.older_versions or (d.rollback_to,) if v in kept), None)
+            if target is None:
+                log.error("quality guard: no full version before the evidence is left in the "
+                          "registry (%s pruned); serving stays on %s", d.rollback_to,
+                          self.registry.current())
+                return
+            self.registry.pin(target)
         except (RegistryError, OSError) as exc:
             log.error("quality guard: rollback to %s failed: %s", d.rollback_to, exc)
             return
-        self.pin = d.rollback_to
+        self.pin = target
         self.metrics.guard_rollbacks.inc()
         log.warning("quality guard ROLLED BACK serving to %s (healthy recall %s; suspect: %s)",
-                    d.rollback_to, _fmt(d.reference), ", ".join(d.suspect))
+                    target, _fmt(d.reference), ", ".join(d.suspect))
 
     def resume(self, deltas: _Lineage | None) -> None:
         """After a rollback: a new full version (a new lineage) comes next, and the pin is

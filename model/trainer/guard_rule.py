@@ -40,9 +40,10 @@ MIN_RATE = 0.01
 #: ``CONCENTRATION_ROWS`` scored rows trips at ``CONCENTRATION_FACTOR`` times its reference,
 #: and never below ``CONCENTRATION_FLOOR``.
 CONCENTRATION_ROWS, CONCENTRATION_FACTOR, CONCENTRATION_FLOOR = 1000, 3.0, 0.1
-#: ``unexplained`` judges targets that were a training target at least ``ESTABLISHED`` times,
-#: the first at least ``ESTABLISHED_ROWS`` scored rows ago.
-ESTABLISHED, ESTABLISHED_ROWS = 20, 2_000
+#: ``unexplained`` judges targets that were a training target before (``ESTABLISHED`` times),
+#: the first time at least ``ESTABLISHED_ROWS`` scored rows ago: random targets are mostly
+#: tail items, rarely clicked but long known.
+ESTABLISHED, ESTABLISHED_ROWS = 1, 2_000
 #: Users remembered as seen with a history (``lost_history``); forgotten all at once past it.
 SEEN_USERS = 1_000_000
 SIGNALS = ("paired", "unexplained", "lost_history")
@@ -280,6 +281,9 @@ class Decision:
     rollback_to: str | None = None
     #: On "hold": publications since the evidence began (labels), newest last.
     suspect: tuple[str, ...] = ()
+    #: On "hold": every full version published before the evidence, newest first (the
+    #: registry may have pruned ``rollback_to``; the next one still there serves).
+    older_versions: tuple[str, ...] = ()
 
     @property
     def publishes(self) -> bool:
@@ -402,13 +406,12 @@ class Guard:
         self.held, self.held_since = True, self.scored
         self.holds += 1
         suspect = tuple(label for label, at, _ in self._published if at > since)
-        target = None
-        if suspect:
-            older = [label for label, at, full in self._published if full and at <= since]
-            target = older[-1] if older else None
-            if target is not None:
-                self.rollbacks += 1
-        return Decision("hold", cur, ref, self.scored, reason, target, suspect)
+        older = tuple(reversed([label for label, at, full in self._published
+                                if full and at <= since])) if suspect else ()
+        target = older[0] if older else None
+        if target is not None:
+            self.rollbacks += 1
+        return Decision("hold", cur, ref, self.scored, reason, target, suspect, older)
 
     def published(self, label: str, full: bool) -> None:
         """A publication went out (a delta ``full`` False, a version True): its state is the

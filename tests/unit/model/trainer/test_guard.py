@@ -316,3 +316,17 @@ def test_a_restarted_trainer_keeps_holding_against_the_same_references(tmp_path:
     idle = Guard(0.2, 500)
     idle.restore(Guard(0.2, 500).to_json())
     assert not idle.held and idle.reference is None and idle.check().action == "publish"
+
+
+def test_a_rollback_skips_versions_the_registry_pruned(tmp_path: Path) -> None:
+    from model.trainer.guard_rule import Decision
+
+    svc = _service(tmp_path, Guard(0.2, 500))  # the registry holds v1, v2, v3
+    d = Decision("hold", 0.1, 0.3, 1000, "unexplained: ...", "v9", ("v9#1",),
+                 ("v9", "v8", "v2", "v1"))
+    svc.glue.rollback(d)
+    assert svc.registry.pinned() == "v2" and svc.glue.pin == "v2"
+    gone = Decision("hold", 0.1, 0.3, 1000, "unexplained: ...", "v9", ("v9#1",), ("v9",))
+    svc.glue.unpin()
+    svc.glue.rollback(gone)  # nothing before the evidence is left: serving stays
+    assert svc.registry.pinned() is None and svc.glue.pin is None
