@@ -4,7 +4,7 @@ Each head the test-then-train evaluation scores (by the state before it trains o
 gives the guard per-row 0/1 signals (:class:`RowSignals`), each watched by a one-sided
 Bernoulli CUSUM (:class:`Cusum`): ``paired`` — of the rows the served state (what the delta
 stream gave serving) and the trained state rank differently, the served one hits (1/2 when
-the trained state is no worse); ``unexplained`` — an established, old target ranked in the bottom
+the trained state is no worse); ``unexplained`` — a long-known target ranked in the bottom
 half of the candidates; ``lost_history`` — a user seen with a history arrives twice with none;
 and one user's / target's share of the last 1,000 rows (:class:`Concentration`, a bot). Each
 is judged against its own figure at the last healthy publication (``paired``: 1/2), so
@@ -40,10 +40,10 @@ MIN_RATE = 0.01
 #: ``CONCENTRATION_ROWS`` scored rows trips at ``CONCENTRATION_FACTOR`` times its reference,
 #: and never below ``CONCENTRATION_FLOOR``.
 CONCENTRATION_ROWS, CONCENTRATION_FACTOR, CONCENTRATION_FLOOR = 1000, 3.0, 0.1
-#: ``unexplained`` judges targets that were a training target before (``ESTABLISHED`` times),
-#: the first time at least ``ESTABLISHED_ROWS`` scored rows ago: random targets are mostly
-#: tail items, rarely clicked but long known.
-ESTABLISHED, ESTABLISHED_ROWS = 1, 2_000
+#: ``unexplained`` judges rows with a history whose target was first a training target at least
+#: ``ESTABLISHED_SAMPLES`` training samples ago (random targets are mostly tail items: rarely
+#: clicked, long known), at an event time at most ``BACKFILL_MS`` behind the newest seen.
+ESTABLISHED_SAMPLES, BACKFILL_MS = 10_000, 3_600_000
 #: Users remembered as seen with a history (``lost_history``); forgotten all at once past it.
 SEEN_USERS = 1_000_000
 SIGNALS = ("paired", "unexplained", "lost_history")
@@ -58,9 +58,8 @@ class RowSignals:
         #: user -> (whether their last row had a history, its event time); users seen with a
         #: history only.
         self.seen: dict[int, tuple[bool, int]] = {}
-        #: target -> the row it was first a target at (``unexplained``), and rows seen.
-        self.first_seen: dict[int, int] = {}
-        self.rows_seen = 0
+        #: The newest event time seen (epoch ms).
+        self.newest = 0
 
     def signals(self, rows: ScoredRows, served_hits: np.ndarray | None) -> dict[str, np.ndarray]:
         n = rows.hits.size
@@ -68,24 +67,17 @@ class RowSignals:
         if served_hits is not None:
             served, trained = served_hits > 0, rows.hits > 0
             out["paired"] = np.where(served != trained, served.astype(np.float64), np.nan)
-        judged = (rows.ranks >= 0) & (rows.target_counts >= ESTABLISHED) & (rows.candidates >= 20)
-        judged &= self._aged(np.asarray(rows.item_keys, np.int64).tolist())
+        lengths = (np.asarray(rows.history) != 0).sum(axis=1)
+        judged = (rows.ranks >= 0) & (rows.candidates >= 20) & (lengths > 0)
+        judged &= np.asarray(rows.target_ages) >= ESTABLISHED_SAMPLES
+        times = np.zeros(n, np.int64) if rows.times is None else np.asarray(rows.times, np.int64)
+        if rows.times is not None:  # a backfill or replay of old events is not judged
+            self.newest = max(self.newest, int(times.max()))
+            judged &= times >= self.newest - BACKFILL_MS
         out["unexplained"] = np.where(judged, rows.ranks >= rows.candidates / 2, np.nan)
         users = np.asarray(rows.user_keys, np.int64).tolist()
-        lengths = (np.asarray(rows.history) != 0).sum(axis=1).tolist()
-        times = [0] * n if rows.times is None else np.asarray(rows.times, np.int64).tolist()
-        out["lost_history"] = self._lost(users, lengths, times)
+        out["lost_history"] = self._lost(users, lengths.tolist(), times.tolist())
         return out
-
-    def _aged(self, items: list[int]) -> np.ndarray:
-        """Whether each target was first a target at least ``ESTABLISHED_ROWS`` rows ago (a
-        new catalogue's items are clicked all over at first, before the model ranks them)."""
-        if len(self.first_seen) > SEEN_USERS:
-            self.first_seen.clear()
-        at = self.rows_seen
-        first = [self.first_seen.setdefault(item, at + i) for i, item in enumerate(items)]
-        self.rows_seen += len(items)
-        return at + np.arange(len(items)) - np.asarray(first, np.int64) >= ESTABLISHED_ROWS
 
     def _lost(self, users: list[int], lengths: list[int], times: list[int]) -> np.ndarray:
         """1: a user seen with a history arrives without one a second time running, at an

@@ -60,13 +60,14 @@ def rank_metrics(
 @dataclass(frozen=True)
 class ScoredRows:
     """What the evaluation saw of one scored head, for its listeners (the quality guard):
-    the model's Recall@K hits, the target's rank among ``candidates`` (-1: not one), how
-    many times the target was a training target before, and the rows' own keys."""
+    the model's Recall@K hits, the target's rank among ``candidates`` (-1: not one), how long
+    ago the target was first a training target, and the rows' own keys."""
 
     hits: np.ndarray
     ranks: np.ndarray
     candidates: int
-    target_counts: np.ndarray
+    #: Training targets observed since the row's target was first one (0: not a candidate).
+    target_ages: np.ndarray
     user_keys: np.ndarray
     item_keys: np.ndarray
     #: Item keys, most recent first, 0-padded ``[B, L]``.
@@ -139,16 +140,28 @@ class Popularity:
     def __init__(self) -> None:
         self._counts: Counter[int] = Counter()
         self._queued: list[np.ndarray] = []
+        #: Targets observed so far, and how many had been when each key was first counted.
+        self.observed = 0
+        self._counted = 0
+        self.first: dict[int, int] = {}
 
     def observe(self, item_keys: np.ndarray) -> None:
-        self._queued.append(np.asarray(item_keys, np.int64))
+        keys = np.asarray(item_keys, np.int64)
+        self._queued.append(keys)
+        self.observed += int(keys.size)
 
     @property
     def counts(self) -> Counter[int]:
         if self._queued:
             uniq, cnt = np.unique(np.concatenate(self._queued), return_counts=True)
             self._queued = []
-            self._counts.update(dict(zip(uniq.tolist(), cnt.tolist(), strict=True)))
+            keys = uniq.tolist()
+            first, at = self.first, self._counted
+            for key in keys:
+                if key not in first:
+                    first[key] = at
+            self._counted = self.observed
+            self._counts.update(dict(zip(keys, cnt.tolist(), strict=True)))
         return self._counts
 
     def top(self, candidates: np.ndarray, k: int) -> np.ndarray:
@@ -178,6 +191,7 @@ class Evaluator:
         self.popularity = Popularity()
         self._pop_top = np.zeros(0, np.int64)
         self._pop_counts = np.zeros(0, np.float64)
+        self._pop_first = np.zeros(0, np.int64)
         self.recall = Rolling(window)
         self.ndcg = Rolling(window)
         self.pop_recall = Rolling(window)
@@ -204,6 +218,10 @@ class Evaluator:
         self._pop_counts = np.fromiter(
             map(counts.get, keys_list, repeat(0)), np.float64, len(keys_list)
         )
+        first = self.popularity.first
+        self._pop_first = np.fromiter(
+            map(first.get, keys_list, repeat(self.popularity.observed)), np.int64, len(keys_list)
+        )
 
     def positions(self, targets: np.ndarray) -> np.ndarray:
         """Candidate column of each target key (-1: not a candidate)."""
@@ -229,10 +247,10 @@ class Evaluator:
         rec, ndcg = rank_metrics(scores, target_pos, self.k, ranks)
         self.recall.add(rec)
         if head is not None and self.listeners:
-            counts = self._pop_counts[np.maximum(target_pos, 0)] if self._pop_counts.size \
-                else np.zeros(n)
-            scored = ScoredRows(rec, ranks, int(self.candidate_keys.size),
-                                np.where(target_pos >= 0, counts, 0.0), head.user_keys,
+            first = self._pop_first[np.maximum(target_pos, 0)] if self._pop_first.size \
+                else np.zeros(n, np.int64)
+            ages = np.where(target_pos >= 0, self.popularity.observed - first, 0)
+            scored = ScoredRows(rec, ranks, int(self.candidate_keys.size), ages, head.user_keys,
                                 head.item_keys, head.history, getattr(head, "times", None))
             for listener in self.listeners:
                 listener(scored)

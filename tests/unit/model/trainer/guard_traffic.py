@@ -53,7 +53,7 @@ class Traffic:
         self.served = served
         self.clock += n
         times = self.clock + np.arange(n, dtype=np.int64)
-        return ScoredRows(hits, ranks, CANDIDATES, np.full(n, 100.0), users, items, history, times)
+        return ScoredRows(hits, ranks, CANDIDATES, np.full(n, 50_000), users, items, history, times)
 
     def feed(self, guard: Guard, rows: int, head: int = 32, **shift: float | bool) -> None:
         for _ in range(rows // head):
@@ -68,7 +68,7 @@ def paired(guard: Guard, traffic: Traffic) -> Guard:
 
 def healthy(guard: Guard, traffic: Traffic, publications: int = 200) -> None:
     """Publications every 64 rows of the steady stream (a full version every tenth) until
-    the references are set (the targets old enough to be judged: ``ESTABLISHED_ROWS``)."""
+    the references are set."""
     for i in range(publications):
         traffic.feed(guard, 64)
         d = guard.check()

@@ -41,7 +41,7 @@ def test_off_with_margin_zero_publishes_whatever_the_rows() -> None:
 
 def test_no_reference_no_judgement_of_the_rates() -> None:
     guard = Guard(0.2, 100)
-    Traffic(2).feed(guard, 14_016, random_share=1.0)  # targets old enough: ESTABLISHED_ROWS
+    Traffic(2).feed(guard, 640, random_share=1.0)
     assert guard.check().action == "publish"  # no healthy publication yet
     guard.published("v1", full=True)
     assert guard.detectors["unexplained"].p0 == pytest.approx(0.5, abs=0.05)
@@ -88,7 +88,7 @@ def test_worse_recall_alone_is_not_a_regression() -> None:
         rows = traffic.rows(32, new_users=True)
         traffic.served = np.zeros(32)
         guard.observe(type(rows)(rows.hits * 0, rows.ranks + 50, rows.candidates,
-                                 rows.target_counts * 0, rows.user_keys, rows.item_keys,
+                                 rows.target_ages * 0, rows.user_keys, rows.item_keys,
                                  rows.history))
         assert guard.check().publishes
     assert guard.recent.value < before / 2
@@ -330,3 +330,37 @@ def test_a_rollback_skips_versions_the_registry_pruned(tmp_path: Path) -> None:
     svc.glue.unpin()
     svc.glue.rollback(gone)  # nothing before the evidence is left: serving stays
     assert svc.registry.pinned() is None and svc.glue.pin is None
+
+
+def test_unexplained_judges_long_known_targets_of_rows_with_a_history_and_no_backfill() -> None:
+    from model.trainer.guard_rule import BACKFILL_MS, ESTABLISHED_SAMPLES
+    from model.trainer.rolling import ScoredRows
+
+    def row(rank: int, age: int, history: bool, ts: int) -> ScoredRows:
+        h = np.array([[5, 6]]) if history else np.zeros((1, 2), np.int64)
+        return ScoredRows(np.zeros(1), np.array([rank]), 100, np.array([age]), np.array([1]),
+                          np.array([2]), h, np.array([ts], np.int64))
+
+    old, now = ESTABLISHED_SAMPLES, 10 * BACKFILL_MS
+    signals = RowSignals()
+    assert signals.signals(row(90, old, True, now), None)["unexplained"].tolist() == [1.0]
+    assert signals.signals(row(10, old, True, now), None)["unexplained"].tolist() == [0.0]
+    for young_cold_or_old in (row(90, old - 1, True, now), row(90, old, False, now),
+                              row(90, old, True, now - BACKFILL_MS - 1), row(-1, old, True, now)):
+        assert np.isnan(signals.signals(young_cold_or_old, None)["unexplained"]).all()
+
+
+def test_target_ages_count_training_targets_since_an_item_was_first_one() -> None:
+    from model.trainer.rolling import Evaluator
+
+    ev = Evaluator(k=2)
+    ev.popularity.observe(np.array([1, 1, 2]))
+    ev.set_candidates(np.array([1, 2, 3]), np.zeros((3, 2), np.float32))
+    ev.popularity.observe(np.array([3, 3, 3, 1]))
+    ev.set_candidates(np.array([1, 2, 3]), np.zeros((3, 2), np.float32))
+    seen: list = []
+    ev.listeners.append(seen.append)
+    head = SimpleNamespace(user_keys=np.array([7, 8, 9, 9]), item_keys=np.array([1, 3, 2, 4]),
+                           history=np.zeros((4, 2), np.int64), times=None)
+    ev.evaluate(np.zeros((4, 3), np.float32), np.array([0, 2, 1, -1]), head=head)
+    assert seen[0].target_ages.tolist() == [7, 4, 7, 0]  # 7 observed; item 3 first after 3

@@ -21,7 +21,7 @@ def _rows(n: int) -> tuple[ScoredRows, list]:
                                              history_len=HISTORY, seed=5))
     samples = stream.take(n)
     batch = to_batch(samples, HISTORY, KeyCache())
-    rows = ScoredRows(np.zeros(n), np.zeros(n, np.int64), 300, np.zeros(n), batch.user_keys,
+    rows = ScoredRows(np.zeros(n), np.zeros(n, np.int64), 300, np.zeros(n, np.int64), batch.user_keys,
                       batch.item_keys, batch.history)
     return rows, samples
 
