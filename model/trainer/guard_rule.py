@@ -4,8 +4,8 @@ Each head the test-then-train evaluation scores (by the state before it trains o
 gives the guard per-row 0/1 signals (:class:`RowSignals`), each watched by a one-sided
 Bernoulli CUSUM (:class:`Cusum`): ``paired`` — of the rows the served state (what the delta
 stream gave serving) and the trained state rank differently, the served one hits (1/2 when
-the trained state is no worse); ``unexplained`` — a long-known target ranked in the bottom
-half of the candidates; ``lost_history`` — a user seen with a history arrives twice with none;
+the trained state is no worse); ``unexplained`` — a long-known target ranked outside the top
+100 candidates; ``lost_history`` — a user seen with a history arrives twice with none;
 and one user's / target's share of the last 1,000 rows (:class:`Concentration`, a bot). Each
 is judged against its own figure at the last healthy publication (``paired``: 1/2), so
 a benign change of traffic moves both sides. A CUSUM trips at ``ln(1 / FALSE_ALARM)`` after
@@ -40,6 +40,9 @@ MIN_RATE = 0.01
 #: ``CONCENTRATION_ROWS`` scored rows trips at ``CONCENTRATION_FACTOR`` times its reference,
 #: and never below ``CONCENTRATION_FLOOR``.
 CONCENTRATION_ROWS, CONCENTRATION_FACTOR, CONCENTRATION_FLOOR = 1000, 3.0, 0.1
+#: ``unexplained``: the target ranked outside the top ``UNEXPLAINED_RANK`` candidates (a
+#: count, not a share: the candidates hold every item ever seen, one-off ones too).
+UNEXPLAINED_RANK = 100
 #: ``unexplained`` judges rows with a history whose target was first a training target at least
 #: ``ESTABLISHED_SAMPLES`` training samples ago (random targets are mostly tail items: rarely
 #: clicked, long known), at an event time at most ``BACKFILL_MS`` behind the newest seen.
@@ -60,6 +63,8 @@ class RowSignals:
         self.seen: dict[int, tuple[bool, int]] = {}
         #: The newest event time seen (epoch ms).
         self.newest = 0
+        #: Rows ``unexplained`` did not judge, by reason (a row may have several).
+        self.unjudged: Counter[str] = Counter()
 
     def signals(self, rows: ScoredRows, served_hits: np.ndarray | None) -> dict[str, np.ndarray]:
         n = rows.hits.size
@@ -68,13 +73,17 @@ class RowSignals:
             served, trained = served_hits > 0, rows.hits > 0
             out["paired"] = np.where(served != trained, served.astype(np.float64), np.nan)
         lengths = (np.asarray(rows.history) != 0).sum(axis=1)
-        judged = (rows.ranks >= 0) & (rows.candidates >= 20) & (lengths > 0)
-        judged &= np.asarray(rows.target_ages) >= ESTABLISHED_SAMPLES
+        reasons = {"not_a_candidate": rows.ranks < 0, "no_history": lengths == 0,
+                   "new_target": np.asarray(rows.target_ages) < ESTABLISHED_SAMPLES}
         times = np.zeros(n, np.int64) if rows.times is None else np.asarray(rows.times, np.int64)
         if rows.times is not None:  # a backfill or replay of old events is not judged
             self.newest = max(self.newest, int(times.max()))
-            judged &= times >= self.newest - BACKFILL_MS
-        out["unexplained"] = np.where(judged, rows.ranks >= rows.candidates / 2, np.nan)
+            reasons["backfill"] = times < self.newest - BACKFILL_MS
+        judged = np.full(n, rows.candidates >= 2 * UNEXPLAINED_RANK)
+        for name, out_ in reasons.items():
+            self.unjudged[name] += int(out_.sum())
+            judged &= ~out_
+        out["unexplained"] = np.where(judged, rows.ranks >= UNEXPLAINED_RANK, np.nan)
         users = np.asarray(rows.user_keys, np.int64).tolist()
         out["lost_history"] = self._lost(users, lengths.tolist(), times.tolist())
         return out
@@ -116,7 +125,8 @@ class Concentration:
         self.reference: float | None = None
         self.scored = 0
 
-    def add(self, keys: list[int]) -> None:
+    def add(self, keys: list[int], first_row: int) -> None:
+        """Keys of rows ``first_row, first_row + 1, ...`` (the guard's row numbers)."""
         recent, counts = self.recent, self.counts
         for key in keys:
             recent.append(key)
@@ -126,7 +136,7 @@ class Concentration:
                 counts[old] -= 1
                 if not counts[old]:
                     del counts[old]
-        self.scored += len(keys)
+        self.scored = first_row + len(keys)
         share = self.share
         if share is not None:
             self.long.add(np.full(len(keys), share))
@@ -255,7 +265,8 @@ class Cusum:
 
     def status(self) -> dict[str, Any]:
         return {"reference_rate": self.p0, "rate": self.long.value if self.long.n else None,
-                "cusum": round(self.s, 3), "rows": self.n, "active": self.active}
+                "judged_rows": self.long.n, "cusum": round(self.s, 3), "rows": self.n,
+                "active": self.active}
 
 
 @dataclass(frozen=True)
@@ -334,8 +345,8 @@ class Guard:
             self.long.add(rows.hits)
             for name, cusum in self.cusums.items():
                 cusum.add(signals[name], self.scored)
-            self.shares["one_user"].add(np.asarray(rows.user_keys, np.int64).tolist())
-            self.shares["one_item"].add(np.asarray(rows.item_keys, np.int64).tolist())
+            self.shares["one_user"].add(np.asarray(rows.user_keys, np.int64).tolist(), self.scored)
+            self.shares["one_item"].add(np.asarray(rows.item_keys, np.int64).tolist(), self.scored)
             self.scored += int(rows.hits.size)
 
     def _current(self) -> float | None:
@@ -488,6 +499,8 @@ class Guard:
                 "holds": self.holds,
                 "rollbacks": self.rollbacks,
                 "signals": {name: c.status() for name, c in self.detectors.items()},
+                "newest_event_ms": self.signals.newest or None,
+                "unexplained_not_judged": dict(self.signals.unjudged),
                 "last_action": last.action if last else None,
                 "last_reason": last.reason if last else None,
             }

@@ -36,6 +36,10 @@ def recall_ndcg(ranked_keys: np.ndarray, targets: np.ndarray) -> tuple[np.ndarra
     return found.astype(np.float64), ndcg
 
 
+#: ``Popularity.first`` of the items a model knew when its process began (a restored trainer's).
+KNOWN_BEFORE = -(2**40)
+
+
 def target_ranks(scores: np.ndarray, target_pos: np.ndarray) -> np.ndarray:
     """Per row: how many candidates score strictly higher than the target (-1: the target
     is not a candidate, ``target_pos`` -1)."""
@@ -192,6 +196,7 @@ class Evaluator:
         self._pop_top = np.zeros(0, np.int64)
         self._pop_counts = np.zeros(0, np.float64)
         self._pop_first = np.zeros(0, np.int64)
+        self._refreshed = False
         self.recall = Rolling(window)
         self.ndcg = Rolling(window)
         self.pop_recall = Rolling(window)
@@ -219,6 +224,11 @@ class Evaluator:
             map(counts.get, keys_list, repeat(0)), np.float64, len(keys_list)
         )
         first = self.popularity.first
+        if not self._refreshed:  # the model knew these before this process counted anything
+            # (a restored trainer): long known, however rarely they are clicked since
+            for key in keys_list:
+                first.setdefault(key, KNOWN_BEFORE)
+            self._refreshed = True
         self._pop_first = np.fromiter(
             map(first.get, keys_list, repeat(self.popularity.observed)), np.int64, len(keys_list)
         )

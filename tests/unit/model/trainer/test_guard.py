@@ -44,7 +44,7 @@ def test_no_reference_no_judgement_of_the_rates() -> None:
     Traffic(2).feed(guard, 640, random_share=1.0)
     assert guard.check().action == "publish"  # no healthy publication yet
     guard.published("v1", full=True)
-    assert guard.detectors["unexplained"].p0 == pytest.approx(0.5, abs=0.05)
+    assert guard.cusums["unexplained"].p0 == pytest.approx(0.95, abs=0.05)  # random: 19 in 20
 
 
 @pytest.mark.parametrize("shift", [
@@ -338,15 +338,15 @@ def test_unexplained_judges_long_known_targets_of_rows_with_a_history_and_no_bac
 
     def row(rank: int, age: int, history: bool, ts: int) -> ScoredRows:
         h = np.array([[5, 6]]) if history else np.zeros((1, 2), np.int64)
-        return ScoredRows(np.zeros(1), np.array([rank]), 100, np.array([age]), np.array([1]),
+        return ScoredRows(np.zeros(1), np.array([rank]), 1000, np.array([age]), np.array([1]),
                           np.array([2]), h, np.array([ts], np.int64))
 
     old, now = ESTABLISHED_SAMPLES, 10 * BACKFILL_MS
     signals = RowSignals()
-    assert signals.signals(row(90, old, True, now), None)["unexplained"].tolist() == [1.0]
-    assert signals.signals(row(10, old, True, now), None)["unexplained"].tolist() == [0.0]
-    for young_cold_or_old in (row(90, old - 1, True, now), row(90, old, False, now),
-                              row(90, old, True, now - BACKFILL_MS - 1), row(-1, old, True, now)):
+    assert signals.signals(row(900, old, True, now), None)["unexplained"].tolist() == [1.0]
+    assert signals.signals(row(50, old, True, now), None)["unexplained"].tolist() == [0.0]
+    for young_cold_or_old in (row(900, old - 1, True, now), row(900, old, False, now),
+                              row(900, old, True, now - BACKFILL_MS - 1), row(-1, old, True, now)):
         assert np.isnan(signals.signals(young_cold_or_old, None)["unexplained"]).all()
 
 
@@ -354,6 +354,7 @@ def test_target_ages_count_training_targets_since_an_item_was_first_one() -> Non
     from model.trainer.rolling import Evaluator
 
     ev = Evaluator(k=2)
+    ev.set_candidates(np.zeros(0, np.int64), np.zeros((0, 2), np.float32))  # nothing known yet
     ev.popularity.observe(np.array([1, 1, 2]))
     ev.set_candidates(np.array([1, 2, 3]), np.zeros((3, 2), np.float32))
     ev.popularity.observe(np.array([3, 3, 3, 1]))
@@ -364,3 +365,35 @@ def test_target_ages_count_training_targets_since_an_item_was_first_one() -> Non
                            history=np.zeros((4, 2), np.int64), times=None)
     ev.evaluate(np.zeros((4, 3), np.float32), np.array([0, 2, 1, -1]), head=head)
     assert seen[0].target_ages.tolist() == [7, 4, 7, 0]  # 7 observed; item 3 first after 3
+    restored = Evaluator(k=2)  # a restored model knows items before anything is counted
+    restored.set_candidates(np.array([1, 2]), np.zeros((2, 2), np.float32))
+    restored.popularity.observe(np.array([1]))
+    restored.set_candidates(np.array([1, 2, 3]), np.zeros((3, 2), np.float32))
+    restored.listeners.append(seen.append)
+    restored.evaluate(np.zeros((3, 3), np.float32), np.array([0, 1, 2]), head=SimpleNamespace(
+        user_keys=np.array([7, 8, 9]), item_keys=np.array([1, 2, 3]),
+        history=np.zeros((3, 2), np.int64), times=None))
+    assert seen[1].target_ages.tolist()[:2] == [1 + 2**40] * 2 and seen[1].target_ages[2] == 0
+
+
+def test_a_bot_rolls_back_to_the_version_before_its_window_after_a_restart() -> None:
+    """The concentration's evidence is numbered like the guard's rows, restored ones too."""
+    import json
+
+    traffic = Traffic(14)
+    guard = paired(Guard(0.2, 500, reference_rows=5000), traffic)
+    healthy(guard, traffic)  # v190 the newest full version
+    again = paired(Guard(0.2, 500, reference_rows=5000), traffic)
+    again.restore(json.loads(json.dumps(guard.to_json())))
+    traffic.feed(again, 2000)
+    again.published("v300", full=True)
+    traffic.feed(again, 2000)
+    again.published("v300#1", full=False)
+    d = None
+    for _ in range(40):
+        traffic.feed(again, 64, bot_share=0.5)
+        d = again.check()
+        if not d.publishes:
+            break
+    assert d is not None and d.action == "hold" and d.reason.startswith("one_user")
+    assert d.rollback_to == "v300" and d.suspect == ("v300#1",)
