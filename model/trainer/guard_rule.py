@@ -34,8 +34,10 @@ FALSE_ALARM = 1e-4
 THRESHOLD = math.log(1.0 / FALSE_ALARM)
 #: Rows of an excursion before its CUSUM may trip: never on a handful of rows.
 MIN_EVIDENCE = 30
-#: Lowest reference rate a CUSUM assumes (a rate seen as 0 would make any 1 decisive).
-MIN_RATE = 0.01
+#: Lowest reference rate a CUSUM assumes: with ``p0`` near 0 every 1 weighs ln(p1 / p0) and a
+#: rise to a few percent (a drift of tastes over five minutes) already tripped; at 0.05 the
+#: test breaks even at 13% when it tests 25%.
+MIN_RATE = 0.05
 #: ``one_user`` / ``one_item``: the largest share one user / target holds of the last
 #: ``CONCENTRATION_ROWS`` scored rows trips at ``CONCENTRATION_FACTOR`` times its reference,
 #: and never below ``CONCENTRATION_FLOOR``.
