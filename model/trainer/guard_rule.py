@@ -45,6 +45,10 @@ CONCENTRATION_ROWS, CONCENTRATION_FACTOR, CONCENTRATION_FLOOR = 1000, 3.0, 0.1
 #: ``unexplained``: the target ranked outside the top ``UNEXPLAINED_RANK`` candidates (a
 #: count, not a share: the candidates hold every item ever seen, one-off ones too).
 UNEXPLAINED_RANK = 100
+#: ``unexplained`` tests a rise of at least this much: a drift of tastes over five minutes put
+#: a fifth of the targets outside the top 100 on the simulator (a burst where half the rows
+#: make no sense to the model trips; a 30% share of random targets may pass).
+UNEXPLAINED_SHIFT = 0.5
 #: ``unexplained`` judges rows with a history whose target was first a training target at least
 #: ``ESTABLISHED_SAMPLES`` training samples ago (random targets are mostly tail items: rarely
 #: clicked, long known), at an event time at most ``BACKFILL_MS`` behind the newest seen.
@@ -313,7 +317,8 @@ class Guard:
         self.recent = Rolling(min_scored)
         self.long = Rolling(window)
         self.reference: float | None = None
-        self.cusums = {name: Cusum(margin, 0.5 if name == "paired" else None, window)
+        self.cusums = {name: Cusum(max(margin, UNEXPLAINED_SHIFT) if name == "unexplained"
+                                   else margin, 0.5 if name == "paired" else None, window)
                        for name in SIGNALS}
         self.shares = {name: Concentration(window=window) for name in SHARES}
         self.detectors: dict[str, Cusum | Concentration] = {**self.cusums, **self.shares}
