@@ -74,8 +74,11 @@ class RowSignals:
         #: Rows ``unexplained`` did not judge, by reason (a row may have several).
         self.unjudged: Counter[str] = Counter()
 
-    def signals(self, rows: ScoredRows, served_ranks: np.ndarray | None,
-                k: int = 10) -> dict[str, np.ndarray]:
+    def signals(self, rows: ScoredRows, served_ranks: np.ndarray | None, k: int = 10,
+                recent_items: int = 0) -> dict[str, np.ndarray]:
+        """Per-row signals; ``recent_items`` (when > 0) rescales the rows' rarity to that many
+        distinct recent items (the guard's figure at its last healthy publication: a burst
+        of random items must not make itself the traffic it is judged against)."""
         n = rows.hits.size
         out = {name: np.full(n, np.nan) for name in SIGNALS}
         if served_ranks is not None:
@@ -84,6 +87,8 @@ class RowSignals:
             out["paired"] = np.where(served != trained, served.astype(np.float64), np.nan)
         lengths = (np.asarray(rows.history) != 0).sum(axis=1)
         rarity = np.full(n, np.nan) if rows.rarity is None else np.asarray(rows.rarity)
+        if recent_items > 0 and rows.recent_items > 0:
+            rarity = rarity * (rows.recent_items / recent_items)
         reasons = {"not_a_candidate": rows.ranks < 0,
                    "warming_up": np.isnan(rarity) & (rows.ranks >= 0)}
         times = np.zeros(n, np.int64) if rows.times is None else np.asarray(rows.times, np.int64)
@@ -338,6 +343,10 @@ class Guard:
         self.rollbacks = 0
         self.last: Decision | None = None
         self._clean_from = 0
+        #: Distinct items of the recent targets: at the newest scored row, and at the last
+        #: healthy publication (what ``unexplained`` measures rarity by; 0: none yet).
+        self._items_now = 0
+        self._items = 0
         #: (label, scored rows at publication, full version?) of recent publications.
         self._published: deque[tuple[str, int, bool]] = deque(maxlen=10_000)
         self._lock = threading.Lock()
@@ -352,7 +361,8 @@ class Guard:
             return
         served = self.served(rows) if self.served is not None and self.enabled else None
         with self._lock:
-            signals = self.signals.signals(rows, served)
+            self._items_now = rows.recent_items or self._items_now
+            signals = self.signals.signals(rows, served, recent_items=self._items)
             self.recent.add(rows.hits)
             self.long.add(rows.hits)
             for name, cusum in self.cusums.items():
@@ -440,6 +450,8 @@ class Guard:
                 return
             if (self.reference is None or clean) and self.long.n >= self.min_scored:
                 self.reference = self.long.value
+            if clean or not self._items:
+                self._items = self._items_now
             for detector in self.detectors.values():
                 if clean or not detector.judging:
                     detector.rebase(self.min_scored)
@@ -462,6 +474,7 @@ class Guard:
                 "held_at": None if self.held_at is None else self.held_at.isoformat(),
                 "holds": self.holds, "rollbacks": self.rollbacks,
                 "clean_from": self._clean_from, "recent": self.recent.to_json(),
+                "recent_items": self._items,
                 "long": self.long.to_json(), "published": [list(p) for p in kept],
                 "signals_version": SIGNALS_VERSION,
                 "detectors": {name: c.to_json() for name, c in self.detectors.items()},
@@ -484,6 +497,7 @@ class Guard:
             self.holds = int(data.get("holds", 0))
             self.rollbacks = int(data.get("rollbacks", 0))
             self._clean_from = int(data.get("clean_from", 0))
+            self._items = int(data.get("recent_items", 0))
             self.recent.load(data.get("recent", {}))
             self.long.load(data.get("long", {}))
             same = data.get("signals_version", 1) == SIGNALS_VERSION

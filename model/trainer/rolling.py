@@ -78,6 +78,8 @@ class ScoredRows:
     #: item rarer than all of them (candidates include every one-off item ever seen); NaN
     #: until the trainer saw that many targets.
     rarity: np.ndarray | None = None
+    #: The distinct items of the recent targets ``rarity`` was divided by (0: unknown).
+    recent_items: int = 0
 
 
 @dataclass
@@ -277,7 +279,7 @@ class Evaluator:
         if head is not None and self.listeners:
             scored = ScoredRows(rec, ranks, int(self.candidate_keys.size), head.user_keys,
                                 head.item_keys, head.history, getattr(head, "times", None),
-                                self.rarity(target_pos))
+                                self.rarity(target_pos), self._recent_items)
             for listener in self.listeners:
                 listener(scored)
         self.ndcg.add(ndcg)

@@ -437,3 +437,32 @@ def test_a_checkpoint_of_other_signals_restores_the_hold_not_their_references() 
     older = Guard(0.2, 500, reference_rows=5000)
     older.restore(state)
     assert older.cusums["unexplained"].p0 is None
+
+
+def test_a_long_burst_does_not_make_itself_the_traffic_it_is_judged_against() -> None:
+    """Random targets swell the recent targets' distinct items, which would make them look
+    less rare as the burst goes on: the guard measures rarity by its healthy figure."""
+    from dataclasses import replace
+
+    traffic = Traffic(16)
+    guard = paired(Guard(0.2, 500, reference_rows=5000), traffic)
+    for i in range(200):  # healthy: 1,000 distinct items among the recent targets
+        guard.observe(replace(traffic.rows(64), recent_items=1000))
+        assert guard.check().publishes
+        guard.published(f"v{i}", full=i % 10 == 0)
+    held = 0
+    for k in range(100):  # 3,200 rows of a burst: each random item one more distinct item
+        rows = traffic.rows(32, random_share=0.5)
+        assert rows.rarity is not None
+        items = 1000 + 16 * (k + 1)
+        guard.observe(replace(rows, rarity=rows.rarity * 1000 / items, recent_items=items))
+        d = guard.check()
+        held += not d.publishes
+        if d.publishes:
+            guard.published("burst", full=False)
+    assert guard.holds >= 1 and held >= 95, (guard.holds, held)
+    signals = RowSignals()
+    row = replace(traffic.rows(1), ranks=np.array([900]), rarity=np.array([0.6]),
+                  recent_items=2000)
+    assert signals.signals(row, None)["unexplained"].tolist() == [0.0]
+    assert signals.signals(row, None, recent_items=1000)["unexplained"].tolist() == [1.0]
