@@ -4,8 +4,10 @@ Each head the test-then-train evaluation scores (by the state before it trains o
 gives the guard per-row 0/1 signals (:class:`RowSignals`), each watched by a one-sided
 Bernoulli CUSUM (:class:`Cusum`): ``paired`` — of the rows the served state (what the delta
 stream gave serving) and the trained state rank differently, the served one hits (1/2 when
-the trained state is no worse); ``unexplained`` — a long-known target ranked outside the top
-100 candidates; ``lost_history`` — a user seen with a history arrives twice with none;
+the trained state is no worse); ``unexplained`` — a target the model ranks outside its top
+100 and the traffic of late hardly goes to (``ScoredRows.rarity`` >= 1: rarer than every
+item the recent targets touched; uniformly random targets are often that, a shift of tastes,
+new users or a new catalogue are not); ``lost_history`` — a user seen with a history arrives twice with none;
 and one user's / target's share of the last 1,000 rows (:class:`Concentration`, a bot). Each
 is judged against its own figure at the last healthy publication (``paired``: 1/2), so
 a benign change of traffic moves both sides. A CUSUM trips at ``ln(1 / FALSE_ALARM)`` after
@@ -43,19 +45,19 @@ MIN_RATE = 0.05
 #: and never below ``CONCENTRATION_FLOOR``.
 CONCENTRATION_ROWS, CONCENTRATION_FACTOR, CONCENTRATION_FLOOR = 1000, 3.0, 0.1
 #: ``unexplained``: the target ranked outside the top ``UNEXPLAINED_RANK`` candidates (a
-#: count, not a share: the candidates hold every item ever seen, one-off ones too).
-UNEXPLAINED_RANK = 100
-#: ``unexplained`` tests a rise of at least this much: a drift of tastes over five minutes put
-#: a fifth of the targets outside the top 100 on the simulator (a burst where half the rows
-#: make no sense to the model trips; a 30% share of random targets may pass).
-UNEXPLAINED_SHIFT = 0.5
-#: ``unexplained`` judges rows with a history whose target was first a training target at least
-#: ``ESTABLISHED_SAMPLES`` training samples ago (random targets are mostly tail items: rarely
-#: clicked, long known), at an event time at most ``BACKFILL_MS`` behind the newest seen.
-ESTABLISHED_SAMPLES, BACKFILL_MS = 10_000, 3_600_000
+#: count, not a share: the candidates hold every item ever seen, one-off ones too) that is
+#: rare: at least as many candidates more popular of late as the recent targets had distinct
+#: items (``ScoredRows.rarity >= RARE``).
+UNEXPLAINED_RANK, RARE = 100, 1.0
+#: ``unexplained`` does not judge rows at an event time over ``BACKFILL_MS`` behind the newest
+#: seen: a replay or backfill of old events is not judged by today's traffic.
+BACKFILL_MS = 3_600_000
 #: Users remembered as seen with a history (``lost_history``); forgotten all at once past it.
 SEEN_USERS = 1_000_000
 SIGNALS = ("paired", "unexplained", "lost_history")
+#: What the signals mean; a checkpoint's references and CUSUMs of other meanings are not
+#: restored (the new ones start from the next healthy publication).
+SIGNALS_VERSION = 2
 SHARES = ("one_user", "one_item")
 
 
@@ -72,15 +74,23 @@ class RowSignals:
         #: Rows ``unexplained`` did not judge, by reason (a row may have several).
         self.unjudged: Counter[str] = Counter()
 
-    def signals(self, rows: ScoredRows, served_hits: np.ndarray | None) -> dict[str, np.ndarray]:
+    def signals(self, rows: ScoredRows, served_ranks: np.ndarray | None, k: int = 10,
+                recent_items: int = 0) -> dict[str, np.ndarray]:
+        """Per-row signals; ``recent_items`` (when > 0) rescales the rows' rarity to that many
+        distinct recent items (the guard's figure at its last healthy publication: a burst
+        of random items must not make itself the traffic it is judged against)."""
         n = rows.hits.size
         out = {name: np.full(n, np.nan) for name in SIGNALS}
-        if served_hits is not None:
-            served, trained = served_hits > 0, rows.hits > 0
+        if served_ranks is not None:
+            served = (served_ranks >= 0) & (served_ranks < k)
+            trained = rows.hits > 0
             out["paired"] = np.where(served != trained, served.astype(np.float64), np.nan)
         lengths = (np.asarray(rows.history) != 0).sum(axis=1)
-        reasons = {"not_a_candidate": rows.ranks < 0, "no_history": lengths == 0,
-                   "new_target": np.asarray(rows.target_ages) < ESTABLISHED_SAMPLES}
+        rarity = np.full(n, np.nan) if rows.rarity is None else np.asarray(rows.rarity)
+        if recent_items > 0 and rows.recent_items > 0:
+            rarity = rarity * (rows.recent_items / recent_items)
+        reasons = {"not_a_candidate": rows.ranks < 0,
+                   "warming_up": np.isnan(rarity) & (rows.ranks >= 0)}
         times = np.zeros(n, np.int64) if rows.times is None else np.asarray(rows.times, np.int64)
         if rows.times is not None:  # a backfill or replay of old events is not judged
             self.newest = max(self.newest, int(times.max()))
@@ -89,7 +99,8 @@ class RowSignals:
         for name, out_ in reasons.items():
             self.unjudged[name] += int(out_.sum())
             judged &= ~out_
-        out["unexplained"] = np.where(judged, rows.ranks >= UNEXPLAINED_RANK, np.nan)
+        out["unexplained"] = np.where(
+            judged, (rows.ranks >= UNEXPLAINED_RANK) & (np.nan_to_num(rarity) >= RARE), np.nan)
         users = np.asarray(rows.user_keys, np.int64).tolist()
         out["lost_history"] = self._lost(users, lengths.tolist(), times.tolist())
         return out
@@ -317,8 +328,7 @@ class Guard:
         self.recent = Rolling(min_scored)
         self.long = Rolling(window)
         self.reference: float | None = None
-        self.cusums = {name: Cusum(max(margin, UNEXPLAINED_SHIFT) if name == "unexplained"
-                                   else margin, 0.5 if name == "paired" else None, window)
+        self.cusums = {name: Cusum(margin, 0.5 if name == "paired" else None, window)
                        for name in SIGNALS}
         self.shares = {name: Concentration(window=window) for name in SHARES}
         self.detectors: dict[str, Cusum | Concentration] = {**self.cusums, **self.shares}
@@ -333,6 +343,10 @@ class Guard:
         self.rollbacks = 0
         self.last: Decision | None = None
         self._clean_from = 0
+        #: Distinct items of the recent targets: at the newest scored row, and at the last
+        #: healthy publication (what ``unexplained`` measures rarity by; 0: none yet).
+        self._items_now = 0
+        self._items = 0
         #: (label, scored rows at publication, full version?) of recent publications.
         self._published: deque[tuple[str, int, bool]] = deque(maxlen=10_000)
         self._lock = threading.Lock()
@@ -347,7 +361,8 @@ class Guard:
             return
         served = self.served(rows) if self.served is not None and self.enabled else None
         with self._lock:
-            signals = self.signals.signals(rows, served)
+            self._items_now = rows.recent_items or self._items_now
+            signals = self.signals.signals(rows, served, recent_items=self._items)
             self.recent.add(rows.hits)
             self.long.add(rows.hits)
             for name, cusum in self.cusums.items():
@@ -435,6 +450,8 @@ class Guard:
                 return
             if (self.reference is None or clean) and self.long.n >= self.min_scored:
                 self.reference = self.long.value
+            if clean or not self._items:
+                self._items = self._items_now
             for detector in self.detectors.values():
                 if clean or not detector.judging:
                     detector.rebase(self.min_scored)
@@ -457,7 +474,9 @@ class Guard:
                 "held_at": None if self.held_at is None else self.held_at.isoformat(),
                 "holds": self.holds, "rollbacks": self.rollbacks,
                 "clean_from": self._clean_from, "recent": self.recent.to_json(),
+                "recent_items": self._items,
                 "long": self.long.to_json(), "published": [list(p) for p in kept],
+                "signals_version": SIGNALS_VERSION,
                 "detectors": {name: c.to_json() for name, c in self.detectors.items()},
             }
 
@@ -478,9 +497,11 @@ class Guard:
             self.holds = int(data.get("holds", 0))
             self.rollbacks = int(data.get("rollbacks", 0))
             self._clean_from = int(data.get("clean_from", 0))
+            self._items = int(data.get("recent_items", 0))
             self.recent.load(data.get("recent", {}))
             self.long.load(data.get("long", {}))
-            for name, state in data.get("detectors", {}).items():
+            same = data.get("signals_version", 1) == SIGNALS_VERSION
+            for name, state in (data.get("detectors", {}) if same else {}).items():
                 if name in self.detectors:
                     self.detectors[name].load(state)
             self._published.clear()

@@ -58,20 +58,26 @@ class ServedView:
             self._state = state
         return state, self._artifact
 
-    def hits(self, rows: ScoredRows) -> np.ndarray | None:
-        """1/0 per row: the target in the published state's top ``k`` (None: no state)."""
+    def ranks(self, rows: ScoredRows) -> np.ndarray | None:
+        """Per row: how many items the published state scores above the target (-1: the
+        target is not in it; None: no state)."""
         found = self.artifact()
         if found is None:
             return None
         state, art = found
+        target = state.catalog_rows(np.asarray(rows.item_keys, np.int64))
         if not art.item_ids.size:
-            return np.zeros(rows.hits.size)
+            return np.full(target.size, -1, np.int64)
         history = np.asarray(rows.history, np.int64)
         keys = [h[h != 0] for h in history]
         scores = art.scores_of_keys(np.asarray(rows.user_keys, np.int64), keys,
                                     [state.catalog_rows(h) for h in keys])
-        target = state.catalog_rows(np.asarray(rows.item_keys, np.int64))
         cols = np.arange(target.size)
         at = scores[np.maximum(target, 0), cols]
         rank = (scores > at[None, :]).sum(axis=0)
-        return ((target >= 0) & (rank < self.k)).astype(np.float64)
+        return np.where(target >= 0, rank, -1)
+
+    def hits(self, rows: ScoredRows) -> np.ndarray | None:
+        """1/0 per row: the target in the published state's top ``k`` (None: no state)."""
+        rank = self.ranks(rows)
+        return None if rank is None else ((rank >= 0) & (rank < self.k)).astype(np.float64)

@@ -36,10 +36,6 @@ def recall_ndcg(ranked_keys: np.ndarray, targets: np.ndarray) -> tuple[np.ndarra
     return found.astype(np.float64), ndcg
 
 
-#: ``Popularity.first`` of the items a model knew when its process began (a restored trainer's).
-KNOWN_BEFORE = -(2**40)
-
-
 def target_ranks(scores: np.ndarray, target_pos: np.ndarray) -> np.ndarray:
     """Per row: how many candidates score strictly higher than the target (-1: the target
     is not a candidate, ``target_pos`` -1)."""
@@ -64,20 +60,26 @@ def rank_metrics(
 @dataclass(frozen=True)
 class ScoredRows:
     """What the evaluation saw of one scored head, for its listeners (the quality guard):
-    the model's Recall@K hits, the target's rank among ``candidates`` (-1: not one), how long
-    ago the target was first a training target, and the rows' own keys."""
+    the model's Recall@K hits, the target's rank among ``candidates`` (-1: not one), the rows'
+    own keys, and how rarely the traffic of late went to the target."""
 
     hits: np.ndarray
     ranks: np.ndarray
     candidates: int
-    #: Training targets observed since the row's target was first one (0: not a candidate).
-    target_ages: np.ndarray
     user_keys: np.ndarray
     item_keys: np.ndarray
     #: Item keys, most recent first, 0-padded ``[B, L]``.
     history: np.ndarray
     #: Event times (epoch ms; None: unknown).
     times: np.ndarray | None = None
+    #: How many candidates were more popular of late than the target (the prior's ``q``,
+    #: else the counts so far), over how many distinct items the last ``RECENT_TARGETS``
+    #: training targets were: below 1 for the items the traffic goes to, at least 1 for an
+    #: item rarer than all of them (candidates include every one-off item ever seen); NaN
+    #: until the trainer saw that many targets.
+    rarity: np.ndarray | None = None
+    #: The distinct items of the recent targets ``rarity`` was divided by (0: unknown).
+    recent_items: int = 0
 
 
 @dataclass
@@ -134,6 +136,10 @@ class Rolling:
         return self.lifetime_sum / self.lifetime_n if self.lifetime_n else 0.0
 
 
+#: Training targets whose distinct items scale ``ScoredRows.rarity``.
+RECENT_TARGETS = 10_000
+
+
 class Popularity:
     """Target counts so far; ranks a candidate set by count (ties by key).
 
@@ -141,31 +147,36 @@ class Popularity:
     counts are read (``top``/``counts``, every candidate refresh). Not thread-safe: the
     trainer calls both from one thread (its evaluation thread, or inline), in training order."""
 
-    def __init__(self) -> None:
+    def __init__(self, recent: int = RECENT_TARGETS) -> None:
         self._counts: Counter[int] = Counter()
         self._queued: list[np.ndarray] = []
-        #: Targets observed so far, and how many had been when each key was first counted.
-        self.observed = 0
-        self._counted = 0
-        self.first: dict[int, int] = {}
+        #: The last ``recent`` targets (a ring; -1: empty).
+        self._ring = np.full(recent, -1, np.int64)
+        self._at = 0
 
     def observe(self, item_keys: np.ndarray) -> None:
         keys = np.asarray(item_keys, np.int64)
         self._queued.append(keys)
-        self.observed += int(keys.size)
+        ring = self._ring
+        tail = keys[-ring.size:]
+        idx = (self._at + np.arange(tail.size)) % ring.size
+        ring[idx] = tail
+        self._at = (self._at + tail.size) % ring.size
+
+    @property
+    def recent_items(self) -> int:
+        """Distinct items among the last ``recent`` targets; 0 until that many were seen
+        (a trainer just started or restored knows too few to say what is rare)."""
+        if self._ring[-1] == -1:
+            return 0
+        return int(np.unique(self._ring).size)
 
     @property
     def counts(self) -> Counter[int]:
         if self._queued:
             uniq, cnt = np.unique(np.concatenate(self._queued), return_counts=True)
             self._queued = []
-            keys = uniq.tolist()
-            first, at = self.first, self._counted
-            for key in keys:
-                if key not in first:
-                    first[key] = at
-            self._counted = self.observed
-            self._counts.update(dict(zip(keys, cnt.tolist(), strict=True)))
+            self._counts.update(dict(zip(uniq.tolist(), cnt.tolist(), strict=True)))
         return self._counts
 
     def top(self, candidates: np.ndarray, k: int) -> np.ndarray:
@@ -195,8 +206,11 @@ class Evaluator:
         self.popularity = Popularity()
         self._pop_top = np.zeros(0, np.int64)
         self._pop_counts = np.zeros(0, np.float64)
-        self._pop_first = np.zeros(0, np.int64)
-        self._refreshed = False
+        #: Each candidate's popularity of late (``log q``, else its count), the same sorted,
+        #: and the distinct items of the recent targets (``ScoredRows.rarity``).
+        self._recent = np.zeros(0, np.float64)
+        self._recent_sorted = np.zeros(0, np.float64)
+        self._recent_items = 0
         self.recall = Rolling(window)
         self.ndcg = Rolling(window)
         self.pop_recall = Rolling(window)
@@ -223,15 +237,21 @@ class Evaluator:
         self._pop_counts = np.fromiter(
             map(counts.get, keys_list, repeat(0)), np.float64, len(keys_list)
         )
-        first = self.popularity.first
-        if not self._refreshed:  # the model knew these before this process counted anything
-            # (a restored trainer): long known, however rarely they are clicked since
-            for key in keys_list:
-                first.setdefault(key, KNOWN_BEFORE)
-            self._refreshed = True
-        self._pop_first = np.fromiter(
-            map(first.get, keys_list, repeat(self.popularity.observed)), np.int64, len(keys_list)
-        )
+        self._recent = self._pop_counts if self.candidate_log_q is None \
+            else self.candidate_log_q.astype(np.float64)
+        self._recent_sorted = np.sort(self._recent)
+        self._recent_items = self.popularity.recent_items
+
+    def rarity(self, target_pos: np.ndarray) -> np.ndarray:
+        """Per row: how many candidates were more popular of late than the target, over the
+        distinct items of the recent targets (``ScoredRows.rarity``; inf: not a candidate;
+        NaN: too few targets seen yet)."""
+        n = self._recent_sorted.size
+        if not n or not self._recent_items:
+            return np.full(target_pos.size, np.nan)
+        value = self._recent[np.maximum(target_pos, 0)]
+        above = n - np.searchsorted(self._recent_sorted, value, side="right")
+        return np.where(target_pos >= 0, above / self._recent_items, np.inf)
 
     def positions(self, targets: np.ndarray) -> np.ndarray:
         """Candidate column of each target key (-1: not a candidate)."""
@@ -257,11 +277,9 @@ class Evaluator:
         rec, ndcg = rank_metrics(scores, target_pos, self.k, ranks)
         self.recall.add(rec)
         if head is not None and self.listeners:
-            first = self._pop_first[np.maximum(target_pos, 0)] if self._pop_first.size \
-                else np.zeros(n, np.int64)
-            ages = np.where(target_pos >= 0, self.popularity.observed - first, 0)
-            scored = ScoredRows(rec, ranks, int(self.candidate_keys.size), ages, head.user_keys,
-                                head.item_keys, head.history, getattr(head, "times", None))
+            scored = ScoredRows(rec, ranks, int(self.candidate_keys.size), head.user_keys,
+                                head.item_keys, head.history, getattr(head, "times", None),
+                                self.rarity(target_pos), self._recent_items)
             for listener in self.listeners:
                 listener(scored)
         self.ndcg.add(ndcg)

@@ -312,7 +312,7 @@ class TrainerService:
             self.deltas = DeltaPublisher.start(self.settings, self.trainer, lambda: self.item_ids)
             if self.deltas is not None and self.guard is not None:
                 # the paired signal: the state serving holds, on the guard's rows
-                self.guard.served = ServedView(self.deltas, self.trainer.evaluator.k).hits
+                self.guard.served = ServedView(self.deltas, self.trainer.evaluator.k).ranks
 
     def _delta_meta(self) -> dict[str, Any]:
         st = self.state

@@ -15,15 +15,21 @@ import pytest
 
 from model.delta import decode
 from model.evaluation.synthetic import SyntheticConfig, SyntheticStream
+from model.trainer.rolling import RECENT_TARGETS
 from model.trainer.samples import Sample
 from streamrec.settings import Settings, with_trainer
 from tests.support import produce_samples, wait_until
 
 pytestmark = pytest.mark.integration
 
-USERS, ITEMS = 400, 200
+#: A catalogue (every item once first) larger than what the ordinary traffic touches of late:
+#: a random item is then often rarer than all of it (``model.trainer.guard_rule``; on a
+#: catalogue the traffic covers whole, random items look like its own).
+USERS, ITEMS = 400, 2000
 
-
+def _catalogue(stream: SyntheticStream) -> list[Sample]:
+    """Samples of the stream's users, each item of the catalogue once (its launch)."""
+    return [replace(s, item_id=stream.item_id(i)) for i, s in enumerate(stream.take(ITEMS))]
 
 
 def _poisoned(stream: SyntheticStream, n: int, seed: int) -> list[Sample]:
@@ -73,9 +79,11 @@ def test_a_poisoned_burst_holds_publication_and_ordinary_samples_do_not(
     thread = threading.Thread(target=service.run, name="trainer", daemon=True)
     thread.start()
     try:
-        # ordinary samples: versions and deltas flow, the guard never holds
-        normal = 12_000
-        produce_samples(settings, stream.take(normal))
+        # the catalogue, then ordinary samples: versions and deltas flow, the guard never holds;
+        # enough of them that ``unexplained`` warms up (its rarity needs RECENT_TARGETS training
+        # targets, then ``min_scored`` judged rows before a publication sets its reference)
+        normal = 2 * RECENT_TARGETS
+        produce_samples(settings, _catalogue(stream) + stream.take(normal - ITEMS))
 
         def published_through(n: int) -> bool:
             d = service.deltas
@@ -84,6 +92,7 @@ def test_a_poisoned_burst_holds_publication_and_ordinary_samples_do_not(
         wait_until(lambda: published_through(normal), 120, "the ordinary samples published")
         assert guard.holds == 0, guard.status()
         assert guard.reference is not None and guard.reference > 0.15, guard.status()
+        assert guard.cusums["unexplained"].judging, guard.status()
         served_before = service.registry.current()
 
         # the burst: every row it scores misses far more than the healthy figure allows

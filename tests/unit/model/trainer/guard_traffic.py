@@ -2,7 +2,9 @@
 
 :class:`Traffic` yields :class:`ScoredRows` as the evaluation gives them: returning users
 with histories, targets ranked near the top (a tail of ``tail`` ranked anywhere), Recall@10
-hits from the ranks; and the shifts and regressions the guard must tell apart."""
+hits from the ranks, each target's rarity as the traffic's own draws give it (rarely rarer than
+every item of the recent targets) or as uniformly random items give it (often); and the shifts and
+regressions the guard must tell apart."""
 
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ class Traffic:
         self.users, self.tail = users, tail
         self.next_user = 1_000_000
         self.clock = 0
-        #: The served state's hits of the last rows made (the guard's ``served``).
+        #: The served state's ranks of the last rows' targets (the guard's ``served``).
         self.served: np.ndarray | None = None
 
     def rows(self, n: int, *, random_share: float = 0.0, broken: bool = False,
@@ -38,8 +40,12 @@ class Traffic:
         items = rng.integers(1, CANDIDATES + 1, n).astype(np.int64)
         ranks = np.minimum(rng.geometric(0.08, n) - 1, CANDIDATES - 1)
         anywhere = rng.random(n) < (self.tail if tail is None else tail)
-        anywhere |= rng.random(n) < random_share
+        random = rng.random(n) < random_share
+        anywhere |= random
         ranks = np.where(anywhere, rng.integers(0, CANDIDATES, n), ranks)
+        # a random item is rarer than every item of the recent targets half the time; the
+        # traffic's own target one time in 21
+        rarity = np.where(random, 0.6 + 0.8 * rng.random(n), 1.05 * rng.random(n))
         history = rng.integers(1, CANDIDATES + 1, (n, 5)).astype(np.int64)
         if new_users or broken:
             history[:] = 0
@@ -47,13 +53,11 @@ class Traffic:
         users[bot], items[bot], ranks[bot] = BOT_USER, BOT_ITEM, 0
         history[bot] = BOT_ITEM
         hits = (ranks < 10).astype(np.float64)
-        served = hits.copy()
         flip = (rng.random(n) < served_better) & (hits == 0)
-        served[flip] = 1.0
-        self.served = served
+        self.served = np.where(flip, 0, ranks)
         self.clock += n
         times = self.clock + np.arange(n, dtype=np.int64)
-        return ScoredRows(hits, ranks, CANDIDATES, np.full(n, 50_000), users, items, history, times)
+        return ScoredRows(hits, ranks, CANDIDATES, users, items, history, times, rarity)
 
     def feed(self, guard: Guard, rows: int, head: int = 32, **shift: float | bool) -> None:
         for _ in range(rows // head):
@@ -61,7 +65,7 @@ class Traffic:
 
 
 def paired(guard: Guard, traffic: Traffic) -> Guard:
-    """``guard`` with the traffic's served hits as its served state's."""
+    """``guard`` with the traffic's served ranks as its served state's."""
     guard.served = lambda rows: traffic.served
     return guard
 

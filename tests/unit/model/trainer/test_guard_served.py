@@ -21,27 +21,28 @@ def _rows(n: int) -> tuple[ScoredRows, list]:
                                              history_len=HISTORY, seed=5))
     samples = stream.take(n)
     batch = to_batch(samples, HISTORY, KeyCache())
-    rows = ScoredRows(np.zeros(n), np.zeros(n, np.int64), 300, np.zeros(n, np.int64), batch.user_keys,
+    rows = ScoredRows(np.zeros(n), np.zeros(n, np.int64), 300, batch.user_keys,
                       batch.item_keys, batch.history)
     return rows, samples
 
 
-def test_served_hits_are_serving_own_ranking_of_the_same_rows() -> None:
+def test_served_ranks_are_serving_own_ranking_of_the_same_rows() -> None:
     run, records = shared_lineage()
     state = run.builder.mirror
     assert state is not None
     publisher = SimpleNamespace(builder=run.builder, applied=decode(records[-1]))
     view = ServedView(publisher, k=10)
     rows, samples = _rows(256)
-    hits = view.hits(rows)
-    assert hits is not None and hits.shape == (256,)
+    ranks, hits = view.ranks(rows), view.hits(rows)
+    assert ranks is not None and hits is not None and hits.shape == (256,)
     art = compose(state)  # what a serving worker holds after the same deltas
     scores = art.scores([s.user_id for s in samples], [list(s.history) for s in samples])
     expected = []
     for col, s in enumerate(samples):
         row = art.item_index.get(s.item_id)
-        expected.append(row is not None and (scores[:, col] > scores[row, col]).sum() < 10)
-    assert hits.tolist() == [float(e) for e in expected]
+        expected.append(-1 if row is None else int((scores[:, col] > scores[row, col]).sum()))
+    assert ranks.tolist() == expected
+    assert hits.tolist() == [float(0 <= e < 10) for e in expected]
     assert 0 < hits.sum() < 256  # a ranking, not a constant
     # composed once per published state: the same state again reuses its artifact
     first = view.artifact()
@@ -53,3 +54,4 @@ def test_nothing_published_no_served_hits() -> None:
     publisher = SimpleNamespace(builder=SimpleNamespace(mirror=None), applied=None)
     rows, _ = _rows(8)
     assert ServedView(publisher).hits(rows) is None
+    assert ServedView(publisher).ranks(rows) is None
