@@ -8,7 +8,6 @@ import contextlib
 import logging
 import os
 import signal
-import socket
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -16,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from streamrec.ports import free_port
 from streamrec.settings import Settings, load_settings
 
 T = TypeVar("T")
@@ -76,13 +76,6 @@ def stop_process(proc: Any, grace_s: float = 10.0) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait(5)
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def http_ok(url: str, timeout_s: float = 1.0) -> bool:

@@ -14,6 +14,7 @@ Importing this package loads nothing; ``coordinator``, ``sparse``, ``stats``, ``
 ``trainer`` and ``probe``'s run load TensorFlow (through ``model.towers.tf_env``).
 """
 
-from model.cluster.spec import ClusterLayout, free_ports
+from model.cluster.spec import ClusterLayout
+from streamrec.ports import free_ports
 
 __all__ = ["ClusterLayout", "free_ports"]

@@ -8,23 +8,12 @@ free ports at run time (never fixed ones) and passed to every role as JSON, so e
 from __future__ import annotations
 
 import json
-import socket
 from collections.abc import Sequence
-from contextlib import ExitStack
 from dataclasses import dataclass
 
+from streamrec.ports import free_ports
+
 CHIEF, PS, WORKER = "chief", "ps", "worker"
-
-
-def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
-    """``n`` distinct ports the OS reports free now (all bound at once, then released)."""
-    with ExitStack() as stack:
-        ports = []
-        for _ in range(n):
-            s = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
-            s.bind((host, 0))
-            ports.append(int(s.getsockname()[1]))
-        return ports
 
 
 @dataclass(frozen=True)
