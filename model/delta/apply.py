@@ -35,7 +35,7 @@ def _empty_rows(dim: int) -> np.ndarray:
     return np.zeros((0, dim), np.float32)
 
 
-def _upsert(
+def upsert_sorted(
     keys: np.ndarray, values: np.ndarray, new_keys: np.ndarray, new_values: np.ndarray,
     removed: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -108,10 +108,10 @@ def apply(state: ModelState, delta: Delta, pause: Callable[[], None] | None = No
         return state
     if delta.seq != state.seq + 1:
         raise DeltaGap(f"delta {delta.seq} after {state.seq} of {state.base_version}")
-    users = _upsert(state.user_keys, state.user_rows, delta.user_keys, delta.user_rows,
+    users = upsert_sorted(state.user_keys, state.user_rows, delta.user_keys, delta.user_rows,
                     delta.removed_users)
     pause()
-    hist = _upsert(state.hist_keys, state.hist_rows, delta.hist_keys, delta.hist_rows,
+    hist = upsert_sorted(state.hist_keys, state.hist_rows, delta.hist_keys, delta.hist_rows,
                    delta.removed_hist)
     item_keys, item_ids = state.item_keys, state.item_ids
     removed = bool(delta.removed_items.size)
@@ -132,7 +132,7 @@ def apply(state: ModelState, delta: Delta, pause: Callable[[], None] | None = No
             delta.removed_hist.size and np.isin(delta.removed_hist, item_keys).any()):
         raise DeltaError(f"delta {delta.seq}: a catalog item has no history row")
     pause()
-    prior = _upsert(state.prior_buckets, state.prior_base, delta.prior_buckets,
+    prior = upsert_sorted(state.prior_buckets, state.prior_base, delta.prior_buckets,
                     delta.prior_base, _I64)
     covisit_keys = state.covisit_keys
     if delta.covisit_new_keys.size:
@@ -143,7 +143,7 @@ def apply(state: ModelState, delta: Delta, pause: Callable[[], None] | None = No
             )
         covisit_keys = np.concatenate([covisit_keys, delta.covisit_new_keys])
     pause()
-    codes = _upsert(state.covisit_codes, state.covisit_values, delta.covisit_codes,
+    codes = upsert_sorted(state.covisit_codes, state.covisit_values, delta.covisit_codes,
                     delta.covisit_values, delta.covisit_removed)
     new = replace(
         state,

@@ -6,7 +6,8 @@ privately, what those lookups produce aligned with the catalog's rows, rewrites 
 delta changed, and recomputes the served item matrix from the cached rows into a new array, so
 the result equals a full compose and requests in flight keep the array they started with. A
 delta that removes items, the first state of a lineage and any state not the successor of the
-last are composed from scratch. What is cached and why the matrix is recomputed:
+last are composed from scratch. The co-visitation pairs are kept by catalog rows and patched
+too, so no delta sorts them all. What is cached and why the matrix is recomputed:
 docs/internals.md; the costs: ``docs/decisions.md#delta-stream``.
 """
 
@@ -19,10 +20,13 @@ from typing import Any
 import numpy as np
 
 from model.artifact.files import ServingArtifact
-from model.delta.apply import insert_sorted
+from model.delta.apply import insert_sorted, upsert_sorted
 from model.delta.state import ModelState
 from model.delta.wire import Delta
+from model.scoring.covisit import LOW32
 from model.scoring.prior import normalized_rows, served_item_vectors
+
+_I64 = np.zeros(0, np.int64)
 
 
 def compose(state: ModelState, previous: ServingArtifact | None = None) -> ServingArtifact:
@@ -113,6 +117,12 @@ class Composer:
         self._base = np.zeros(0, np.float64)  # prior base, by catalog row
         self._buckets = np.zeros(0, np.int64)  # catalog's prior buckets, sorted
         self._bucket_rows = np.zeros(0, np.int64)  # their catalog rows
+        #: The co-visitation pairs among the catalog, by catalog rows (``a << 32 | b``,
+        #: sorted) with their stored values, and each co-visitation id's catalog row (-1:
+        #: not in the catalog): patched per delta instead of sorted afresh.
+        self._pair_codes = np.zeros(0, np.int64)
+        self._pair_values = np.zeros(0, np.float64)
+        self._row_of_id = np.zeros(0, np.int64)
         #: How the last artifact was built: "full" or "patched".
         self.last = ""
 
@@ -145,7 +155,15 @@ class Composer:
         order = np.argsort(buckets, kind="stable").astype(np.int64)
         self._buckets, self._bucket_rows = buckets[order], order
         state.catalog_index  # noqa: B018 - built now, so apply merges it into the next state's
-        return compose(state)
+        covisit = None
+        if state.constants.covisit_window is not None:
+            self._row_of_id = state.catalog_rows(state.covisit_keys)
+            codes, values = _row_pairs(self._row_of_id, state.covisit_codes,
+                                       state.covisit_values)
+            order = np.argsort(codes, kind="stable")
+            self._pair_codes, self._pair_values = codes[order], values[order]
+            covisit = self._csr(state)
+        return servable(state, state.item_vectors(), covisit, item_index(state.item_ids, None))
 
     # -- per delta -----------------------------------------------------------------------------
     def _patched(self, prev: ModelState, state: ModelState, delta: Delta,
@@ -184,11 +202,59 @@ class Composer:
         if np.shares_memory(vectors, self._rows):
             vectors = vectors.copy()  # the cache is rewritten next delta; the served is not
         pause()
-        covisit = state.covisit_csr(pause) if c.covisit_window is not None else None
+        covisit = self._patched_csr(prev, state, delta, pause) \
+            if c.covisit_window is not None else None
         pause()
         # the catalog is the previous one with items appended (a patch removes none)
         return servable(state, vectors, covisit,
                         item_index(state.item_ids, previous, prefix_known=True))
+
+
+    def _patched_csr(self, prev: ModelState, state: ModelState, delta: Delta,
+                     pause: Callable[[], None]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The CSR pairs of ``state`` from the last ones: the delta's pairs upserted and
+        removed, and the stored pairs of items that joined the catalog added — linear in
+        the pairs (no sort of them all, as ``ModelState.covisit_csr`` does)."""
+        row_of = state.catalog_rows(state.covisit_keys)
+        old = self._row_of_id
+        joined = np.flatnonzero((old < 0) & (row_of[:old.size] >= 0))
+        codes, values = self._pair_codes, self._pair_values
+        if joined.size:  # pairs stored before their items were in the catalog
+            mark = np.zeros(row_of.size, bool)
+            mark[joined] = True
+            ids = state.covisit_codes
+            hit = mark[ids >> 32] | mark[ids & LOW32]
+            more, more_values = _row_pairs(row_of, ids[hit], state.covisit_values[hit])
+            codes, values = upsert_sorted(codes, values, more, more_values, _I64)
+        pause()
+        changed, changed_values = _row_pairs(row_of, delta.covisit_codes,
+                                             np.asarray(delta.covisit_values, np.float64))
+        removed, _ = _row_pairs(row_of, delta.covisit_removed,
+                                np.zeros(delta.covisit_removed.size))
+        codes, values = upsert_sorted(codes, values, changed, changed_values, removed)
+        self._pair_codes, self._pair_values, self._row_of_id = codes, values, row_of
+        pause()
+        return self._csr(state)
+
+    def _csr(self, state: ModelState) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(indptr, items, weights)`` over the catalog's rows from the cached pairs, as
+        ``ModelState.covisit_csr`` builds them."""
+        n = state.item_keys.size
+        codes = self._pair_codes
+        indptr = np.zeros(n + 1, np.int64)
+        np.cumsum(np.bincount(codes >> 32, minlength=n), out=indptr[1:])
+        weights = (self._pair_values * state.covisit_scale).astype(np.float32)
+        return indptr, (codes & LOW32).astype(np.int32), weights
+
+
+def _row_pairs(row_of: np.ndarray, id_codes: np.ndarray, values: np.ndarray
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """Co-visitation pairs by ids (``a << 32 | b``) as pairs by catalog rows, those with
+    both items in the catalog (``row_of``: each id's row, -1: not one), with their values."""
+    id_codes = np.asarray(id_codes, np.int64)
+    a, b = row_of[id_codes >> 32], row_of[id_codes & LOW32]
+    keep = (a >= 0) & (b >= 0)
+    return (a[keep] << 32) | b[keep], np.asarray(values, np.float64)[keep]
 
 
 def _no_pause() -> None:

@@ -20,9 +20,9 @@ from typing import Any
 
 import numpy as np
 
+from model.scoring.covisit import LOW32
 from model.scoring.prior import served_item_vectors
 
-_LOW = np.int64(0xFFFFFFFF)
 Layer = tuple[np.ndarray, np.ndarray, str]
 
 
@@ -138,7 +138,7 @@ class ModelState:
         ``pause``: called once, before the sort (as ``model.delta.apply``'s)."""
         n = self.item_keys.size
         row_of = self.catalog_rows(self.covisit_keys)
-        a, b = row_of[self.covisit_codes >> 32], row_of[self.covisit_codes & _LOW]
+        a, b = row_of[self.covisit_codes >> 32], row_of[self.covisit_codes & LOW32]
         keep = (a >= 0) & (b >= 0)
         a, b = a[keep], b[keep]
         w = self.covisit_values[keep] * self.covisit_scale
@@ -188,7 +188,7 @@ def state_checksum(state: ModelState) -> str:
     if state.constants.covisit_window is not None:
         # pairs as (key a, key b, weight), sorted: independent of dense ids and row order
         ka = state.covisit_keys[state.covisit_codes >> 32]
-        kb = state.covisit_keys[state.covisit_codes & _LOW]
+        kb = state.covisit_keys[state.covisit_codes & LOW32]
         w = (state.covisit_values * state.covisit_scale).astype(np.float32)
         o = np.lexsort((kb, ka))
         for arr in (ka[o], kb[o], w[o]):

@@ -22,7 +22,8 @@ import numpy as np
 PAD_KEY = 0
 #: ``(row, dense id, s)`` arrays of :meth:`CoVisitation.row_sums`.
 Triples = tuple[np.ndarray, np.ndarray, np.ndarray]
-_LOW = np.int64(0xFFFFFFFF)
+#: Mask of the low 32 bits of a pair code (``a << 32 | b``).
+LOW32 = np.int64(0xFFFFFFFF)
 #: Buffered pair updates that trigger a merge (the trainer also merges before reading).
 MERGE_EVERY = 1 << 18
 #: Largest groups x targets that :func:`accumulate` counts densely.
@@ -291,7 +292,7 @@ class CoVisitation:
                                (self._recent_codes, self._recent_weights)):
             if codes.size:
                 starts, ends = np.searchsorted(codes, lo), np.searchsorted(codes, hi)
-                found, vals, group = _gather(starts, ends, scale, codes, weights, rows, mask=_LOW)
+                found, vals, group = _gather(starts, ends, scale, codes, weights, rows, mask=LOW32)
                 newest = np.repeat(pos == 0, ends - starts) if last else None
                 parts.append((found, vals, group, newest))
         if not parts:
@@ -307,7 +308,7 @@ class CoVisitation:
                     _sum_entries(found[keep], vals[keep], group[keep], self.keys.size))
             if factor is not None:
                 s *= factor
-            out.append((t >> 32, t & _LOW, s))
+            out.append((t >> 32, t & LOW32, s))
         return out[0], out[1] if last else None
 
     def sums(self, history: np.ndarray, candidates: np.ndarray) -> np.ndarray:
@@ -337,7 +338,7 @@ class CoVisitation:
         self.merge()
         n = len(item_keys)
         row_of = self.positions(item_keys)
-        a, b = row_of[self.codes >> 32], row_of[self.codes & _LOW]
+        a, b = row_of[self.codes >> 32], row_of[self.codes & LOW32]
         keep = (a >= 0) & (b >= 0)
         a, b, w = a[keep], b[keep], self.weights[keep]
         order = np.argsort(a << 32 | b)  # (a, b) pairs are distinct: no ties

@@ -123,3 +123,55 @@ def test_a_state_that_does_not_follow_the_last_is_composed_afresh() -> None:
     assert composer.last == "full"
     _assert_same(composer.compose(s2, d2), compose(s2))
     assert composer.last == "patched"
+
+
+def _with_late_items(state: ModelState, delta: Delta, rng: np.random.Generator,
+                     pending: dict[int, np.ndarray]) -> Delta:
+    """``delta`` with pairs of two items that join the catalog two deltas later (stored
+    while they are not catalog items), the items of such pairs from two deltas ago joining
+    now, and some stored pairs removed."""
+    seq = delta.seq
+    later = np.sort(rng.integers(1 << 50, 1 << 60, 2, dtype=np.int64))
+    pending[seq + 2] = later
+    joining = pending.pop(seq, np.zeros(0, np.int64))
+    first = state.covisit_keys.size
+    cv_new = np.concatenate([delta.covisit_new_keys, later])
+    ids_later = first + delta.covisit_new_keys.size + np.arange(2, dtype=np.int64)
+    partners = rng.integers(0, first + cv_new.size, 6)
+    codes = np.unique(np.concatenate([delta.covisit_codes,
+                                      partners << 32 | np.repeat(ids_later, 3)]))
+    stored = state.covisit_codes
+    removed = np.setdiff1d(rng.choice(stored, min(5, stored.size), replace=False), codes)
+    hist_keys = np.concatenate([delta.hist_keys, joining])
+    hist_rows = np.concatenate([delta.hist_rows, rng.normal(
+        size=(joining.size, delta.hist_rows.shape[1])).astype(np.float32)])
+    order = np.argsort(hist_keys)
+    return replace(
+        delta, covisit_new_keys=cv_new, covisit_codes=codes,
+        covisit_values=rng.random(codes.size) + 0.5, covisit_removed=np.sort(removed),
+        hist_keys=hist_keys[order], hist_rows=hist_rows[order],
+        new_item_keys=np.concatenate([delta.new_item_keys, joining]),
+        new_item_ids=np.concatenate([delta.new_item_ids,
+                                     np.array([f"late-{k}" for k in joining.tolist()])]),
+    )
+
+
+def test_pairs_stored_before_their_items_joined_and_removed_pairs_are_patched() -> None:
+    _, records = shared_lineage()
+    template = decode(records[1])
+    state = from_snapshot(decode(records[0]))
+    composer = Composer()
+    composer.compose(state)
+    rng = np.random.default_rng(11)
+    pending: dict[int, np.ndarray] = {}
+    late = removed = 0
+    for seq in range(1, 13):
+        delta = _with_late_items(state, _random_delta(state, template, seq, rng), rng, pending)
+        before = state
+        state = apply(state, delta)
+        art = composer.compose(state, delta)
+        assert composer.last == "patched", seq
+        _assert_same(art, compose(state))
+        late += sum(str(i).startswith("late-") for i in delta.new_item_ids.tolist())
+        removed += int(np.isin(delta.covisit_removed, before.covisit_codes).sum())
+    assert late == 2 * 10 and removed > 0  # late items joined (from the third delta), pairs went
