@@ -54,7 +54,7 @@ class TrainerSettings(BaseModel):
         5, description="Newest versions the registry keeps (plus the pinned and current ones)."
     )
     delta_every_s: float = Field(
-        1.0, ge=0.0,
+        0.5, ge=0.0,
         description="Seconds between deltas on kafka.updates_topic (0 = no deltas; model/delta).",
     )
     delta_catchup_every_s: float = Field(
