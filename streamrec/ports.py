@@ -32,27 +32,24 @@ def ephemeral_low() -> int:
 
 def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
     """``n`` distinct ports nothing listens on now, below the ephemeral range (module doc);
-    all bound at once to check them, then released."""
+    all bound at once to check them, then released. Where the range leaves no room below
+    it, the kernel chooses (``bind(0)``)."""
     high = ephemeral_low()
+    below = high - LOW >= 100 * n
     with ExitStack() as stack:
         ports: list[int] = []
         for _ in range(max(50 * n, 1000)):
             if len(ports) == n:
                 break
-            if high - LOW < 100 * n:  # no room below it: the kernel's choice
-                sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
-                sock.bind((host, 0))
-                ports.append(int(sock.getsockname()[1]))
-                continue
-            port = _rng.randrange(LOW, high)
+            port = _rng.randrange(LOW, high) if below else 0
             if port in _handed or port in ports:
                 continue
             sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
             try:
                 sock.bind((host, port))
-            except OSError:
+            except OSError:  # taken: draw another
                 continue
-            ports.append(port)
+            ports.append(int(sock.getsockname()[1]))
         if len(ports) < n:
             raise OSError(f"found only {len(ports)} of {n} free ports on {host}")
         _handed.update(ports)

@@ -23,7 +23,7 @@ from model.artifact.files import ServingArtifact
 from model.delta.apply import insert_sorted, upsert_sorted
 from model.delta.state import ModelState
 from model.delta.wire import Delta
-from model.scoring.covisit import LOW32
+from model.scoring.covisit import LOW32, pairs_csr, row_pairs
 from model.scoring.prior import normalized_rows, served_item_vectors
 
 _I64 = np.zeros(0, np.int64)
@@ -158,9 +158,9 @@ class Composer:
         covisit = None
         if state.constants.covisit_window is not None:
             self._row_of_id = state.catalog_rows(state.covisit_keys)
-            codes, values = _row_pairs(self._row_of_id, state.covisit_codes,
+            codes, values = row_pairs(self._row_of_id, state.covisit_codes,
                                        state.covisit_values)
-            order = np.argsort(codes, kind="stable")
+            order = np.argsort(codes)  # (a, b) pairs are distinct: no ties
             self._pair_codes, self._pair_values = codes[order], values[order]
             covisit = self._csr(state)
         return servable(state, state.item_vectors(), covisit, item_index(state.item_ids, None))
@@ -224,12 +224,12 @@ class Composer:
             mark[joined] = True
             ids = state.covisit_codes
             hit = mark[ids >> 32] | mark[ids & LOW32]
-            more, more_values = _row_pairs(row_of, ids[hit], state.covisit_values[hit])
+            more, more_values = row_pairs(row_of, ids[hit], state.covisit_values[hit])
             codes, values = upsert_sorted(codes, values, more, more_values, _I64)
         pause()
-        changed, changed_values = _row_pairs(row_of, delta.covisit_codes,
+        changed, changed_values = row_pairs(row_of, delta.covisit_codes,
                                              np.asarray(delta.covisit_values, np.float64))
-        removed, _ = _row_pairs(row_of, delta.covisit_removed,
+        removed, _ = row_pairs(row_of, delta.covisit_removed,
                                 np.zeros(delta.covisit_removed.size))
         codes, values = upsert_sorted(codes, values, changed, changed_values, removed)
         self._pair_codes, self._pair_values, self._row_of_id = codes, values, row_of
@@ -237,24 +237,9 @@ class Composer:
         return self._csr(state)
 
     def _csr(self, state: ModelState) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(indptr, items, weights)`` over the catalog's rows from the cached pairs, as
-        ``ModelState.covisit_csr`` builds them."""
-        n = state.item_keys.size
-        codes = self._pair_codes
-        indptr = np.zeros(n + 1, np.int64)
-        np.cumsum(np.bincount(codes >> 32, minlength=n), out=indptr[1:])
-        weights = (self._pair_values * state.covisit_scale).astype(np.float32)
-        return indptr, (codes & LOW32).astype(np.int32), weights
-
-
-def _row_pairs(row_of: np.ndarray, id_codes: np.ndarray, values: np.ndarray
-               ) -> tuple[np.ndarray, np.ndarray]:
-    """Co-visitation pairs by ids (``a << 32 | b``) as pairs by catalog rows, those with
-    both items in the catalog (``row_of``: each id's row, -1: not one), with their values."""
-    id_codes = np.asarray(id_codes, np.int64)
-    a, b = row_of[id_codes >> 32], row_of[id_codes & LOW32]
-    keep = (a >= 0) & (b >= 0)
-    return (a[keep] << 32) | b[keep], np.asarray(values, np.float64)[keep]
+        """The CSR arrays over the catalog's rows from the cached pairs."""
+        return pairs_csr(self._pair_codes, self._pair_values * state.covisit_scale,
+                         state.item_keys.size)
 
 
 def _no_pause() -> None:

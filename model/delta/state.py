@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from model.scoring.covisit import LOW32
+from model.scoring.covisit import LOW32, pairs_csr, row_pairs
 from model.scoring.prior import served_item_vectors
 
 Layer = tuple[np.ndarray, np.ndarray, str]
@@ -136,18 +136,12 @@ class ModelState:
         """The pairs among the catalog as CSR arrays over its rows (``CoVisitation.csr``):
         O(pairs log pairs + catalog), the catalog's keys found by :attr:`catalog_index`.
         ``pause``: called once, before the sort (as ``model.delta.apply``'s)."""
-        n = self.item_keys.size
-        row_of = self.catalog_rows(self.covisit_keys)
-        a, b = row_of[self.covisit_codes >> 32], row_of[self.covisit_codes & LOW32]
-        keep = (a >= 0) & (b >= 0)
-        a, b = a[keep], b[keep]
-        w = self.covisit_values[keep] * self.covisit_scale
+        codes, values = row_pairs(self.catalog_rows(self.covisit_keys), self.covisit_codes,
+                                  self.covisit_values)
         if pause is not None:
             pause()
-        order = np.argsort(a * np.int64(max(n, 1)) + b, kind="stable")  # by (a, b)
-        indptr = np.zeros(n + 1, np.int64)
-        np.cumsum(np.bincount(a, minlength=n), out=indptr[1:])
-        return indptr, b[order].astype(np.int32), w[order].astype(np.float32)
+        order = np.argsort(codes)  # (a, b) pairs are distinct: no ties
+        return pairs_csr(codes[order], values[order] * self.covisit_scale, self.item_keys.size)
 
     def artifact_arrays(self) -> dict[str, Any]:
         """The arrays a full version of this state would hold (names of ``write_artifact``)."""

@@ -24,6 +24,25 @@ PAD_KEY = 0
 Triples = tuple[np.ndarray, np.ndarray, np.ndarray]
 #: Mask of the low 32 bits of a pair code (``a << 32 | b``).
 LOW32 = np.int64(0xFFFFFFFF)
+
+
+def row_pairs(row_of: np.ndarray, id_codes: np.ndarray, values: np.ndarray
+              ) -> tuple[np.ndarray, np.ndarray]:
+    """Pairs by dense ids (``a << 32 | b``) as pairs by rows (``row_of``: each id's row, -1:
+    none), those with both items among the rows, with their ``values`` (float64)."""
+    id_codes = np.asarray(id_codes, np.int64)
+    a, b = row_of[id_codes >> 32], row_of[id_codes & LOW32]
+    keep = (a >= 0) & (b >= 0)
+    return (a[keep] << 32) | b[keep], np.asarray(values, np.float64)[keep]
+
+
+def pairs_csr(row_codes: np.ndarray, weights: np.ndarray, n: int
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Pairs by rows, sorted by code, as the artifact's CSR arrays over ``n`` rows:
+    ``(indptr int64 [n + 1], neighbours int32 [nnz], weights float32 [nnz])``."""
+    indptr = np.zeros(n + 1, np.int64)
+    np.cumsum(np.bincount(row_codes >> 32, minlength=n), out=indptr[1:])
+    return indptr, (row_codes & LOW32).astype(np.int32), np.asarray(weights).astype(np.float32)
 #: Buffered pair updates that trigger a merge (the trainer also merges before reading).
 MERGE_EVERY = 1 << 18
 #: Largest groups x targets that :func:`accumulate` counts densely.
@@ -336,15 +355,9 @@ class CoVisitation:
         ``(indptr int64 [N + 1], neighbours int32 [nnz], weights float32 [nnz])``: row ``r``'s
         neighbours are rows of ``item_keys`` (ascending), with their current weights."""
         self.merge()
-        n = len(item_keys)
-        row_of = self.positions(item_keys)
-        a, b = row_of[self.codes >> 32], row_of[self.codes & LOW32]
-        keep = (a >= 0) & (b >= 0)
-        a, b, w = a[keep], b[keep], self.weights[keep]
-        order = np.argsort(a << 32 | b)  # (a, b) pairs are distinct: no ties
-        indptr = np.zeros(n + 1, np.int64)
-        np.cumsum(np.bincount(a, minlength=n), out=indptr[1:])
-        return indptr, b[order].astype(np.int32), w[order].astype(np.float32)
+        codes, w = row_pairs(self.positions(item_keys), self.codes, self.weights)
+        order = np.argsort(codes)  # (a, b) pairs are distinct: no ties
+        return pairs_csr(codes[order], w[order], len(item_keys))
 
     # -- checkpoint ----------------------------------------------------------------------------
     def to_arrays(self) -> dict[str, np.ndarray]:
