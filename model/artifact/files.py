@@ -38,7 +38,7 @@ from model.artifact.manifest import (
     sha256_file,
     sorted_table,
 )
-from model.scoring.covisit import accumulate, history_rows, position_weights, term
+from model.scoring.covisit import LOW32, accumulate, history_rows, position_weights, term
 from model.scoring.pooling import pool_history
 from streamrec.ids import item_keys, user_key
 
@@ -254,25 +254,31 @@ class ServingArtifact:
         last = float(params.get("last_weight", 0.0))
         scale = position_weights(window, float(params["decay"]))
         indptr, neighbours, weights = self.covisit
-        out = []
-        for hist in histories:
-            rows = np.asarray(hist[:window], np.int64)
-            pos = np.flatnonzero(rows >= 0)
-            if not pos.size:
-                out.append(empty)
-                continue
-            cols, sums = accumulate(
-                indptr[rows[pos]], indptr[rows[pos] + 1], scale[pos], neighbours, weights
-            )
-            added = term(sums, weight)
-            if last and pos[0] == 0:  # format 6: the most recent item's own term
-                r = rows[:1]
-                lcols, lsums = accumulate(indptr[r], indptr[r + 1], np.ones(1),
-                                          neighbours, weights)
-                at = np.searchsorted(cols, lcols)  # lcols is a subset of cols (both sorted)
+        # every history's slices in one sum, kept apart by history (``groups``): the same
+        # float sums as one history at a time (both add in entry order), without a sort
+        # per history
+        rows_of = [np.asarray(hist[:window], np.int64) for hist in histories]
+        pos_of = [np.flatnonzero(rows >= 0) for rows in rows_of]
+        groups = np.repeat(np.arange(len(rows_of), dtype=np.int64), [p.size for p in pos_of])
+        if not groups.size:
+            return [empty] * len(histories)
+        rows = np.concatenate([r[p] for r, p in zip(rows_of, pos_of, strict=True)])
+        n_items = int(indptr.size) - 1
+        codes, sums = accumulate(indptr[rows], indptr[rows + 1],
+                                 scale[np.concatenate(pos_of)], neighbours, weights,
+                                 groups, n_items)
+        added = term(sums, weight)
+        if last:  # format 6: the most recent item's own term
+            firsts = np.flatnonzero([p.size > 0 and p[0] == 0 for p in pos_of])
+            if firsts.size:
+                r = np.array([rows_of[g][0] for g in firsts], np.int64)
+                lcodes, lsums = accumulate(indptr[r], indptr[r + 1], np.ones(r.size),
+                                           neighbours, weights, firsts, n_items)
+                at = np.searchsorted(codes, lcodes)  # a subset of codes (both sorted)
                 added[at] += term(lsums, last)
-            out.append((cols, added))
-        return out
+        cuts = np.searchsorted(codes >> 32, np.arange(len(histories) + 1))
+        cols = (codes & LOW32).astype(np.int64)
+        return [(cols[a:b], added[a:b]) for a, b in zip(cuts[:-1], cuts[1:], strict=True)]
 
     def scores(self, user_ids: Sequence[str], histories: Sequence[Sequence[str]]) -> np.ndarray:
         """The served score of every item for each user, ``[N, B]`` (items-major, as

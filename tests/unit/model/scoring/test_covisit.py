@@ -267,6 +267,29 @@ def test_artifact_serves_the_last_items_own_term(tmp_path: Path) -> None:
         np.testing.assert_allclose(got, want, rtol=1e-6)
 
 
+def test_histories_scored_together_as_one_at_a_time(tmp_path: Path) -> None:
+    """A batch of histories gets, bit for bit, what each history gets alone (one sum kept
+    apart by history, and the sort path where the dense count does not pay)."""
+    rng = np.random.default_rng(3)
+    n = 40
+    ids = [f"i{k}" for k in range(n)]
+    keys = item_keys(ids)
+    cv = CoVisitation(WINDOW, DECAY, 0.0)
+    hist = keys[rng.integers(0, n, (400, 2))]
+    hist[rng.random(400) < 0.2, 1] = 0
+    cv.learn(hist, keys[rng.integers(0, n, 400)], rng.random(400) + 0.5)
+    params = {"weight": 1.5, "last_weight": 0.4, "window": WINDOW, "decay": DECAY}
+    art = load_artifact(_artifact(tmp_path, cv, n=n, covisit_params=params))
+    histories = [[ids[j] for j in rng.integers(0, n, rng.integers(0, 5))] for _ in range(60)]
+    histories[3] = ["unknown", ids[1]]
+    together = art.covisit_scores(histories)
+    assert sum(r.size for r, _ in together) > 0
+    for h, (rows, added) in zip(histories, together, strict=True):
+        alone_rows, alone = art.covisit_scores([h])[0]
+        assert rows.tolist() == alone_rows.tolist()
+        assert added.tobytes() == alone.tobytes()
+
+
 def test_artifacts_without_the_term_keep_their_format(tmp_path: Path) -> None:
     art = load_artifact(_artifact(tmp_path, None))
     assert art.manifest["format_version"] == 1 and art.covisit is None

@@ -31,7 +31,7 @@ def test_served_ranks_are_serving_own_ranking_of_the_same_rows() -> None:
     state = run.builder.mirror
     assert state is not None
     publisher = SimpleNamespace(builder=run.builder, applied=decode(records[-1]))
-    view = ServedView(publisher, k=10)
+    view = ServedView(publisher, k=10, every=1)
     rows, samples = _rows(256)
     ranks, hits = view.ranks(rows), view.hits(rows)
     assert ranks is not None and hits is not None and hits.shape == (256,)
@@ -55,3 +55,16 @@ def test_nothing_published_no_served_hits() -> None:
     rows, _ = _rows(8)
     assert ServedView(publisher).hits(rows) is None
     assert ServedView(publisher).ranks(rows) is None
+
+
+def test_every_nth_head_scored() -> None:
+    run, records = shared_lineage()
+    publisher = SimpleNamespace(builder=run.builder, applied=decode(records[-1]))
+    view = ServedView(publisher, every=3)
+    rows, _ = _rows(16)
+    scored = [view.ranks(rows) is not None for _ in range(7)]
+    assert scored == [True, False, False, True, False, False, True]
+    full = ServedView(publisher, every=1).ranks(rows)
+    again = view.ranks(rows), view.ranks(rows), view.ranks(rows)
+    assert again[0] is None and again[1] is None and again[2] is not None
+    assert again[2].tolist() == full.tolist()  # type: ignore[union-attr]
