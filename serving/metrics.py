@@ -40,7 +40,6 @@ STORE_STATE = names.SERVING_STORE_STATE
 
 #: Reasons counted by ``fallbacks``.
 NO_MODEL = "no_model"
-UNKNOWN_USER = "unknown_user"
 STORE_ERROR = "store_error"
 STORE_REHYDRATING = "store_not_whole"
 PADDED = "padded_with_trending"

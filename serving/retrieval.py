@@ -208,11 +208,11 @@ class Recommender:
                 reason = m.STORE_REHYDRATING
             elif model is None:
                 reason = m.NO_MODEL
-            elif features is None and not known[i]:
-                reason = m.UNKNOWN_USER
             if reason is not None:
                 self.metrics.fallbacks.labels(reason).inc()
-            if model is None or not known[i] and (features is None or not store_ok):
+            # a user neither the model nor the store knows is a user with no history: the
+            # model ranks them as it was measured to (its cold start, model.scoring.cold)
+            if model is None or not known[i] and not store_ok:
                 source = DEGRADED if not store_ok else POPULAR
                 answers[i] = Answer(popular(trending, ask.k, seen), source, None)
             else:

@@ -72,10 +72,14 @@ def write_artifact(
     covisit: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
     covisit_params: Mapping[str, Any] | None = None,
     attention: Mapping[str, Any] | None = None,
+    cold_start: str = "mix",
     manifest_extra: Mapping[str, Any] | None = None,
     created_at: datetime | None = None,
 ) -> dict[str, Any]:
     """Write one artifact into ``directory`` and return its manifest (FORMAT.md).
+
+    ``cold_start`` (format 7 when "prior"): a user with no history is ranked by the prior's
+    column alone (``model.scoring.cold``); needs ``score_bias``.
 
     ``attention`` (format 5): ``{"pos": [N, e_h], "blocks": [{name: array}], "heads": int,
     "pool": bool}`` (``model.artifact.attention``)."""
@@ -87,6 +91,8 @@ def write_artifact(
         raise ArtifactError(f"manifest_extra may not set {sorted(clash)}")
     if created_at is not None and created_at.tzinfo is None:
         raise ArtifactError("created_at must be timezone-aware")
+    if cold_start not in ("mix", "prior") or (cold_start == "prior" and not score_bias):
+        raise ArtifactError(f"cold_start {cold_start!r} needs 'mix', or 'prior' with score_bias")
 
     ids = np.asarray([str(i) for i in item_ids], dtype=np.str_)
     vectors = np.ascontiguousarray(item_vectors, dtype=np.float32)
@@ -151,6 +157,7 @@ def write_artifact(
         "format_version": format_version(
             score_bias, history_len, history_decay, covisit is not None, attention is not None,
             bool(covisit_params and covisit_params.get("last_weight", 0.0)),
+            cold_start == "prior",
         ),
         "version": version,
         "created_at": created_at.isoformat() if created_at else None,
@@ -169,6 +176,8 @@ def write_artifact(
     }
     if score_bias:
         manifest["score_bias"] = True
+    if cold_start == "prior":
+        manifest["cold_start"] = "prior"
     if history_len is not None:
         if history_len < 1:
             raise ArtifactError(f"history_len must be >= 1, got {history_len}")
@@ -231,6 +240,21 @@ class ServingArtifact:
         """Whether the last item-vector column is an additive score (FORMAT.md)."""
         return bool(self.manifest.get("score_bias", False))
 
+    @property
+    def cold_prior(self) -> bool:
+        """Whether a user with no history is ranked by the prior's column alone (format 7,
+        ``cold_start``; ``model.scoring.cold``)."""
+        return self.manifest.get("cold_start", "mix") == "prior"
+
+    def _cold(self, out: np.ndarray, histories: Sequence[Any]) -> np.ndarray:
+        """``out`` (``[N, B]`` scores) with the columns of empty histories replaced by the
+        prior's column (:attr:`cold_prior`)."""
+        if self.cold_prior:
+            empty = [col for col, h in enumerate(histories) if len(h) == 0]
+            if empty:
+                out[:, empty] = self.item_vectors[:, -1:]
+        return out
+
     def covisit_scores(
         self, histories: Sequence[Sequence[str]]
     ) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -288,7 +312,7 @@ class ServingArtifact:
         if self.covisit is not None:
             for col, (rows, added) in enumerate(self.covisit_scores(histories)):
                 out[rows, col] += added
-        return out
+        return self._cold(out, histories)
 
     def scores_of_keys(
         self, user_keys: np.ndarray, histories: Sequence[np.ndarray],
@@ -301,7 +325,7 @@ class ServingArtifact:
         if self.covisit is not None:
             for col, (rows, added) in enumerate(self.covisit_scores_of_rows(history_rows)):
                 out[rows, col] += added
-        return out
+        return self._cold(out, histories)
 
     @property
     def version(self) -> str:

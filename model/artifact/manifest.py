@@ -17,9 +17,9 @@ import numpy as np
 from model.errors import ModelError
 
 FORMAT = "streamrec-artifact"
-FORMAT_VERSION = 6
+FORMAT_VERSION = 7
 #: Versions the reader accepts (see the module doc).
-READABLE_VERSIONS = (1, 2, 3, 4, 5, 6)
+READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7)
 MANIFEST = "manifest.json"
 _CHUNK = 1 << 20
 ACTIVATIONS = ("relu", "linear")
@@ -27,6 +27,7 @@ RESERVED = frozenset(
     {
         "format", "format_version", "version", "created_at", "normalize", "score_bias",
         "history_len", "history_decay", "covisit", "attention", "dims", "layers", "files",
+        "cold_start",
     }
 )
 
@@ -42,7 +43,10 @@ def format_version(
     covisit: bool = False,
     attention: bool = False,
     covisit_last: bool = False,
+    cold_prior: bool = False,
 ) -> int:
+    if cold_prior:
+        return 7
     if covisit_last:
         return 6
     if attention:
@@ -98,6 +102,10 @@ def read_manifest(directory: str | Path) -> dict[str, Any]:
         raise ArtifactError(f"{path}: history_decay is not valid in format {version}")
     if "covisit" in manifest:
         check_covisit_params(manifest["covisit"], f"{path}: ", version)
+    cold = manifest.get("cold_start", "mix")
+    if cold not in ("mix", "prior") or (cold == "prior" and (version < 7 or not bias)):
+        raise ArtifactError(f"{path}: cold_start {cold!r} is not valid in format {version}"
+                            + ("" if bias else " without score_bias"))
     for key in ("version", "dims", "layers", "files"):
         if key not in manifest:
             raise ArtifactError(f"{path}: missing {key!r}")

@@ -158,7 +158,7 @@ def apply(state: ModelState, delta: Delta, pause: Callable[[], None] | None = No
         covisit_scale=delta.covisit_scale, weights=delta.weights, layers=delta.layers,
         trained_through_ms=delta.trained_through_ms, offsets=dict(delta.offsets),
         samples_trained=delta.samples_trained,
-        created_at=delta.created_at or state.created_at,
+        created_at=delta.created_at or state.created_at, cold_start=delta.cold_start,
     )
     if not removed:
         seed_catalog_index(new, state, added)

@@ -66,6 +66,8 @@ def servable(
         manifest["history_len"] = c.history_len
     if c.history_decay != 1.0:
         manifest["history_decay"] = c.history_decay
+    if state.cold_start != "mix":
+        manifest["cold_start"] = state.cold_start
     if covisit is not None:
         manifest["covisit"] = {
             "weight": state.weights[2], "last_weight": state.weights[3],

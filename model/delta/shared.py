@@ -89,6 +89,7 @@ def write_shared(f: BinaryIO, state: ModelState, artifact: ServingArtifact,
         "activations": [act for _, _, act in state.layers],
         "trained_through_ms": state.trained_through_ms, "offsets": dict(state.offsets),
         "samples_trained": state.samples_trained, "created_at": state.created_at,
+        "cold_start": state.cold_start,
     }
     specs: list[dict[str, Any]] = []
     contiguous: dict[str, np.ndarray] = {}
@@ -167,6 +168,7 @@ def read_shared(buf: Any, gen: int, previous: ServingArtifact | None = None,
             layers=layers, trained_through_ms=meta["trained_through_ms"],
             offsets={str(k): int(v) for k, v in meta["offsets"].items()},
             samples_trained=int(meta["samples_trained"]), created_at=meta["created_at"],
+            cold_start=str(meta.get("cold_start", "mix")),
             **{name: arrays[name] for name in STATE_ARRAYS},
         )
         covisit = tuple(arrays[name] for name in _COVISIT) if _COVISIT[0] in arrays else None

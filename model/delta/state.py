@@ -76,6 +76,8 @@ class ModelState:
     offsets: Mapping[str, int] = field(default_factory=dict)
     samples_trained: int = 0
     created_at: str | None = None
+    #: What a user with no history is ranked by (``model.scoring.cold``): "mix" or "prior".
+    cold_start: str = "mix"
 
     def prior_base_of(self, keys: np.ndarray) -> np.ndarray:
         """The prior's ``base`` (float64) of item ``keys``: their bucket's, or the default."""
@@ -154,6 +156,7 @@ class ModelState:
             "user_rows": self.user_rows,
             "default_user_row": self.default_user_row,
             "layers": list(self.layers),
+            "cold_start": self.cold_start,
         }
         if self.constants.covisit_window is not None:
             out["covisit"] = self.covisit_csr()
@@ -188,4 +191,6 @@ def state_checksum(state: ModelState) -> str:
         for arr in (ka[o], kb[o], w[o]):
             put(arr)
     h.update(repr(tuple(float(x) for x in state.weights)).encode())
+    if state.cold_start != "mix":
+        h.update(state.cold_start.encode())
     return h.hexdigest()

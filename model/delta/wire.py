@@ -28,6 +28,7 @@ import numpy as np
 
 from model.delta.state import Constants, Layer
 from model.errors import ModelError
+from model.scoring.cold import CHOICES, MIX
 
 MAGIC = b"SRD1"
 #: The snapshot (``seq == 0``) of a full version's lineage, beside its artifact files.
@@ -162,6 +163,8 @@ class Delta:
     #: The trainer's :func:`state_checksum` of the state this delta leads to ("" = none).
     state_checksum: str = ""
     extra: Mapping[str, Any] = field(default_factory=dict)
+    #: What a user with no history is ranked by (``model.scoring.cold``): "mix" or "prior".
+    cold_start: str = "mix"
 
     @property
     def rows_changed(self) -> int:
@@ -178,7 +181,7 @@ def encode(delta: Delta, codec: str = "float32", *, compress: bool = False) -> b
         "activations": [act for _, _, act in delta.layers], "codec": codec,
         "constants": delta.constants.to_json() if delta.constants else None,
         "created_at": delta.created_at, "state_checksum": delta.state_checksum,
-        "extra": dict(delta.extra),
+        "extra": dict(delta.extra), "cold_start": delta.cold_start,
     }
     arrays: dict[str, np.ndarray] = {}
     for name in ("user", "hist"):
@@ -228,9 +231,16 @@ def decode(record: bytes) -> Delta:
             weights=tuple(float(x) for x in meta["weights"]),  # type: ignore[arg-type]
             layers=layers, constants=constants, created_at=meta.get("created_at"),
             state_checksum=str(meta.get("state_checksum", "")), extra=meta.get("extra", {}),
+            cold_start=_cold_start(meta.get("cold_start", MIX)),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise DeltaError(f"delta record lacks or garbles {exc}") from exc
+
+
+def _cold_start(value: Any) -> str:
+    if value not in CHOICES:
+        raise ValueError(f"cold_start {value!r} not in {CHOICES}")
+    return str(value)
 
 
 def peek(record: bytes) -> tuple[str, int]:

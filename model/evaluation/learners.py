@@ -24,6 +24,7 @@ from model.evaluation.baselines import (
     SessionKNNBaseline,
 )
 from model.evaluation.replay import Positive
+from model.scoring.cold import PRIOR
 
 
 class BaselineLearner:
@@ -169,7 +170,11 @@ class TwoTowerLearner:
             trainer.tower_users(train_batch.user_keys, train_batch.history),
             tower, log_q, train_batch.history, keys,
         )
-        out[:, cols] = trainer.mixer.score(parts)
+        mixed = trainer.mixer.score(parts)
+        cold, prior = trainer.cold_rows(train_batch.history, parts)
+        if cold.size and trainer.cold.choice == PRIOR:
+            mixed[cold] = prior
+        out[:, cols] = mixed
         self._parts = (batch, dict(zip(trainer.mixer.names, parts, strict=True)), cols,
                        out.shape[1])
         at = np.full(out.shape[1], -1, np.int64)
@@ -180,7 +185,11 @@ class TwoTowerLearner:
                 gone = self._excluded(pos)
                 gone = at[gone[gone < at.size]]
                 learn[0][row, gone[gone >= 0]] = -np.inf
-        trainer.learn_mix(learn, np.array([at[p.item] if p.item < at.size else -1 for p in batch]))
+        target = np.array([at[p.item] if p.item < at.size else -1 for p in batch])
+        if cold.size:  # the two rankings of the rows with no history, then the mix learns
+            mix = trainer.mixer.score([f[cold] for f in learn])  # -inf: left out
+            trainer.cold.observe(mix, np.where(np.isfinite(mix), prior, -np.inf), target[cold])
+        trainer.learn_mix(learn, target)
         return out
 
     def part_scores(self, batch: Sequence[Positive], part: str) -> np.ndarray:

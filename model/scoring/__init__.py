@@ -6,6 +6,7 @@
 * ``topk`` — exact top-k selection: serving's pruned search and the evaluation's ranking.
 * ``attention`` — the attention user tower in numpy (the served twin of the TF one).
 * ``mixer`` — the learned weights of the score's parts.
+* ``cold`` — what a row with no history is ranked by: the mix or the prior alone.
 
 Numpy only: never imports TensorFlow (a test checks it).
 """

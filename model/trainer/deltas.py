@@ -135,6 +135,7 @@ class DeltaBuilder:
         w = tr.score_weights()
         return {
             "weights": (w[0], w[1], w[2], tr.last_weight()),
+            "cold_start": tr.cold_start(),
             "layers": tuple(tower["layers"]),
             "default_user_row": tr.default_row(tr.model.users),
         }

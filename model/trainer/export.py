@@ -64,6 +64,7 @@ def artifact_arrays(trainer: Trainer, item_ids: Mapping[int, str]) -> dict[str, 
     return {
         **covisit,
         **attention,
+        "cold_start": trainer.cold_start(),
         "item_ids": [item_ids[int(k)] for k in vkeys[named]],
         "item_vectors": vecs[named],
         "item_hist_keys": hkeys,

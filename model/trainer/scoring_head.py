@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from model.scoring.cold import MIX, PRIOR, ColdStart, no_history
 from model.scoring.covisit import term as covisit_term
 from model.scoring.mixer import ScoreMixer
 from model.scoring.prior import served_item_vectors
@@ -31,6 +32,7 @@ class ScoringHead(TrainerStep):
 
     evaluator: Evaluator
     mixer: ScoreMixer
+    cold: ColdStart
     _mix_rng: np.random.Generator
     _eval_pool: ThreadPoolExecutor | None
     _eval_pending: deque[Future[None]]
@@ -78,6 +80,27 @@ class ScoringHead(TrainerStep):
             if "covisit_last" in self.mixer.names:
                 parts.append(np.log1p(self.covisit.sums(history[:, :1], item_keys)))
         return parts
+
+    def cold_start(self) -> str:
+        """What a row with no history is served by (``model.scoring.cold``): the prior alone
+        once it has hit more there, with a learned mix that has a prior; else the mix."""
+        if self.config.mix != "learned" or "prior" not in self.mixer.names:
+            return MIX
+        return self.cold.choice
+
+    def cold_rows(self, history: np.ndarray, parts: list[np.ndarray]
+                  ) -> tuple[np.ndarray, np.ndarray]:
+        """``(rows, scores)``: the rows of ``history`` with no item and their scores by the
+        prior alone, its weight times ``log q`` (``-inf`` where the towers' part is: not a
+        candidate), for :attr:`cold` (``model.scoring.cold``); no rows without a learned
+        mix with a prior."""
+        names = self.mixer.names
+        if self.config.mix != "learned" or "prior" not in names:
+            return np.zeros(0, np.int64), np.zeros((0, np.shape(parts[0])[1]))
+        rows = np.flatnonzero(no_history(history))
+        w = self.mixer.weights[names.index("prior")]
+        prior = w * np.asarray(parts[names.index("prior")], np.float64)[rows]
+        return rows, np.where(np.isfinite(np.asarray(parts[0])[rows]), prior, -np.inf)
 
     def learn_mix(self, parts: list[np.ndarray], target_pos: np.ndarray) -> None:
         """One step of the learned mix on scored rows (before the model learns them)."""
@@ -128,6 +151,16 @@ class ScoringHead(TrainerStep):
             r, c, v = sparse[0]
             item2item = np.zeros((len(score), n), np.float32)
             item2item[r, c] = v
+        log_q = ev.candidate_log_q
+        cold = np.zeros(0, np.int64)
+        if self.config.mix == "learned" and "prior" in w and log_q is not None:
+            cold = np.flatnonzero(no_history(history))
+        if cold.size and log_q is not None:  # no history: the mix or the prior alone
+            mixed = score[cold]
+            prior = np.broadcast_to(np.float32(w["prior"]) * log_q, mixed.shape)
+            if self.cold.choice == PRIOR:
+                score[cold] = prior
+            self.cold.observe(mixed, prior, target_pos[cold])
         ev.evaluate(score, target_pos, item2item=item2item, head=head)
         if self.config.mix != "learned":
             return

@@ -119,6 +119,9 @@ class TrainerService:
         mixer = {k[len("mixer_"):]: v for k, v in restored.arrays.items() if k.startswith("mixer_")}
         if mixer:
             self.trainer.mixer.load_state(mixer)
+        cold = {k[len("cold_"):]: v for k, v in restored.arrays.items() if k.startswith("cold_")}
+        if cold:
+            self.trainer.cold.load_state(cold)
         self.metrics.samples_total.set(self.state.samples_trained)
         self.metrics.consumed_offsets.set(sum(self.state.offsets.values()))
         log.info(
@@ -142,6 +145,7 @@ class TrainerService:
                                        else self._preparer.trained_ids()),
                 **covisit,
                 **{f"mixer_{k}": v for k, v in self.trainer.mixer.state().items()},
+                **{f"cold_{k}": v for k, v in self.trainer.cold.state().items()},
             },
         )
 
@@ -408,6 +412,7 @@ class TrainerService:
                 "temperature": self.trainer.config.temperature,
                 "mix": self.trainer.config.mix,
                 "score_weights": self.trainer.mixer.as_dict(),
+                "cold_start": self.trainer.cold_start(),
             },
         }
         files = None

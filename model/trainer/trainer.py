@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from model.scoring.cold import ColdStart
 from model.scoring.covisit import CoVisitation
 from model.scoring.mixer import ScoreMixer
 from model.towers.frequency import CountFrequencyEstimator
@@ -110,6 +111,8 @@ class Trainer(ScoringHead):
             else None
         )
         self.mixer = _mixer(config, self.covisit is not None)
+        #: What a row with no history is ranked by (``model.scoring.cold``; learned mix only).
+        self.cold = ColdStart()
         self._mix_rng = np.random.default_rng(config.seed)
         single = self._dedup_step if opts.dedup_lookups else self._single_step
         self._step_fn = tf.function(single, input_signature=STEP_SIGNATURE)

@@ -68,7 +68,8 @@ def user(uid: str, items: list[str]) -> UserFeatures:
     return UserFeatures(uid, hist, {}, 1000, 1000)
 
 
-def publish(reg: Registry, version: str, n: int = 200, seed: int = 0) -> None:
+def publish(reg: Registry, version: str, n: int = 200, seed: int = 0,
+            default_user_row: np.ndarray | None = None) -> None:
     rng = np.random.default_rng(seed)
     items = [f"i{i}" for i in range(n)]
 
@@ -77,7 +78,8 @@ def publish(reg: Registry, version: str, n: int = 200, seed: int = 0) -> None:
             d, version=version, item_ids=items, item_vectors=rng.normal(size=(n, 8)),
             item_hist_keys=item_keys(items), item_hist_rows=rng.normal(size=(n, 8)),
             user_keys=np.array([user_key("model-user")]), user_rows=rng.normal(size=(1, 8)),
-            default_user_row=np.zeros(8), layers=[(rng.normal(size=(16, 8)), np.zeros(8), "linear")],
+            default_user_row=np.zeros(8) if default_user_row is None else default_user_row,
+            layers=[(rng.normal(size=(16, 8)), np.zeros(8), "linear")],
             normalize=False, manifest_extra={"trained_through_ms": 1_772_000_000_000},
             created_at=datetime(2026, 3, 1, 11, 0, tzinfo=UTC),
         )
@@ -157,13 +159,22 @@ def test_model_ranking_matches_brute_force_without_seen(env) -> None:
             f"i{i}" for i in np.argsort(-scores)[:10].tolist()]
 
 
-def test_unknown_user_popular_model_only_user_served(env) -> None:
-    app, _, reg = env
-    publish(reg, "v1")
+def test_a_user_nobody_knows_gets_the_models_cold_answer(env) -> None:
+    """No row in the model, nothing in the store: a user with no history, ranked by the model
+    as evaluation measures it (its cold start), not by trending."""
+    app, store, reg = env
+    publish(reg, "v1", default_user_row=np.linspace(-1.0, 1.0, 8))
+    art = load_artifact(reg.path("v1"))
+    cold = [f"i{i}" for i in np.argsort(-art.scores(["nobody"], [[]])[:, 0])[:5].tolist()]
     with TestClient(app) as client:
-        assert get(client, user_id="nobody")["source"] == "popular"
+        body = get(client, user_id="nobody", k=5)
+        assert body["source"] == "model" and body["model_version"] == "v1"
+        assert [i["item_id"] for i in body["items"]] == cold
         body = get(client, user_id="model-user", k=3)
         assert body["source"] == "model" and len(body["items"]) == 3
+        store.down = True  # whether they have a history is unknown: trending, degraded
+        body = get(client, user_id="nobody", k=5)
+        assert body["source"] == "degraded" and body["items"][0]["item_id"] == "t0"
 
 
 def test_store_down_is_degraded_not_500(env) -> None:

@@ -122,6 +122,30 @@ def test_score_bias_appends_one_after_normalisation_format_2(tmp_path: Path) -> 
         make(tmp_path / "b", score_bias=True)  # 8 tower dims + 1 != 8 item dims
 
 
+def test_cold_start_prior_ranks_empty_histories_by_the_prior_format_7(tmp_path: Path) -> None:
+    rng = np.random.default_rng(1)
+    vectors = rng.normal(size=(50, 9))
+    make(tmp_path / "mix", item_vectors=vectors, score_bias=True)
+    make(tmp_path / "cold", item_vectors=vectors, score_bias=True, cold_start="prior")
+    mix, cold = load_artifact(tmp_path / "mix"), load_artifact(tmp_path / "cold")
+    assert cold.manifest["format_version"] == 7 and cold.cold_prior and not mix.cold_prior
+    assert mix.manifest["format_version"] == 2
+    users, hists = ["u1", "stranger", "u2"], [["i3"], [], []]
+    got, want = cold.scores(users, hists), mix.scores(users, hists)
+    np.testing.assert_array_equal(got[:, 0], want[:, 0])  # a history: the mix, as before
+    for col in (1, 2):  # none: the prior's column alone, whoever the user is
+        np.testing.assert_array_equal(got[:, col], cold.item_vectors[:, -1])
+    assert not np.allclose(want[:, 1], cold.item_vectors[:, -1])
+    by_keys = cold.scores_of_keys(np.array([user_key(u) for u in users]),
+                                  [item_keys(h) for h in hists],
+                                  [np.array([3]), np.zeros(0, np.int64), np.zeros(0, np.int64)])
+    np.testing.assert_array_equal(by_keys, got)
+    with pytest.raises(ArtifactError, match="cold_start"):
+        make(tmp_path / "bad", cold_start="prior")  # no prior column without score_bias
+    with pytest.raises(ArtifactError, match="cold_start"):
+        make(tmp_path / "bad2", item_vectors=vectors, score_bias=True, cold_start="popular")
+
+
 def test_history_window_pools_only_the_most_recent_items(tmp_path: Path) -> None:
     args = make(tmp_path / "a", history_len=2)
     art = load_artifact(tmp_path / "a")
@@ -141,7 +165,9 @@ def test_format_versions(tmp_path: Path) -> None:
     assert not load_artifact(tmp_path / "a").score_bias
     cv = {"weight": 1.0, "window": 3, "decay": 0.9}
     att = {"blocks": 1, "heads": 2, "len": 4, "pool": True}
-    bad_cases = [(1, {"score_bias": True}), (7, {}), (2, {"score_bias": "yes"}),
+    bad_cases = [(1, {"score_bias": True}), (8, {}), (2, {"score_bias": "yes"}),
+                 (6, {"cold_start": "prior", "score_bias": True}),  # cold_start is format 7
+                 (7, {"cold_start": "prior"}), (7, {"cold_start": "new", "score_bias": True}),
                  (4, {"covisit": {**cv, "last_weight": 1.0}}),  # last_weight is format 6
                  (6, {"covisit": {**cv, "last_weight": -1.0}}),
                  (4, {"attention": att}), (5, {"attention": att}),  # no attention files

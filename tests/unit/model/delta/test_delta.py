@@ -164,6 +164,42 @@ def test_applied_deltas_equal_a_full_export(lineage: tuple[Run, list[bytes]]) ->
     assert ft.keys() == mt.keys() and ft
     np.testing.assert_allclose([mt[k] for k in ft], list(ft.values()), rtol=1e-6)
     assert state_checksum(state) == deltas[-1].state_checksum
+    assert mine["cold_start"] == full["cold_start"] == state.cold_start
+
+
+def test_cold_start_travels_with_the_deltas_to_the_served_score(
+    lineage: tuple[Run, list[bytes]],
+) -> None:
+    """A trainer whose prior alone hits more at rows with no history publishes that choice;
+    serving's state, its checksum, its shared slot and its artifact carry it."""
+    run, records = lineage
+    state = from_snapshot(decode(records[0]))
+    mix_sum = state_checksum(state)
+    assert state.cold_start == "mix" and not compose(state).cold_prior
+    cold = replace(decode(records[0]), cold_start="prior")
+    again = decode(encode(cold))
+    assert again.cold_start == "prior"
+    state = from_snapshot(again)
+    assert state.cold_start == "prior" and state_checksum(state) != mix_sum
+    art = compose(state)
+    assert art.cold_prior and art.manifest["cold_start"] == "prior"
+    scores = art.scores(["u-nobody", "u-nobody"], [[], list(art.item_ids[:2])])
+    np.testing.assert_array_equal(scores[:, 0], art.item_vectors[:, -1])
+    assert not np.array_equal(scores[:, 1], art.item_vectors[:, -1])
+    nxt = apply(state, replace(decode(records[1]), cold_start="mix"))
+    assert nxt.cold_start == "mix" and not compose(nxt).cold_prior
+    with pytest.raises(DeltaError, match="cold_start"):
+        decode(encode(replace(cold, cold_start="popular")))
+    # the live head counted its rows with no history (a new user's first event)
+    assert run.trainer.cold.rows > 0
+    # the trainer's own choice reaches its deltas
+    hits = run.trainer.cold.hits.copy()
+    run.trainer.cold.hits[:] = (0, 1)
+    try:
+        assert run.builder._common()["cold_start"] == "prior"
+        assert artifact_arrays(run.trainer, run.item_ids)["cold_start"] == "prior"
+    finally:
+        run.trainer.cold.hits[:] = hits
 
 
 def test_composed_artifact_scores_like_its_state(lineage: tuple[Run, list[bytes]]) -> None:
