@@ -138,6 +138,8 @@ def make(clock: Clock, serving: ServingStub | None, ingest_url: str | None,
          **kw: object) -> StatsCollector:
     if serving is not None:
         serving.model = model
+    # a scrape of a live stub must not time out on a busy host (the slow case sets its own)
+    kw.setdefault("http_timeout_s", 10.0)
     return StatsCollector(
         clock=clock,
         serving_url=serving.url if serving else None,
