@@ -172,6 +172,7 @@ class TwoTowerLearner:
         )
         mixed = trainer.mixer.score(parts)
         cold, prior = trainer.cold_rows(train_batch.history, parts)
+        by_mix = mixed[cold]  # what the mix gave the rows with no history
         if cold.size and trainer.cold.choice == PRIOR:
             mixed[cold] = prior
         out[:, cols] = mixed
@@ -187,8 +188,9 @@ class TwoTowerLearner:
                 learn[0][row, gone[gone >= 0]] = -np.inf
         target = np.array([at[p.item] if p.item < at.size else -1 for p in batch])
         if cold.size:  # the two rankings of the rows with no history, then the mix learns
-            mix = trainer.mixer.score([f[cold] for f in learn])  # -inf: left out
-            trainer.cold.observe(mix, np.where(np.isfinite(mix), prior, -np.inf), target[cold])
+            kept = np.isfinite(learn[0][cold])  # the items the ranking leaves out: -inf
+            trainer.cold.observe(np.where(kept, by_mix, -np.inf),
+                                 np.where(kept, prior, -np.inf), target[cold])
         trainer.learn_mix(learn, target)
         return out
 

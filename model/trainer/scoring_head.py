@@ -81,12 +81,15 @@ class ScoringHead(TrainerStep):
                 parts.append(np.log1p(self.covisit.sums(history[:, :1], item_keys)))
         return parts
 
+    @property
+    def _cold_applies(self) -> bool:
+        """Whether :attr:`cold` chooses (a learned mix with a prior part)."""
+        return self.config.mix == "learned" and "prior" in self.mixer.names
+
     def cold_start(self) -> str:
         """What a row with no history is served by (``model.scoring.cold``): the prior alone
         once it has hit more there, with a learned mix that has a prior; else the mix."""
-        if self.config.mix != "learned" or "prior" not in self.mixer.names:
-            return MIX
-        return self.cold.choice
+        return self.cold.choice if self._cold_applies else MIX
 
     def cold_rows(self, history: np.ndarray, parts: list[np.ndarray]
                   ) -> tuple[np.ndarray, np.ndarray]:
@@ -95,7 +98,7 @@ class ScoringHead(TrainerStep):
         candidate), for :attr:`cold` (``model.scoring.cold``); no rows without a learned
         mix with a prior."""
         names = self.mixer.names
-        if self.config.mix != "learned" or "prior" not in names:
+        if not self._cold_applies:
             return np.zeros(0, np.int64), np.zeros((0, np.shape(parts[0])[1]))
         rows = np.flatnonzero(no_history(history))
         w = self.mixer.weights[names.index("prior")]
@@ -153,7 +156,7 @@ class ScoringHead(TrainerStep):
             item2item[r, c] = v
         log_q = ev.candidate_log_q
         cold = np.zeros(0, np.int64)
-        if self.config.mix == "learned" and "prior" in w and log_q is not None:
+        if self._cold_applies and log_q is not None:
             cold = np.flatnonzero(no_history(history))
         if cold.size and log_q is not None:  # no history: the mix or the prior alone
             mixed = score[cold]
