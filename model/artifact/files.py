@@ -22,10 +22,12 @@ import numpy as np
 from model.artifact.attention import AttentionWeights, attention_arrays, load_attention
 from model.artifact.manifest import (
     ACTIVATIONS,
+    COLD_STARTS,
     COVISIT_FILES,
     FORMAT,
     FORMAT_VERSION,
     MANIFEST,
+    POPULARITY_FILE,
     READABLE_VERSIONS,
     RESERVED,
     ArtifactError,
@@ -73,13 +75,15 @@ def write_artifact(
     covisit_params: Mapping[str, Any] | None = None,
     attention: Mapping[str, Any] | None = None,
     cold_start: str = "mix",
+    item_popularity: np.ndarray | None = None,
     manifest_extra: Mapping[str, Any] | None = None,
     created_at: datetime | None = None,
 ) -> dict[str, Any]:
     """Write one artifact into ``directory`` and return its manifest (FORMAT.md).
 
-    ``cold_start`` (format 7 when "prior"): a user with no history is ranked by the prior's
-    column alone (``model.scoring.cold``); needs ``score_bias``.
+    ``cold_start`` (``model.scoring.cold``): what a user with no history is ranked by; format
+    7 when "prior" (the prior's column alone; needs ``score_bias``), format 8 when
+    "popular" (``item_popularity``, one finite score per item, alone).
 
     ``attention`` (format 5): ``{"pos": [N, e_h], "blocks": [{name: array}], "heads": int,
     "pool": bool}`` (``model.artifact.attention``)."""
@@ -91,8 +95,11 @@ def write_artifact(
         raise ArtifactError(f"manifest_extra may not set {sorted(clash)}")
     if created_at is not None and created_at.tzinfo is None:
         raise ArtifactError("created_at must be timezone-aware")
-    if cold_start not in ("mix", "prior") or (cold_start == "prior" and not score_bias):
-        raise ArtifactError(f"cold_start {cold_start!r} needs 'mix', or 'prior' with score_bias")
+    if cold_start not in COLD_STARTS or (cold_start == "prior" and not score_bias):
+        raise ArtifactError(f"cold_start {cold_start!r} needs one of {COLD_STARTS}, "
+                            "'prior' with score_bias")
+    if (cold_start == "popular") != (item_popularity is not None):
+        raise ArtifactError("item_popularity goes with cold_start 'popular', and only with it")
 
     ids = np.asarray([str(i) for i in item_ids], dtype=np.str_)
     vectors = np.ascontiguousarray(item_vectors, dtype=np.float32)
@@ -115,6 +122,12 @@ def write_artifact(
         "user_rows.npy": urows,
         "default_user_row.npy": default,
     }
+    if item_popularity is not None:
+        popularity = np.asarray(item_popularity, np.float32)
+        if popularity.shape != (ids.shape[0],) or not np.isfinite(popularity).all():
+            raise ArtifactError(f"item_popularity {popularity.shape} is not {ids.shape[0]} "
+                                "finite scores")
+        arrays[POPULARITY_FILE] = popularity
     if (covisit is None) != (covisit_params is None):
         raise ArtifactError("covisit and covisit_params go together")
     if covisit is not None and covisit_params is not None:
@@ -157,7 +170,7 @@ def write_artifact(
         "format_version": format_version(
             score_bias, history_len, history_decay, covisit is not None, attention is not None,
             bool(covisit_params and covisit_params.get("last_weight", 0.0)),
-            cold_start == "prior",
+            cold_start,
         ),
         "version": version,
         "created_at": created_at.isoformat() if created_at else None,
@@ -176,8 +189,8 @@ def write_artifact(
     }
     if score_bias:
         manifest["score_bias"] = True
-    if cold_start == "prior":
-        manifest["cold_start"] = "prior"
+    if cold_start != "mix":
+        manifest["cold_start"] = cold_start
     if history_len is not None:
         if history_len < 1:
             raise ArtifactError(f"history_len must be >= 1, got {history_len}")
@@ -223,6 +236,8 @@ class ServingArtifact:
     covisit: tuple[np.ndarray, np.ndarray, np.ndarray] | None = field(default=None, repr=False)
     #: The attention user tower (format 5).
     attention: AttentionWeights | None = field(default=None, repr=False)
+    #: All-time popularity score of each item (format 8, with ``cold_start`` "popular").
+    item_popularity: np.ndarray | None = field(default=None, repr=False)
 
     @property
     def history_len(self) -> int | None:
@@ -241,18 +256,27 @@ class ServingArtifact:
         return bool(self.manifest.get("score_bias", False))
 
     @property
+    def cold_start(self) -> str:
+        """What a user with no history is ranked by (``model.scoring.cold``): "mix", the
+        prior's column alone ("prior", format 7) or all-time popularity ("popular", format
+        8: :attr:`item_popularity`)."""
+        return str(self.manifest.get("cold_start", "mix"))
+
+    @property
     def cold_prior(self) -> bool:
-        """Whether a user with no history is ranked by the prior's column alone (format 7,
-        ``cold_start``; ``model.scoring.cold``)."""
-        return self.manifest.get("cold_start", "mix") == "prior"
+        """Whether a user with no history is ranked by the prior's column alone."""
+        return self.cold_start == "prior"
 
     def _cold(self, out: np.ndarray, histories: Sequence[Any]) -> np.ndarray:
         """``out`` (``[N, B]`` scores) with the columns of empty histories replaced by the
-        prior's column (:attr:`cold_prior`)."""
-        if self.cold_prior:
+        ranking of :attr:`cold_start` when it is not the mix."""
+        cold = self.cold_start
+        if cold != "mix":
             empty = [col for col, h in enumerate(histories) if len(h) == 0]
             if empty:
-                out[:, empty] = self.item_vectors[:, -1:]
+                column = self.item_vectors[:, -1] if cold == "prior" else self.item_popularity
+                assert column is not None  # load_artifact / servable hold it for "popular"
+                out[:, empty] = column[:, None]
         return out
 
     def covisit_scores(
@@ -447,6 +471,13 @@ def load_artifact(directory: str | Path, *, verify: bool = True) -> ServingArtif
             raise ArtifactError(f"{path}: {exc}") from exc
         covisit = (indptr, neighbours, weights)
     attention = load_attention(manifest, arrays, f"{path}: ")
+    popularity = None
+    if manifest.get("cold_start") == "popular":
+        popularity = arrays.get(POPULARITY_FILE)
+        if (popularity is None or popularity.shape != ids.shape or popularity.dtype.kind != "f"
+                or not np.isfinite(popularity).all()):
+            raise ArtifactError(f"{path}: cold_start 'popular' needs {POPULARITY_FILE}, one "
+                                f"finite score per item")
     return ServingArtifact(
         path=path,
         manifest=manifest,
@@ -462,4 +493,5 @@ def load_artifact(directory: str | Path, *, verify: bool = True) -> ServingArtif
         item_index={str(item): i for i, item in enumerate(ids.tolist())},
         covisit=covisit,
         attention=attention,
+        item_popularity=popularity,
     )

@@ -17,9 +17,9 @@ import numpy as np
 from model.errors import ModelError
 
 FORMAT = "streamrec-artifact"
-FORMAT_VERSION = 7
+FORMAT_VERSION = 8
 #: Versions the reader accepts (see the module doc).
-READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7)
+READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8)
 MANIFEST = "manifest.json"
 _CHUNK = 1 << 20
 ACTIVATIONS = ("relu", "linear")
@@ -30,6 +30,13 @@ RESERVED = frozenset(
         "cold_start",
     }
 )
+
+
+#: What a user with no history is ranked by (``model.scoring.cold.CHOICES``): the learnt
+#: mix, the prior's column alone (format 7), all-time popularity (format 8).
+COLD_STARTS = ("mix", "prior", "popular")
+#: Format 8: the all-time popularity scores of ``cold_start`` "popular".
+POPULARITY_FILE = "item_popularity.npy"
 
 
 class ArtifactError(ModelError):
@@ -43,9 +50,11 @@ def format_version(
     covisit: bool = False,
     attention: bool = False,
     covisit_last: bool = False,
-    cold_prior: bool = False,
+    cold_start: str = "mix",
 ) -> int:
-    if cold_prior:
+    if cold_start == "popular":
+        return 8
+    if cold_start == "prior":
         return 7
     if covisit_last:
         return 6
@@ -103,9 +112,10 @@ def read_manifest(directory: str | Path) -> dict[str, Any]:
     if "covisit" in manifest:
         check_covisit_params(manifest["covisit"], f"{path}: ", version)
     cold = manifest.get("cold_start", "mix")
-    if cold not in ("mix", "prior") or (cold == "prior" and (version < 7 or not bias)):
+    if (cold not in COLD_STARTS or (cold == "prior" and (version < 7 or not bias))
+            or (cold == "popular" and version < 8)):
         raise ArtifactError(f"{path}: cold_start {cold!r} is not valid in format {version}"
-                            + ("" if bias else " without score_bias"))
+                            + ("" if bias or cold != "prior" else " without score_bias"))
     for key in ("version", "dims", "layers", "files"):
         if key not in manifest:
             raise ArtifactError(f"{path}: missing {key!r}")

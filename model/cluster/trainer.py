@@ -367,8 +367,8 @@ class ClusterTrainer(ShardedTables, Trainer):
         # a further pass over the same batch (count False: spare epochs) is never scored
         evaluated = count and self._evaluates(batch)
         self._head_vectors = self._head_fetch(remote) if evaluated else None
-        if count and covisit and self.covisit is not None:
-            self.covisit.learn(batch.history, batch.item_keys, batch.weights)
+        if count and covisit:
+            self.learn_counts(batch)
         self.maybe_evict()
         return self._last_loss
 

@@ -82,7 +82,7 @@ def empty_state(constants: Constants, base_version: str, user_dim: int, hist_dim
         user_keys=_I64, user_rows=_empty_rows(user_dim),
         default_user_row=np.zeros(user_dim, np.float32), hist_keys=_I64,
         hist_rows=_empty_rows(hist_dim), item_keys=_I64, item_ids=np.zeros(0, np.str_),
-        prior_buckets=_I64, prior_base=f64, prior_scalars=(0.0, -math.inf, 0.0),
+        prior_buckets=_I64, prior_base=f64, prior_count=f64, prior_scalars=(0.0, -math.inf, 0.0),
         covisit_keys=_I64, covisit_codes=_I64, covisit_values=f64, covisit_scale=1.0,
         weights=(1.0, 0.0, 0.0, 0.0), layers=(),
     )
@@ -134,6 +134,8 @@ def apply(state: ModelState, delta: Delta, pause: Callable[[], None] | None = No
     pause()
     prior = upsert_sorted(state.prior_buckets, state.prior_base, delta.prior_buckets,
                     delta.prior_base, _I64)
+    count = upsert_sorted(state.prior_buckets, state.prior_count, delta.prior_buckets,
+                          delta.prior_count, _I64)
     covisit_keys = state.covisit_keys
     if delta.covisit_new_keys.size:
         if delta.covisit_first_id != covisit_keys.size:
@@ -153,7 +155,8 @@ def apply(state: ModelState, delta: Delta, pause: Callable[[], None] | None = No
         default_user_row=np.asarray(delta.default_user_row, np.float32),
         hist_keys=hist[0], hist_rows=hist[1],
         item_keys=item_keys, item_ids=item_ids,
-        prior_buckets=prior[0], prior_base=prior[1], prior_scalars=delta.prior_scalars,
+        prior_buckets=prior[0], prior_base=prior[1], prior_count=count[1],
+        prior_scalars=delta.prior_scalars,
         covisit_keys=covisit_keys, covisit_codes=codes[0], covisit_values=codes[1],
         covisit_scale=delta.covisit_scale, weights=delta.weights, layers=delta.layers,
         trained_through_ms=delta.trained_through_ms, offsets=dict(delta.offsets),

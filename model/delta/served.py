@@ -23,6 +23,7 @@ from model.artifact.files import ServingArtifact
 from model.delta.apply import insert_sorted, upsert_sorted
 from model.delta.state import ModelState
 from model.delta.wire import Delta
+from model.scoring.cold import POPULAR, popularity_scores
 from model.scoring.covisit import LOW32, pairs_csr, row_pairs
 from model.scoring.prior import normalized_rows, served_item_vectors
 
@@ -41,12 +42,21 @@ def compose(state: ModelState, previous: ServingArtifact | None = None) -> Servi
 def servable(
     state: ModelState, vectors: np.ndarray,
     covisit: tuple[np.ndarray, np.ndarray, np.ndarray] | None, index: Mapping[str, int],
+    popularity: np.ndarray | None = None,
 ) -> ServingArtifact:
     """The artifact of ``state`` with its item ``vectors``, CSR pairs and id -> row map
-    (computed by the caller: from scratch or patched); the arrays are made read-only."""
+    (computed by the caller: from scratch or patched); the arrays are made read-only.
+    ``popularity``: the catalog's all-time popularity scores when the state's cold start
+    ranks by them (``ModelState.item_popularity``; computed here when not given)."""
     c = state.constants
+    if state.cold_start != POPULAR:
+        popularity = None
+    elif popularity is None:
+        popularity = state.item_popularity()
     for arr in vectors, state.user_rows, state.hist_rows:
         arr.setflags(write=False)
+    if popularity is not None:
+        popularity.setflags(write=False)
     manifest: dict[str, Any] = {
         "format": "streamrec-artifact",
         "version": state.base_version,
@@ -87,6 +97,7 @@ def servable(
         normalize=c.normalize,
         item_index=index,
         covisit=covisit,
+        item_popularity=popularity,
     )
 
 
@@ -117,6 +128,7 @@ class Composer:
         self._artifact: ServingArtifact | None = None
         self._rows = np.zeros((0, 0), np.float32)  # normalised history rows, by catalog row
         self._base = np.zeros(0, np.float64)  # prior base, by catalog row
+        self._count = np.zeros(0, np.float64)  # all-time counts, by catalog row
         self._buckets = np.zeros(0, np.int64)  # catalog's prior buckets, sorted
         self._bucket_rows = np.zeros(0, np.int64)  # their catalog rows
         #: The co-visitation pairs among the catalog, by catalog rows (``a << 32 | b``,
@@ -153,6 +165,7 @@ class Composer:
         self._rows = normalized_rows(rows) if state.constants.normalize and rows.size \
             else np.array(rows, np.float32)
         self._base = state.prior_base_of(state.item_keys)
+        self._count = state.prior_count_of(state.item_keys)
         buckets = np.mod(state.item_keys, np.int64(state.constants.prior_buckets))
         order = np.argsort(buckets, kind="stable").astype(np.int64)
         self._buckets, self._bucket_rows = buckets[order], order
@@ -187,12 +200,14 @@ class Composer:
             rows = state.catalog_hist_rows(touched)
             self._rows[touched] = normalized_rows(rows) if c.normalize else rows
         pause()
+        lo = np.searchsorted(self._buckets, delta.prior_buckets, side="left")
+        hi = np.searchsorted(self._buckets, delta.prior_buckets, side="right")
+        rebased = np.union1d(self._bucket_rows[_ranges(lo, hi)], added)
+        self._count = _grown(self._count, n)
+        if rebased.size:
+            self._count[rebased] = state.prior_count_of(state.item_keys[rebased])
         if c.score_bias:
             self._base = _grown(self._base, n)
-            lo = np.searchsorted(self._buckets, delta.prior_buckets, side="left")
-            hi = np.searchsorted(self._buckets, delta.prior_buckets, side="right")
-            moved = self._bucket_rows[_ranges(lo, hi)]
-            rebased = np.union1d(moved, added)
             if rebased.size:
                 self._base[rebased] = state.prior_base_of(state.item_keys[rebased])
         pause()
@@ -208,8 +223,9 @@ class Composer:
             if c.covisit_window is not None else None
         pause()
         # the catalog is the previous one with items appended (a patch removes none)
+        popularity = popularity_scores(self._count[:n]) if state.cold_start == POPULAR else None
         return servable(state, vectors, covisit,
-                        item_index(state.item_ids, previous, prefix_known=True))
+                        item_index(state.item_ids, previous, prefix_known=True), popularity)
 
 
     def _patched_csr(self, prev: ModelState, state: ModelState, delta: Delta,

@@ -36,7 +36,7 @@ ALIGN = 64
 #: ModelState's arrays, by field name.
 STATE_ARRAYS = (
     "user_keys", "user_rows", "default_user_row", "hist_keys", "hist_rows", "item_keys",
-    "item_ids", "prior_buckets", "prior_base", "covisit_keys", "covisit_codes",
+    "item_ids", "prior_buckets", "prior_base", "prior_count", "covisit_keys", "covisit_codes",
     "covisit_values",
 )
 #: A slot that must grow grows by a further 1 / GROWTH of what it holds (catalogs and tables
@@ -80,6 +80,8 @@ def write_shared(f: BinaryIO, state: ModelState, artifact: ServingArtifact,
     for i, (w, b, _) in enumerate(state.layers):
         arrays[f"layer_{i}_w"], arrays[f"layer_{i}_b"] = w, b
     arrays["item_vectors"] = artifact.item_vectors
+    if artifact.item_popularity is not None:
+        arrays["item_popularity"] = artifact.item_popularity
     if artifact.covisit is not None:
         arrays.update(zip(_COVISIT, artifact.covisit, strict=True))
     meta = {
@@ -173,7 +175,8 @@ def read_shared(buf: Any, gen: int, previous: ServingArtifact | None = None,
         )
         covisit = tuple(arrays[name] for name in _COVISIT) if _COVISIT[0] in arrays else None
         artifact = servable(state, arrays["item_vectors"], covisit,  # type: ignore[arg-type]
-                            item_index(state.item_ids, previous, prefix_known))
+                            item_index(state.item_ids, previous, prefix_known),
+                            arrays.get("item_popularity"))
     except (KeyError, TypeError, ValueError) as exc:
         raise DeltaError(f"shared state lacks or garbles {exc}") from exc
     if generation(buf) != gen:  # rewritten while read: the views are not of one state

@@ -2,8 +2,8 @@
 
 A state holds what the served score depends on in the form the trainer changes it, so a
 delta replaces only what moved (format: ``model/delta/FORMAT.md``): user and history rows by
-key and the user tower's dense layers, the catalog in row order, the popularity prior by hash
-bucket, the co-visitation pairs relative to the lineage's reference count, and the mix weights.
+key and the user tower's dense layers, the catalog in row order, the popularity prior and the
+all-time counts by hash bucket, the co-visitation pairs relative to the lineage's reference count, and the mix weights.
 
 Its methods compute what a full version holds (``Trainer._scoring_items``,
 ``CoVisitation.csr``); :func:`state_checksum` hashes a state in a canonical order (replicas
@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from model.scoring.cold import MIX, POPULAR, popularity_scores
 from model.scoring.covisit import LOW32, pairs_csr, row_pairs
 from model.scoring.prior import served_item_vectors
 
@@ -63,6 +64,9 @@ class ModelState:
     item_ids: np.ndarray
     prior_buckets: np.ndarray
     prior_base: np.ndarray
+    #: All-time positives of the same buckets (float64): the cold start's popularity
+    #: ranking (``model.scoring.cold``).
+    prior_count: np.ndarray
     #: (shift, floor, log_norm) of the prior.
     prior_scalars: tuple[float, float, float]
     covisit_keys: np.ndarray
@@ -76,19 +80,33 @@ class ModelState:
     offsets: Mapping[str, int] = field(default_factory=dict)
     samples_trained: int = 0
     created_at: str | None = None
-    #: What a user with no history is ranked by (``model.scoring.cold``): "mix" or "prior".
-    cold_start: str = "mix"
+    #: What a user with no history is ranked by (``model.scoring.cold``): "mix", "prior"
+    #: or "popular".
+    cold_start: str = MIX
 
-    def prior_base_of(self, keys: np.ndarray) -> np.ndarray:
-        """The prior's ``base`` (float64) of item ``keys``: their bucket's, or the default."""
-        c = self.constants
-        buckets = np.mod(np.asarray(keys, np.int64), np.int64(c.prior_buckets))
-        base = np.full(buckets.shape, c.prior_default, np.float64)
+    def _of_buckets(self, keys: np.ndarray, values: np.ndarray, default: float) -> np.ndarray:
+        """``values`` (float64, aligned with ``prior_buckets``) of item ``keys``' buckets, or
+        ``default`` for a bucket the state does not hold."""
+        buckets = np.mod(np.asarray(keys, np.int64), np.int64(self.constants.prior_buckets))
+        out = np.full(buckets.shape, default, np.float64)
         if self.prior_buckets.size:
             pos = np.minimum(np.searchsorted(self.prior_buckets, buckets), self.prior_buckets.size - 1)
             hit = self.prior_buckets[pos] == buckets
-            base[hit] = self.prior_base[pos[hit]]
-        return base
+            out[hit] = values[pos[hit]]
+        return out
+
+    def prior_base_of(self, keys: np.ndarray) -> np.ndarray:
+        """The prior's ``base`` (float64) of item ``keys``: their bucket's, or the default."""
+        return self._of_buckets(keys, self.prior_base, self.constants.prior_default)
+
+    def prior_count_of(self, keys: np.ndarray) -> np.ndarray:
+        """All-time positives (float64) of item ``keys``' buckets (0: none held)."""
+        return self._of_buckets(keys, self.prior_count, 0.0)
+
+    def item_popularity(self) -> np.ndarray:
+        """The all-time popularity ranking's scores of the catalog, in its row order
+        (``model.scoring.cold.popularity_scores``; the artifact's ``item_popularity``)."""
+        return popularity_scores(self.prior_count_of(self.item_keys))
 
     def log_q_of_base(self, base: np.ndarray) -> np.ndarray:
         """``log q`` (float32) from ``base`` values (:meth:`prior_base_of`): elementwise, so a
@@ -158,6 +176,8 @@ class ModelState:
             "layers": list(self.layers),
             "cold_start": self.cold_start,
         }
+        if self.cold_start == POPULAR:
+            out["item_popularity"] = self.item_popularity()
         if self.constants.covisit_window is not None:
             out["covisit"] = self.covisit_csr()
         return out
@@ -191,6 +211,8 @@ def state_checksum(state: ModelState) -> str:
         for arr in (ka[o], kb[o], w[o]):
             put(arr)
     h.update(repr(tuple(float(x) for x in state.weights)).encode())
-    if state.cold_start != "mix":
+    if state.cold_start != MIX:
         h.update(state.cold_start.encode())
+    if state.cold_start == POPULAR:
+        put(state.item_popularity()[order])
     return h.hexdigest()

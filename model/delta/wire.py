@@ -147,6 +147,8 @@ class Delta:
     removed_items: np.ndarray
     prior_buckets: np.ndarray
     prior_base: np.ndarray
+    #: All-time positives (float64) of ``prior_buckets`` (``model.scoring.cold``).
+    prior_count: np.ndarray
     prior_scalars: tuple[float, float, float]
     #: Dense ids ``first ..`` of the co-visitation's new item keys.
     covisit_first_id: int
@@ -163,7 +165,8 @@ class Delta:
     #: The trainer's :func:`state_checksum` of the state this delta leads to ("" = none).
     state_checksum: str = ""
     extra: Mapping[str, Any] = field(default_factory=dict)
-    #: What a user with no history is ranked by (``model.scoring.cold``): "mix" or "prior".
+    #: What a user with no history is ranked by (``model.scoring.cold``): "mix", "prior" or
+    #: "popular".
     cold_start: str = "mix"
 
     @property
@@ -189,7 +192,7 @@ def encode(delta: Delta, codec: str = "float32", *, compress: bool = False) -> b
             arrays[f"{name}_rows.{part}"] = arr
     for name in ("user_keys", "removed_users", "default_user_row", "hist_keys", "removed_hist",
                  "new_item_keys", "new_item_ids", "removed_items", "prior_buckets",
-                 "prior_base", "covisit_new_keys", "covisit_codes", "covisit_values",
+                 "prior_base", "prior_count", "covisit_new_keys", "covisit_codes", "covisit_values",
                  "covisit_removed"):
         arrays[name] = getattr(delta, name)
     for i, (w, b, _) in enumerate(delta.layers):
@@ -223,6 +226,7 @@ def decode(record: bytes) -> Delta:
             removed_hist=arrays["removed_hist"], new_item_keys=arrays["new_item_keys"],
             new_item_ids=arrays["new_item_ids"], removed_items=arrays["removed_items"],
             prior_buckets=arrays["prior_buckets"], prior_base=arrays["prior_base"],
+            prior_count=_prior_count(arrays),
             prior_scalars=tuple(float(x) for x in meta["prior_scalars"]),  # type: ignore[arg-type]
             covisit_first_id=int(meta["covisit_first_id"]),
             covisit_new_keys=arrays["covisit_new_keys"], covisit_codes=arrays["covisit_codes"],
@@ -235,6 +239,18 @@ def decode(record: bytes) -> Delta:
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise DeltaError(f"delta record lacks or garbles {exc}") from exc
+
+
+def _prior_count(arrays: Mapping[str, np.ndarray]) -> np.ndarray:
+    """The record's ``prior_count``: one per prior bucket (a record written before the
+    counts travelled has none: zeros, and it never chose the popularity ranking)."""
+    buckets = arrays["prior_buckets"]
+    count = arrays.get("prior_count")
+    if count is None:
+        return np.zeros(buckets.shape, np.float64)
+    if count.shape != buckets.shape:
+        raise ValueError(f"prior_count {count.shape} does not match prior_buckets {buckets.shape}")
+    return np.asarray(count, np.float64)
 
 
 def _cold_start(value: Any) -> str:

@@ -24,7 +24,7 @@ from model.evaluation.baselines import (
     SessionKNNBaseline,
 )
 from model.evaluation.replay import Positive
-from model.scoring.cold import PRIOR
+from model.scoring.cold import MIX
 
 
 class BaselineLearner:
@@ -171,10 +171,10 @@ class TwoTowerLearner:
             tower, log_q, train_batch.history, keys,
         )
         mixed = trainer.mixer.score(parts)
-        cold, prior = trainer.cold_rows(train_batch.history, parts)
+        cold, alone = trainer.cold_rows(train_batch.history, parts, keys)
         by_mix = mixed[cold]  # what the mix gave the rows with no history
-        if cold.size and trainer.cold.choice == PRIOR:
-            mixed[cold] = prior
+        if cold.size and trainer.cold.choice != MIX:
+            mixed[cold] = alone[trainer.cold.choice]
         out[:, cols] = mixed
         self._parts = (batch, dict(zip(trainer.mixer.names, parts, strict=True)), cols,
                        out.shape[1])
@@ -187,10 +187,11 @@ class TwoTowerLearner:
                 gone = at[gone[gone < at.size]]
                 learn[0][row, gone[gone >= 0]] = -np.inf
         target = np.array([at[p.item] if p.item < at.size else -1 for p in batch])
-        if cold.size:  # the two rankings of the rows with no history, then the mix learns
+        if cold.size:  # the rankings of the rows with no history, then the mix learns
             kept = np.isfinite(learn[0][cold])  # the items the ranking leaves out: -inf
-            trainer.cold.observe(np.where(kept, by_mix, -np.inf),
-                                 np.where(kept, prior, -np.inf), target[cold])
+            trainer.cold.observe(
+                {name: np.where(kept, scores, -np.inf)
+                 for name, scores in {MIX: by_mix, **alone}.items()}, target[cold])
         trainer.learn_mix(learn, target)
         return out
 

@@ -1,25 +1,29 @@
-"""What a user's first event is ranked by: the learnt mix, or the popularity prior alone.
+"""What a user's first event is ranked by: the learnt mix, the popularity prior alone, or
+all-time popularity.
 
 A row with no history (a new user's, a session's first click) has nothing for the towers'
 user side or the co-visitation term to go on but the user's own row (often the default
 row); the learnt mix ranks it by the towers' cold vector plus ``prior_weight * log q``. On
 some logs that cold vector wins (a rating log whose new users rate the same signup items),
-on others the prior alone does (a shop whose first clicks follow what is popular now), and
-the mix, learnt over all rows, cannot tell (``docs/decisions.md#cold-start``).
-:class:`ColdStart` counts, on rows with no history, how often each of the two has the target
-in its top ``k`` (test-then-train: scored before the model learns the row) and serves the one
-that has hit more so far (the mix until the prior is strictly ahead). Numpy only: the
-trainer's live scoring, ``streamrec evaluate`` and the artifact (``cold_start``) apply the
-same rule.
+on others the prior alone does (a shop whose first clicks follow what is popular now), on
+others again all-time popularity does (a shop whose first clicks go to its long-standing
+best sellers), and the mix, learnt over all rows, cannot tell
+(``docs/decisions.md#cold-start``). :class:`ColdStart` counts, on rows with no history, how
+often each of the three has the target in its top ``k`` (test-then-train: scored before the
+model learns the row) and serves the one that has hit most so far (ties: the earlier of
+:data:`CHOICES`, so the mix until another is strictly ahead). :class:`ItemCounts` holds the
+all-time counts, by the prior's hash buckets. Numpy only: the trainer's live scoring,
+``streamrec evaluate`` and the artifact (``cold_start``) apply the same rule.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-#: Served rankings of a row with no history (the artifact's ``cold_start``).
-MIX, PRIOR = "mix", "prior"
-CHOICES = (MIX, PRIOR)
+#: Served rankings of a row with no history (the artifact's ``cold_start``), in the order
+#: ties are broken.
+MIX, PRIOR, POPULAR = "mix", "prior", "popular"
+CHOICES = (MIX, PRIOR, POPULAR)
 
 
 def no_history(history: np.ndarray) -> np.ndarray:
@@ -44,37 +48,94 @@ def hits_at(scores: np.ndarray, target: np.ndarray, k: int) -> np.ndarray:
     return out
 
 
+def popularity_scores(counts: np.ndarray) -> np.ndarray:
+    """The all-time popularity ranking's scores (float32) of items counted ``counts`` times:
+    ``log1p`` (finite for never-counted items; only the order matters)."""
+    return np.log1p(np.asarray(counts, np.float64)).astype(np.float32)
+
+
+class ItemCounts:
+    """All-time positives per item, by the prior's hash bucket (``key mod buckets``: the
+    buckets the delta stream already sends for the prior, ``model/delta/FORMAT.md``)."""
+
+    def __init__(self, buckets: int) -> None:
+        if buckets < 1:
+            raise ValueError("buckets must be >= 1")
+        self.buckets = int(buckets)
+        self.counts = np.zeros(self.buckets, np.float64)
+
+    def bucket(self, keys: np.ndarray) -> np.ndarray:
+        return np.mod(np.asarray(keys, np.int64), np.int64(self.buckets))
+
+    def observe(self, keys: np.ndarray) -> None:
+        """Count one positive of each of ``keys`` (a batch's targets)."""
+        np.add.at(self.counts, self.bucket(np.asarray(keys).reshape(-1)), 1.0)
+
+    def of_buckets(self, buckets: np.ndarray) -> np.ndarray:
+        """Counts (float64) of ``buckets``."""
+        return self.counts[np.asarray(buckets, np.int64)]
+
+    def scores(self, keys: np.ndarray) -> np.ndarray:
+        """:func:`popularity_scores` of item ``keys``."""
+        return popularity_scores(self.counts[self.bucket(keys)])
+
+    def state(self) -> dict[str, np.ndarray]:
+        """The counted buckets and their counts (restored by :meth:`load_state`)."""
+        nz = np.flatnonzero(self.counts)
+        return {"buckets": nz.astype(np.int64), "counts": self.counts[nz]}
+
+    def load_state(self, state: dict[str, np.ndarray]) -> None:
+        buckets = np.asarray(state["buckets"], np.int64)
+        counts = np.asarray(state["counts"], np.float64)
+        if buckets.shape != counts.shape or (buckets.size and not
+                                             (0 <= buckets.min() and buckets.max() < self.buckets)):
+            raise ValueError(f"item counts of {buckets.size} buckets do not fit {self.buckets}")
+        self.counts = np.zeros(self.buckets, np.float64)
+        self.counts[buckets] = counts
+
+
 class ColdStart:
     """The served ranking of rows with no history (module doc)."""
 
-    def __init__(self, k: int = 10) -> None:
+    def __init__(self, k: int = 10, buckets: int = 1 << 20) -> None:
         self.k = k
-        #: Top-``k`` hits so far on rows with no history: the learnt mix, the prior alone.
-        self.hits = np.zeros(2, np.int64)
+        #: Top-``k`` hits so far on rows with no history, one count per ranking of
+        #: :data:`CHOICES`.
+        self.hits = np.zeros(len(CHOICES), np.int64)
         #: Rows with no history observed (with a target among the candidates).
         self.rows = 0
+        #: All-time counts of the popularity ranking.
+        self.counts = ItemCounts(buckets)
 
     @property
     def choice(self) -> str:
-        return PRIOR if self.hits[1] > self.hits[0] else MIX
+        return CHOICES[int(np.argmax(self.hits))]
 
-    def observe(self, mix: np.ndarray, prior: np.ndarray, target: np.ndarray) -> None:
-        """Scores ``[B, N]`` of rows with no history by the mix and by the prior alone,
-        and each row's target column (-1: not a candidate, skipped)."""
+    def observe(self, scores: dict[str, np.ndarray], target: np.ndarray) -> None:
+        """Scores ``[B, N]`` of rows with no history by each ranking of :data:`CHOICES`
+        (all of them), and each row's target column (-1: not a candidate, skipped)."""
         target = np.asarray(target, np.int64)
         if not target.size:
             return
-        self.hits[0] += int(hits_at(mix, target, self.k).sum())
-        self.hits[1] += int(hits_at(prior, target, self.k).sum())
+        for i, name in enumerate(CHOICES):
+            self.hits[i] += int(hits_at(scores[name], target, self.k).sum())
         self.rows += int((target >= 0).sum())
 
     def state(self) -> dict[str, np.ndarray]:
         """Arrays to checkpoint (restored by :meth:`load_state`)."""
-        return {"hits": self.hits.copy(), "rows": np.asarray(self.rows, np.int64)}
+        counts = self.counts.state()
+        return {"hits": self.hits.copy(), "rows": np.asarray(self.rows, np.int64),
+                "count_buckets": counts["buckets"], "count_values": counts["counts"]}
 
     def load_state(self, state: dict[str, np.ndarray]) -> None:
+        """Restore :meth:`state`; a checkpoint from before all-time popularity (two hit
+        counts, no counts) restores with that ranking's hits and counts at 0."""
         hits = np.asarray(state["hits"], np.int64)
-        if hits.shape != (2,):
-            raise ValueError(f"cold-start state has {hits.size} counts, expected 2")
-        self.hits = hits.copy()
+        if hits.shape not in ((2,), (len(CHOICES),)):
+            raise ValueError(f"cold-start state has {hits.size} counts, expected {len(CHOICES)}")
+        self.hits = np.zeros(len(CHOICES), np.int64)
+        self.hits[: hits.size] = hits
         self.rows = int(state["rows"])
+        if "count_buckets" in state:
+            self.counts.load_state({"buckets": state["count_buckets"],
+                                    "counts": state["count_values"]})

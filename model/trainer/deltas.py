@@ -1,7 +1,7 @@
 """The trainer's side of the delta stream: which rows moved, and the delta that carries them.
 
 :class:`DeltaBuilder` listens to every train step (``Trainer.on_step``: every key the
-optimizer may move) and, when asked, reads just those rows, the prior's touched buckets, the
+optimizer may move) and, when asked, reads just those rows, the prior's touched buckets (with their all-time counts), the
 co-visitation pairs that moved and the mix and dense weights into one delta. It keeps the
 state it published (``mirror``) by applying each delta itself — as decoded, with a lossy row
 codec — so the trainer can give that state's checksum and serving prove it converged to it.
@@ -182,7 +182,8 @@ class DeltaBuilder:
             user_keys=ukeys, user_rows=urows, removed_users=_I64,
             hist_keys=hkeys, hist_rows=hrows, removed_hist=_I64,
             new_item_keys=cat, new_item_ids=np.array([names[int(k)] for k in cat], np.str_),
-            removed_items=_I64, prior_buckets=buckets, prior_base=base, prior_scalars=scalars,
+            removed_items=_I64, prior_buckets=buckets, prior_base=base,
+            prior_count=tr.cold.counts.of_buckets(buckets), prior_scalars=scalars,
             covisit_first_id=0, covisit_new_keys=cv.keys.copy() if cv is not None else _I64,
             covisit_codes=codes.copy(), covisit_values=values, covisit_removed=_I64,
             covisit_scale=scale, constants=self._constants(),
@@ -229,7 +230,8 @@ class DeltaBuilder:
             new_item_keys=new_items,
             new_item_ids=np.array([names[int(k)] for k in new_items], np.str_),
             removed_items=np.intersect1d(gone_items, mirror.item_keys),
-            prior_buckets=buckets, prior_base=base, prior_scalars=scalars,
+            prior_buckets=buckets, prior_base=base,
+            prior_count=tr.cold.counts.of_buckets(buckets), prior_scalars=scalars,
             covisit_first_id=first,
             covisit_new_keys=cv.keys[first:].copy() if cv is not None else _I64,
             covisit_codes=codes[changed], covisit_values=values[changed],

@@ -23,6 +23,7 @@ import numpy as np
 
 from model.artifact.files import write_artifact
 from model.artifact.registry import Registry
+from model.scoring.cold import POPULAR
 from model.scoring.pooling import fold_pool_residual
 from model.scoring.prior import export_fields
 from model.towers.two_tower import ModelConfig
@@ -33,7 +34,7 @@ log = logging.getLogger(__name__)
 
 def artifact_arrays(trainer: Trainer, item_ids: Mapping[int, str]) -> dict[str, Any]:
     """Keyword arguments of :func:`model.artifact.files.write_artifact` for the current state."""
-    trainer.wait_evaluation()  # the co-visitation term learns on the evaluation thread
+    trainer.wait_evaluation()  # the counted parts learn on the evaluation thread
     model = trainer.model
     ukeys, urows = trainer.known_rows(model.users)
     hkeys, hrows = trainer.known_rows(model.items)
@@ -52,6 +53,9 @@ def artifact_arrays(trainer: Trainer, item_ids: Mapping[int, str]) -> dict[str, 
                 "decay": config.covisit_decay,
             },
         }
+    cold: dict[str, Any] = {"cold_start": trainer.cold_start()}
+    if cold["cold_start"] == POPULAR:
+        cold["item_popularity"] = trainer.cold.counts.scores(vkeys[named])
     attention: dict[str, Any] = {}
     if model.attention is not None:
         pos, blocks = model.attention.export()
@@ -64,7 +68,7 @@ def artifact_arrays(trainer: Trainer, item_ids: Mapping[int, str]) -> dict[str, 
     return {
         **covisit,
         **attention,
-        "cold_start": trainer.cold_start(),
+        **cold,
         "item_ids": [item_ids[int(k)] for k in vkeys[named]],
         "item_vectors": vecs[named],
         "item_hist_keys": hkeys,

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from model.scoring.cold import MIX, PRIOR, ColdStart, no_history
+from model.scoring.cold import MIX, POPULAR, PRIOR, ColdStart, no_history
 from model.scoring.covisit import term as covisit_term
 from model.scoring.mixer import ScoreMixer
 from model.scoring.prior import served_item_vectors
@@ -87,23 +87,27 @@ class ScoringHead(TrainerStep):
         return self.config.mix == "learned" and "prior" in self.mixer.names
 
     def cold_start(self) -> str:
-        """What a row with no history is served by (``model.scoring.cold``): the prior alone
-        once it has hit more there, with a learned mix that has a prior; else the mix."""
+        """What a row with no history is served by (``model.scoring.cold``): the ranking that
+        has hit most there, with a learned mix that has a prior; else the mix."""
         return self.cold.choice if self._cold_applies else MIX
 
-    def cold_rows(self, history: np.ndarray, parts: list[np.ndarray]
-                  ) -> tuple[np.ndarray, np.ndarray]:
-        """``(rows, scores)``: the rows of ``history`` with no item and their scores by the
-        prior alone, its weight times ``log q`` (``-inf`` where the towers' part is: not a
-        candidate), for :attr:`cold` (``model.scoring.cold``); no rows without a learned
-        mix with a prior."""
+    def cold_rows(self, history: np.ndarray, parts: list[np.ndarray], item_keys: np.ndarray
+                  ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """``(rows, rankings)``: the rows of ``history`` with no item, and their scores over
+        ``item_keys`` (the parts' columns) by the prior alone (its weight times ``log q``) and
+        by all-time popularity, by name (``model.scoring.cold``; ``-inf`` where the towers'
+        part is: not a candidate); no rows without a learned mix with a prior."""
         names = self.mixer.names
         if not self._cold_applies:
-            return np.zeros(0, np.int64), np.zeros((0, np.shape(parts[0])[1]))
+            return np.zeros(0, np.int64), {}
         rows = np.flatnonzero(no_history(history))
         w = self.mixer.weights[names.index("prior")]
         prior = w * np.asarray(parts[names.index("prior")], np.float64)[rows]
-        return rows, np.where(np.isfinite(np.asarray(parts[0])[rows]), prior, -np.inf)
+        popular = np.broadcast_to(self.cold.counts.scores(item_keys).astype(np.float64),
+                                  prior.shape)
+        candidate = np.isfinite(np.asarray(parts[0])[rows])
+        return rows, {PRIOR: np.where(candidate, prior, -np.inf),
+                      POPULAR: np.where(candidate, popular, -np.inf)}
 
     def learn_mix(self, parts: list[np.ndarray], target_pos: np.ndarray) -> None:
         """One step of the learned mix on scored rows (before the model learns them)."""
@@ -117,7 +121,7 @@ class ScoringHead(TrainerStep):
         with the whole served score (``vectors``: the head's user tower outputs before the
         batch trained, or a callable returning them; None = not evaluated), let the learned
         mix learn from those scores, count the batch's items for the popularity baseline,
-        then let the co-visitation term learn it (off the training thread)."""
+        then let the counted parts learn it (``learn_counts``, off the training thread)."""
         if callable(vectors):
             vectors = vectors()
         ev = self.evaluator
@@ -126,8 +130,7 @@ class ScoringHead(TrainerStep):
         elif vectors is not None:
             ev.evaluate(None, ev.positions(head.item_keys))
         ev.popularity.observe(trained.item_keys)
-        if self.covisit is not None:
-            self.covisit.learn(trained.history, trained.item_keys, trained.weights)
+        self.learn_counts(trained)
 
     def _score_head(self, vectors: np.ndarray, head: Batch) -> None:
         """The live figures of a head (``TrainOptions.eval_rows``) against every
@@ -158,12 +161,14 @@ class ScoringHead(TrainerStep):
         cold = np.zeros(0, np.int64)
         if self._cold_applies and log_q is not None:
             cold = np.flatnonzero(no_history(history))
-        if cold.size and log_q is not None:  # no history: the mix or the prior alone
+        if cold.size and log_q is not None:  # no history: the mix, or a popularity alone
             mixed = score[cold]
-            prior = np.broadcast_to(np.float32(w["prior"]) * log_q, mixed.shape)
-            if self.cold.choice == PRIOR:
-                score[cold] = prior
-            self.cold.observe(mixed, prior, target_pos[cold])
+            alone = {PRIOR: np.broadcast_to(np.float32(w["prior"]) * log_q, mixed.shape),
+                     POPULAR: np.broadcast_to(self.cold.counts.scores(keys), mixed.shape)}
+            choice = self.cold.choice
+            if choice != MIX:
+                score[cold] = alone[choice]
+            self.cold.observe({MIX: mixed, **alone}, target_pos[cold])
         ev.evaluate(score, target_pos, item2item=item2item, head=head)
         if self.config.mix != "learned":
             return

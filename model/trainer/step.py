@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from model.scoring.cold import ColdStart
 from model.scoring.covisit import CoVisitation
 from model.towers.loss import (
     fused_softmax_loss,
@@ -57,6 +58,7 @@ class TrainerStep(TrainerTables):
     """The optimizer updates of a batch (:meth:`train_step`) and their inputs."""
 
     covisit: CoVisitation | None
+    cold: ColdStart
     _step_fn: Any
     _step_call: Any
     _accum_fn: Any
@@ -290,6 +292,14 @@ class TrainerStep(TrainerTables):
         return loss_total
 
     # -- the step as callers use it ----------------------------------------------------------
+    def learn_counts(self, batch: Batch) -> None:
+        """What the score's counted parts learn of a trained batch, after its step: the
+        co-visitation pairs (``model.scoring.covisit``) and the all-time item counts of
+        the cold-start ranking (``model.scoring.cold``)."""
+        if self.covisit is not None:
+            self.covisit.learn(batch.history, batch.item_keys, batch.weights)
+        self.cold.counts.observe(batch.item_keys)
+
     def train_step(
         self, batch: Batch, *, count: bool = True, covisit: bool = True,
         prepared: Prepared | None = None, epoch: int = 0,
@@ -299,9 +309,9 @@ class TrainerStep(TrainerTables):
         ``count``: record the batch's items in the frequency estimate (logQ correction and
         prior) first; False for further passes over the same batch (the evaluation's epochs),
         so that an item counts once per sample however often it is trained on. With ``count``
-        and ``covisit`` the co-visitation term (``model.scoring.covisit``) learns the batch too, after
-        the step; :meth:`fit_batch` passes ``covisit=False`` and has it learnt in order on the
-        evaluation thread instead. ``prepared``: ``batch``'s inputs from :meth:`prepare`,
+        and ``covisit`` the counted parts learn the batch too, after the step
+        (:meth:`learn_counts`); :meth:`fit_batch` passes ``covisit=False`` and has them learnt
+        in order on the evaluation thread instead. ``prepared``: ``batch``'s inputs from :meth:`prepare`,
         with the negatives of its pass number ``epoch``.
         """
         if prepared is not None and prepared.negatives is not None:
@@ -320,8 +330,8 @@ class TrainerStep(TrainerTables):
             loss_t, head = self._step_call(*args)
             loss = float(loss_t)
             self._head_vectors = head.numpy()
-        if count and covisit and self.covisit is not None:
-            self.covisit.learn(batch.history, batch.item_keys, batch.weights)
+        if count and covisit:
+            self.learn_counts(batch)
         self.maybe_evict()
         return loss
 

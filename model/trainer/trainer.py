@@ -112,7 +112,7 @@ class Trainer(ScoringHead):
         )
         self.mixer = _mixer(config, self.covisit is not None)
         #: What a row with no history is ranked by (``model.scoring.cold``; learned mix only).
-        self.cold = ColdStart()
+        self.cold = ColdStart(buckets=int(self.freq.buckets))
         self._mix_rng = np.random.default_rng(config.seed)
         single = self._dedup_step if opts.dedup_lookups else self._single_step
         self._step_fn = tf.function(single, input_signature=STEP_SIGNATURE)

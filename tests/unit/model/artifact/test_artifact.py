@@ -143,7 +143,45 @@ def test_cold_start_prior_ranks_empty_histories_by_the_prior_format_7(tmp_path: 
     with pytest.raises(ArtifactError, match="cold_start"):
         make(tmp_path / "bad", cold_start="prior")  # no prior column without score_bias
     with pytest.raises(ArtifactError, match="cold_start"):
-        make(tmp_path / "bad2", item_vectors=vectors, score_bias=True, cold_start="popular")
+        make(tmp_path / "bad2", item_vectors=vectors, score_bias=True, cold_start="trending")
+
+
+def test_cold_start_popular_ranks_empty_histories_by_all_time_popularity_format_8(
+    tmp_path: Path,
+) -> None:
+    rng = np.random.default_rng(2)
+    vectors = rng.normal(size=(50, 9))
+    popularity = np.log1p(rng.integers(0, 30, 50)).astype(np.float32)
+    make(tmp_path / "mix", item_vectors=vectors, score_bias=True)
+    make(tmp_path / "pop", item_vectors=vectors, score_bias=True, cold_start="popular",
+         item_popularity=popularity)
+    mix, pop = load_artifact(tmp_path / "mix"), load_artifact(tmp_path / "pop")
+    assert pop.manifest["format_version"] == 8 and pop.cold_start == "popular"
+    assert not pop.cold_prior and mix.item_popularity is None
+    np.testing.assert_array_equal(pop.item_popularity, popularity)
+    users, hists = ["u1", "stranger"], [["i3"], []]
+    got, want = pop.scores(users, hists), mix.scores(users, hists)
+    np.testing.assert_array_equal(got[:, 0], want[:, 0])  # a history: the mix, as before
+    np.testing.assert_array_equal(got[:, 1], popularity)  # none: the counts alone
+    # without a prior column too (popularity needs none)
+    make(tmp_path / "plain", cold_start="popular", item_popularity=popularity)
+    assert load_artifact(tmp_path / "plain").cold_start == "popular"
+    with pytest.raises(ArtifactError, match="item_popularity"):
+        make(tmp_path / "b1", item_vectors=vectors, score_bias=True, cold_start="popular")
+    with pytest.raises(ArtifactError, match="item_popularity"):
+        make(tmp_path / "b2", item_vectors=vectors, score_bias=True, item_popularity=popularity)
+    with pytest.raises(ArtifactError, match="item_popularity"):
+        make(tmp_path / "b3", item_vectors=vectors, score_bias=True, cold_start="popular",
+             item_popularity=popularity[:-1])
+    # a reader refuses "popular" in an older format and a version without its file
+    manifest = json.loads((tmp_path / "pop" / "manifest.json").read_text())
+    (tmp_path / "pop" / "manifest.json").write_text(json.dumps({**manifest, "format_version": 7}))
+    with pytest.raises(ArtifactError, match="cold_start"):
+        load_artifact(tmp_path / "pop")
+    manifest["files"].pop("item_popularity.npy")
+    (tmp_path / "pop" / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ArtifactError, match="item_popularity"):
+        load_artifact(tmp_path / "pop")
 
 
 def test_history_window_pools_only_the_most_recent_items(tmp_path: Path) -> None:
@@ -165,8 +203,10 @@ def test_format_versions(tmp_path: Path) -> None:
     assert not load_artifact(tmp_path / "a").score_bias
     cv = {"weight": 1.0, "window": 3, "decay": 0.9}
     att = {"blocks": 1, "heads": 2, "len": 4, "pool": True}
-    bad_cases = [(1, {"score_bias": True}), (8, {}), (2, {"score_bias": "yes"}),
+    bad_cases = [(1, {"score_bias": True}), (9, {}), (2, {"score_bias": "yes"}),
                  (6, {"cold_start": "prior", "score_bias": True}),  # cold_start is format 7
+                 (7, {"cold_start": "popular"}),  # "popular" is format 8
+                 (8, {"cold_start": "popular"}),  # without its item_popularity.npy
                  (7, {"cold_start": "prior"}), (7, {"cold_start": "new", "score_bias": True}),
                  (4, {"covisit": {**cv, "last_weight": 1.0}}),  # last_weight is format 6
                  (6, {"covisit": {**cv, "last_weight": -1.0}}),

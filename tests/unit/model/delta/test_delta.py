@@ -189,15 +189,41 @@ def test_cold_start_travels_with_the_deltas_to_the_served_score(
     nxt = apply(state, replace(decode(records[1]), cold_start="mix"))
     assert nxt.cold_start == "mix" and not compose(nxt).cold_prior
     with pytest.raises(DeltaError, match="cold_start"):
-        decode(encode(replace(cold, cold_start="popular")))
+        decode(encode(replace(cold, cold_start="trending")))
+    # all-time popularity: the counts travel with the prior's buckets
+    popular = from_snapshot(decode(encode(replace(decode(records[0]), cold_start="popular"))))
+    for record in records[1:]:
+        popular = apply(popular, replace(decode(record), cold_start="popular"))
+    art = compose(popular)
+    assert art.cold_start == "popular" and state_checksum(popular) != state_checksum(
+        replace(popular, cold_start="mix"))
+    counts = run.trainer.cold.counts
+    np.testing.assert_array_equal(popular.prior_count_of(popular.item_keys),
+                                  counts.of_buckets(counts.bucket(popular.item_keys)))
+    assert popular.prior_count.max() > 1
+    scores = art.scores(["u-nobody"], [[]])
+    np.testing.assert_array_equal(scores[:, 0], art.item_popularity)
+    # a record written before the counts travelled decodes with zeros; a garbled one fails
+    meta, arrays = unpack(records[1])
+    older = decode(pack(meta, {k: v for k, v in arrays.items() if k != "prior_count"}))
+    assert older.prior_count.shape == older.prior_buckets.shape and not older.prior_count.any()
+    with pytest.raises(DeltaError, match="prior_count"):
+        decode(pack(meta, {**arrays, "prior_count": arrays["prior_count"][:-1]}))
     # the live head counted its rows with no history (a new user's first event)
     assert run.trainer.cold.rows > 0
-    # the trainer's own choice reaches its deltas
+    # the trainer's own choice reaches its deltas and its versions
     hits = run.trainer.cold.hits.copy()
-    run.trainer.cold.hits[:] = (0, 1)
     try:
+        run.trainer.cold.hits[:] = (0, 1, 0)
         assert run.builder._common()["cold_start"] == "prior"
         assert artifact_arrays(run.trainer, run.item_ids)["cold_start"] == "prior"
+        run.trainer.cold.hits[:] = (0, 1, 2)
+        assert run.builder._common()["cold_start"] == "popular"
+        full = artifact_arrays(run.trainer, run.item_ids)
+        assert full["cold_start"] == "popular"
+        by_id = dict(zip(art.item_ids.tolist(), art.item_popularity.tolist(), strict=True))
+        np.testing.assert_array_equal(  # the version's scores are the lineage's
+            full["item_popularity"], [by_id[str(i)] for i in full["item_ids"]])
     finally:
         run.trainer.cold.hits[:] = hits
 

@@ -24,6 +24,8 @@ def _assert_same(mine: object, full: object) -> None:
     if a.covisit is not None:  # type: ignore[attr-defined]
         for x, y in zip(a.covisit, b.covisit, strict=True):  # type: ignore[attr-defined]
             assert x.dtype == y.dtype and np.array_equal(x, y)
+    x, y = a.item_popularity, b.item_popularity  # type: ignore[attr-defined]
+    assert (x is None) == (y is None) and (x is None or np.array_equal(x, y))
     assert dict(a.item_index) == dict(b.item_index)  # type: ignore[attr-defined]
     assert not a.item_vectors.flags.writeable  # type: ignore[attr-defined]
 
@@ -31,7 +33,8 @@ def _assert_same(mine: object, full: object) -> None:
 def _random_delta(state: ModelState, template: Delta, seq: int, rng: np.random.Generator) -> Delta:
     """The next delta of ``state``: changed history rows (catalog items and others), new
     items, changed users, prior buckets of catalog items, scalars and mix weights that move,
-    new and changed co-visitation pairs; nothing removed (the patched path)."""
+    new and changed co-visitation pairs, each cold start in turn; nothing removed (the
+    patched path)."""
     d = state.hist_rows.shape[1]
     new_keys = np.sort(rng.integers(1 << 50, 1 << 60, 4, dtype=np.int64))
     moved = rng.choice(state.hist_keys, min(25, state.hist_keys.size), replace=False)
@@ -53,6 +56,8 @@ def _random_delta(state: ModelState, template: Delta, seq: int, rng: np.random.G
         new_item_keys=new_keys, new_item_ids=np.array([f"new-{seq}-{j}" for j in range(4)]),
         removed_items=np.zeros(0, np.int64),
         prior_buckets=buckets, prior_base=rng.normal(size=buckets.size) - 3.0,
+        prior_count=rng.integers(1, 50, buckets.size).astype(np.float64),
+        cold_start=("mix", "prior", "popular")[seq % 3],
         prior_scalars=(shift + 0.01 * seq, floor, log_norm + 0.02),
         covisit_first_id=first, covisit_new_keys=new_keys, covisit_codes=codes,
         covisit_values=rng.random(codes.size) + 0.5, covisit_removed=np.zeros(0, np.int64),
@@ -77,6 +82,8 @@ def test_patched_artifacts_equal_compose_from_scratch_after_every_delta() -> Non
         art = composer.compose(state, delta)
         assert composer.last == "patched", seq
         _assert_same(art, compose(state))
+        assert art.cold_start == delta.cold_start
+        assert (art.item_popularity is not None) == (delta.cold_start == "popular")
         served.append((art, art.item_vectors.copy(), art.covisit[2].copy()))
     assert served[-1][0].item_ids.size == served[0][0].item_ids.size + 4 * 11
     for art, vectors, weights in served:  # in-flight requests keep what they started with

@@ -1,12 +1,22 @@
 """What a row with no history is ranked by (model.scoring.cold): the learnt mix until the prior
-alone has hit strictly more rows with no history, counted test-then-train."""
+alone or all-time popularity has hit strictly more rows with no history, counted
+test-then-train; the all-time counts by the prior's hash buckets."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from model.scoring.cold import MIX, PRIOR, ColdStart, hits_at, no_history
+from model.scoring.cold import (
+    MIX,
+    POPULAR,
+    PRIOR,
+    ColdStart,
+    ItemCounts,
+    hits_at,
+    no_history,
+    popularity_scores,
+)
 
 
 def test_no_history_is_a_row_of_padding_only() -> None:
@@ -22,20 +32,47 @@ def test_hits_count_candidates_strictly_above_the_target() -> None:
     assert hits_at(scores[:0], np.zeros(0, np.int64), k=2).size == 0
 
 
-def test_the_prior_serves_once_strictly_ahead_and_the_state_round_trips() -> None:
-    cold = ColdStart(k=1)
+def test_the_leader_serves_ties_going_to_the_mix_then_the_prior() -> None:
+    cold = ColdStart(k=1, buckets=8)
     assert cold.choice == MIX
-    # the mix ranks item 0 first, the prior item 2
+    # the mix ranks item 0 first, the prior item 2, popularity item 1
     mix = np.tile([3.0, 2.0, 1.0], (2, 1))
     prior = np.tile([1.0, 2.0, 3.0], (2, 1))
-    cold.observe(mix, prior, np.array([0, 2]))
-    assert cold.hits.tolist() == [1, 1] and cold.rows == 2 and cold.choice == MIX  # a tie
-    cold.observe(mix[:1], prior[:1], np.array([2]))
+    popular = np.tile([1.0, 3.0, 2.0], (2, 1))
+    both = {MIX: mix, PRIOR: prior, POPULAR: popular}
+    cold.observe(both, np.array([0, 2]))
+    assert cold.hits.tolist() == [1, 1, 0] and cold.rows == 2 and cold.choice == MIX  # a tie
+    cold.observe({k: v[:1] for k, v in both.items()}, np.array([2]))
     assert cold.choice == PRIOR
-    cold.observe(mix[:1], prior[:1], np.array([-1]))  # not a candidate: not counted
-    assert cold.rows == 3
-    again = ColdStart(k=1)
+    cold.observe(both, np.array([1, 1]))
+    assert cold.hits.tolist() == [1, 2, 2] and cold.choice == PRIOR  # a tie: the prior stays
+    cold.observe({k: v[:1] for k, v in both.items()}, np.array([1]))
+    assert cold.choice == POPULAR
+    cold.observe({k: v[:1] for k, v in both.items()}, np.array([-1]))  # not a candidate
+    assert cold.rows == 6
+
+
+def test_all_time_counts_rank_by_bucket_and_the_state_round_trips() -> None:
+    cold = ColdStart(k=1, buckets=8)
+    cold.counts.observe(np.array([3, 3, 11, 5, 3]))  # 11 shares bucket 3 with key 3
+    assert cold.counts.of_buckets(np.array([3, 5, 0])).tolist() == [4.0, 1.0, 0.0]
+    scores = cold.counts.scores(np.array([3, 5, 6]))
+    np.testing.assert_array_equal(scores, popularity_scores(np.array([4.0, 1.0, 0.0])))
+    assert scores[0] > scores[1] > scores[2] == 0.0 and scores.dtype == np.float32
+    cold.hits[:] = (1, 2, 3)
+    cold.rows = 6
+    again = ColdStart(k=1, buckets=8)
     again.load_state(cold.state())
-    assert again.hits.tolist() == [1, 2] and again.rows == 3 and again.choice == PRIOR
+    assert again.hits.tolist() == [1, 2, 3] and again.rows == 6 and again.choice == POPULAR
+    np.testing.assert_array_equal(again.counts.counts, cold.counts.counts)
+    # a checkpoint from before the popularity ranking: two hit counts, no counts
+    old = ColdStart(k=1, buckets=8)
+    old.load_state({"hits": np.array([4, 5]), "rows": np.asarray(9)})
+    assert old.hits.tolist() == [4, 5, 0] and old.choice == PRIOR and not old.counts.counts.any()
     with pytest.raises(ValueError, match="counts"):
-        again.load_state({"hits": np.zeros(3, np.int64), "rows": np.asarray(0)})
+        again.load_state({"hits": np.zeros(4, np.int64), "rows": np.asarray(0)})
+    with pytest.raises(ValueError, match="buckets"):
+        again.load_state({"hits": np.zeros(3, np.int64), "rows": np.asarray(0),
+                          "count_buckets": np.array([9]), "count_values": np.array([1.0])})
+    with pytest.raises(ValueError):
+        ItemCounts(0)

@@ -180,6 +180,16 @@ def test_service_export_checkpoints_then_publishes(trained: Trained, tmp_path: P
     keys = np.array(list(trained.item_ids), np.int64)
     np.testing.assert_allclose(copy.sums(hist, keys), cv.sums(hist, keys))
     assert copy.sums(hist, keys).max() > 0
+    # so does the cold start's: its hits and the all-time counts it ranks by
+    from model.scoring.cold import ColdStart
+
+    cold = trained.trainer.cold
+    again = ColdStart(buckets=cold.counts.buckets)
+    again.load_state({k[len("cold_"):]: v for k, v in restored.arrays.items()
+                      if k.startswith("cold_")})
+    assert again.hits.tolist() == cold.hits.tolist() and again.rows == cold.rows
+    np.testing.assert_array_equal(again.counts.counts, cold.counts.counts)
+    assert again.counts.counts.sum() >= len(trained.samples)
 
 
 def _top20_moves(trained: Trained, trainer: Trainer, n: int = 200) -> float:
