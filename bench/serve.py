@@ -134,8 +134,10 @@ def loadgen_main(argv: list[str]) -> int:
 
 def _publish(reg: Any, version: str, n_items: int, seed: int) -> None:
     from model.artifact.files import write_artifact
+    from model.towers.config import ModelConfig
     from streamrec.ids import item_keys, user_key
 
+    cfg = ModelConfig()  # the served defaults: the co-visitation window a request reads
     rng = np.random.default_rng(seed)
     items = [f"i{i}" for i in range(n_items)]
     # the co-visitation term (``model.scoring.covisit``): COVISIT_NEIGHBOURS random neighbours per
@@ -156,7 +158,8 @@ def _publish(reg: Any, version: str, n_items: int, seed: int) -> None:
                 (rng.normal(size=(2 * D, D)) / 8, np.zeros(D), "linear")],
         normalize=True, manifest_extra={"trained_through_ms": 1_772_000_000_000 + seed},
         covisit=covisit,
-        covisit_params={"weight": 2.0, "window": 5, "decay": 0.9, "last_weight": 1.0},
+        covisit_params={"weight": 2.0, "window": cfg.covisit_window, "decay": cfg.covisit_decay,
+                        "last_weight": 1.0},
     ))
 
 
