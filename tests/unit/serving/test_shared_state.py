@@ -51,9 +51,10 @@ def test_a_shared_state_maps_back_bit_for_bit(records: list[bytes], tmp_path: Pa
     composer = Composer()
     artifact, previous = composer.compose(state), None
     f = _slot(tmp_path / "slot-0.bin")
+    seen = set()
     for n, record in enumerate([None, *records[1:]]):
-        if record is not None:
-            delta = decode(record)
+        if record is not None:  # each cold start in turn: "popular" shares its scores too
+            delta = replace(decode(record), cold_start=("mix", "prior", "popular")[n % 3])
             state = apply(state, delta)
             artifact = composer.compose(state, delta)
         mark_writing(f)
@@ -64,8 +65,12 @@ def test_a_shared_state_maps_back_bit_for_bit(records: list[bytes], tmp_path: Pa
         assert state_checksum(mapped) == state_checksum(state)
         assert mapped.seq == state.seq and mapped.offsets == state.offsets
         _assert_same(served, artifact)
+        assert served.cold_start == state.cold_start
+        assert (served.item_popularity is not None) == (state.cold_start == "popular")
         assert not served.user_rows.flags.writeable
         previous = served
+        seen.add(state.cold_start)
+    assert seen == {"mix", "prior", "popular"}
 
 
 def test_a_slot_of_another_generation_or_damaged_is_refused(
