@@ -262,11 +262,6 @@ class ServingArtifact:
         8: :attr:`item_popularity`)."""
         return str(self.manifest.get("cold_start", "mix"))
 
-    @property
-    def cold_prior(self) -> bool:
-        """Whether a user with no history is ranked by the prior's column alone."""
-        return self.cold_start == "prior"
-
     def _cold(self, out: np.ndarray, histories: Sequence[Any]) -> np.ndarray:
         """``out`` (``[N, B]`` scores) with the columns of empty histories replaced by the
         ranking of :attr:`cold_start` when it is not the mix."""

@@ -24,7 +24,6 @@ from model.evaluation.baselines import (
     SessionKNNBaseline,
 )
 from model.evaluation.replay import Positive
-from model.scoring.cold import MIX
 
 
 class BaselineLearner:
@@ -171,27 +170,22 @@ class TwoTowerLearner:
             tower, log_q, train_batch.history, keys,
         )
         mixed = trainer.mixer.score(parts)
-        cold, alone = trainer.cold_rows(train_batch.history, parts, keys)
-        by_mix = mixed[cold]  # what the mix gave the rows with no history
-        if cold.size and trainer.cold.choice != MIX:
-            mixed[cold] = alone[trainer.cold.choice]
-        out[:, cols] = mixed
-        self._parts = (batch, dict(zip(trainer.mixer.names, parts, strict=True)), cols,
-                       out.shape[1])
         at = np.full(out.shape[1], -1, np.int64)
         at[cols] = np.arange(cols.size)
+        target = np.array([at[p.item] if p.item < at.size else -1 for p in batch])
         learn = [np.array(f, np.float64) for f in parts]
         if self._excluded is not None:
             for row, pos in enumerate(batch):
                 gone = self._excluded(pos)
                 gone = at[gone[gone < at.size]]
                 learn[0][row, gone[gone >= 0]] = -np.inf
-        target = np.array([at[p.item] if p.item < at.size else -1 for p in batch])
-        if cold.size:  # the rankings of the rows with no history, then the mix learns
-            kept = np.isfinite(learn[0][cold])  # the items the ranking leaves out: -inf
-            trainer.cold.observe(
-                {name: np.where(kept, scores, -np.inf)
-                 for name, scores in {MIX: by_mix, **alone}.items()}, target[cold])
+        # the rows with no history get the ranking that has hit most there, then every
+        # ranking's hits are counted over the items the ranking keeps (-inf: left out)
+        cold, alone = trainer.cold_rows(train_batch.history, parts, keys)
+        trainer.cold.rank(mixed, cold, alone, target[cold], kept=np.isfinite(learn[0][cold]))
+        out[:, cols] = mixed
+        self._parts = (batch, dict(zip(trainer.mixer.names, parts, strict=True)), cols,
+                       out.shape[1])
         trainer.learn_mix(learn, target)
         return out
 

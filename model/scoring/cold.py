@@ -121,6 +121,23 @@ class ColdStart:
             self.hits[i] += int(hits_at(scores[name], target, self.k).sum())
         self.rows += int((target >= 0).sum())
 
+    def rank(self, scores: np.ndarray, rows: np.ndarray, alone: dict[str, np.ndarray],
+             target: np.ndarray, kept: np.ndarray | None = None) -> None:
+        """Test-then-train on the ``rows`` of ``scores`` (``[B, N]``, the mix's, changed in
+        place) that have no history: they get the ranking :attr:`choice` names (``alone``:
+        each other ranking's ``[len(rows), N]`` scores), then every ranking's hits on their
+        ``target`` columns are counted (``kept``: ``[len(rows), N]``, False where the
+        ranking leaves an item out; those count as ``-inf``)."""
+        if not rows.size:
+            return
+        rankings = {MIX: scores[rows], **alone}  # fancy indexing: a copy of the mix's rows
+        choice = self.choice
+        if choice != MIX:
+            scores[rows] = alone[choice]
+        if kept is not None:
+            rankings = {name: np.where(kept, r, -np.inf) for name, r in rankings.items()}
+        self.observe(rankings, target)
+
     def state(self) -> dict[str, np.ndarray]:
         """Arrays to checkpoint (restored by :meth:`load_state`)."""
         counts = self.counts.state()

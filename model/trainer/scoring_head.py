@@ -162,13 +162,11 @@ class ScoringHead(TrainerStep):
         if self._cold_applies and log_q is not None:
             cold = np.flatnonzero(no_history(history))
         if cold.size and log_q is not None:  # no history: the mix, or a popularity alone
-            mixed = score[cold]
-            alone = {PRIOR: np.broadcast_to(np.float32(w["prior"]) * log_q, mixed.shape),
-                     POPULAR: np.broadcast_to(self.cold.counts.scores(keys), mixed.shape)}
-            choice = self.cold.choice
-            if choice != MIX:
-                score[cold] = alone[choice]
-            self.cold.observe({MIX: mixed, **alone}, target_pos[cold])
+            shape = (cold.size, n)
+            self.cold.rank(score, cold, {
+                PRIOR: np.broadcast_to(np.float32(w["prior"]) * log_q, shape),
+                POPULAR: np.broadcast_to(self.cold.counts.scores(keys), shape),
+            }, target_pos[cold])
         ev.evaluate(score, target_pos, item2item=item2item, head=head)
         if self.config.mix != "learned":
             return

@@ -128,7 +128,7 @@ def test_cold_start_prior_ranks_empty_histories_by_the_prior_format_7(tmp_path: 
     make(tmp_path / "mix", item_vectors=vectors, score_bias=True)
     make(tmp_path / "cold", item_vectors=vectors, score_bias=True, cold_start="prior")
     mix, cold = load_artifact(tmp_path / "mix"), load_artifact(tmp_path / "cold")
-    assert cold.manifest["format_version"] == 7 and cold.cold_prior and not mix.cold_prior
+    assert cold.manifest["format_version"] == 7 and cold.cold_start == "prior" and mix.cold_start == "mix"
     assert mix.manifest["format_version"] == 2
     users, hists = ["u1", "stranger", "u2"], [["i3"], [], []]
     got, want = cold.scores(users, hists), mix.scores(users, hists)
@@ -157,7 +157,7 @@ def test_cold_start_popular_ranks_empty_histories_by_all_time_popularity_format_
          item_popularity=popularity)
     mix, pop = load_artifact(tmp_path / "mix"), load_artifact(tmp_path / "pop")
     assert pop.manifest["format_version"] == 8 and pop.cold_start == "popular"
-    assert not pop.cold_prior and mix.item_popularity is None
+    assert mix.item_popularity is None
     np.testing.assert_array_equal(pop.item_popularity, popularity)
     users, hists = ["u1", "stranger"], [["i3"], []]
     got, want = pop.scores(users, hists), mix.scores(users, hists)

@@ -175,19 +175,19 @@ def test_cold_start_travels_with_the_deltas_to_the_served_score(
     run, records = lineage
     state = from_snapshot(decode(records[0]))
     mix_sum = state_checksum(state)
-    assert state.cold_start == "mix" and not compose(state).cold_prior
+    assert state.cold_start == "mix" and compose(state).cold_start == "mix"
     cold = replace(decode(records[0]), cold_start="prior")
     again = decode(encode(cold))
     assert again.cold_start == "prior"
     state = from_snapshot(again)
     assert state.cold_start == "prior" and state_checksum(state) != mix_sum
     art = compose(state)
-    assert art.cold_prior and art.manifest["cold_start"] == "prior"
+    assert art.cold_start == "prior" and art.manifest["cold_start"] == "prior"
     scores = art.scores(["u-nobody", "u-nobody"], [[], list(art.item_ids[:2])])
     np.testing.assert_array_equal(scores[:, 0], art.item_vectors[:, -1])
     assert not np.array_equal(scores[:, 1], art.item_vectors[:, -1])
     nxt = apply(state, replace(decode(records[1]), cold_start="mix"))
-    assert nxt.cold_start == "mix" and not compose(nxt).cold_prior
+    assert nxt.cold_start == "mix" and compose(nxt).cold_start == "mix"
     with pytest.raises(DeltaError, match="cold_start"):
         decode(encode(replace(cold, cold_start="trending")))
     # all-time popularity: the counts travel with the prior's buckets

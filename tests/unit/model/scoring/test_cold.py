@@ -76,3 +76,21 @@ def test_all_time_counts_rank_by_bucket_and_the_state_round_trips() -> None:
                           "count_buckets": np.array([9]), "count_values": np.array([1.0])})
     with pytest.raises(ValueError):
         ItemCounts(0)
+
+
+def test_rank_serves_the_leader_on_rows_without_history_and_counts_every_ranking() -> None:
+    cold = ColdStart(k=1, buckets=8)
+    cold.hits[:] = (0, 0, 1)  # popularity leads
+    scores = np.array([[3.0, 2.0, 1.0], [0.0, 9.0, 0.0], [3.0, 2.0, 1.0]])
+    rows = np.array([0, 2])
+    popular = np.tile([1.0, 3.0, 2.0], (2, 1))
+    prior = np.tile([1.0, 2.0, 3.0], (2, 1))
+    kept = np.array([[True, True, True], [True, False, True]])  # row 2 leaves item 1 out
+    cold.rank(scores, rows, {PRIOR: prior, POPULAR: popular}, np.array([0, 1]), kept=kept)
+    np.testing.assert_array_equal(scores[[0, 2]], popular)  # served by the leader
+    np.testing.assert_array_equal(scores[1], [0.0, 9.0, 0.0])  # a row with history: untouched
+    # row 0 (target 0): the mix hits; row 2 (target 1, left out): nobody hits
+    assert cold.hits.tolist() == [1, 0, 1] and cold.rows == 2
+    before = scores.copy()
+    cold.rank(scores, np.zeros(0, np.int64), {}, np.zeros(0, np.int64))
+    np.testing.assert_array_equal(scores, before)
