@@ -79,7 +79,9 @@ def accumulate(
     instead of sorting the entries when groups x targets is at most :data:`DENSE_MAX` and
     :data:`DENSE_RATIO` times the entries (the trainer's head of 32 rows over all items): the
     same triples, the same float sums (both add in input order)."""
-    return _sum_entries(*_gather(starts, ends, scale, targets, weights, groups), n_targets)
+    group, target, sums = _sum_entries(
+        *_gather(starts, ends, scale, targets, weights, groups), n_targets)
+    return (target if group is None else group << 32 | target), sums
 
 
 def _gather(
@@ -111,21 +113,44 @@ def _gather(
 
 def _sum_entries(
     found: np.ndarray, vals: np.ndarray, group_of: np.ndarray | None, n_targets: int | None
-) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`accumulate`'s sums of gathered entries (:func:`_gather`), added in entry order."""
+) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
+    """:func:`accumulate`'s sums of gathered entries (:func:`_gather`), added in entry order,
+    as ``(group, target, s)`` sorted by group, then target (group None without groups)."""
     if found.size == 0:
-        return np.zeros(0, np.int64), np.zeros(0, np.float64)
+        none = np.zeros(0, np.int64)
+        return (None if group_of is None else none), none, np.zeros(0, np.float64)
     n_groups = 1 if group_of is None else int(group_of.max()) + 1
     if n_targets is not None and n_groups * n_targets <= min(DENSE_MAX, DENSE_RATIO * found.size):
         flat = found if group_of is None else group_of * n_targets + found
         size = n_groups * int(n_targets)
-        hits = np.flatnonzero(np.bincount(flat, minlength=size))
+        # the hits from a bool mask: ``nonzero`` on the counts themselves costs several
+        # times more where a third of the cells are hit (the trainer's head)
+        hits = np.flatnonzero(np.bincount(flat, minlength=size) != 0)
         sums = np.bincount(flat, vals, minlength=size)[hits]
-        return (hits // n_targets) << 32 | hits % n_targets, sums
-    if group_of is not None:
-        found = found | group_of << 32
-    uniq, inv = np.unique(found, return_inverse=True)
-    return uniq, np.bincount(inv, vals)
+        if group_of is None:
+            return None, hits, sums
+        # each hit's group by where the groups' cells begin (no division per hit)
+        cuts = np.searchsorted(hits, np.arange(1, n_groups, dtype=np.int64) * n_targets)
+        group = np.repeat(np.arange(n_groups, dtype=np.int64),
+                          np.diff(cuts, prepend=0, append=hits.size))
+        return group, hits - group * n_targets, sums
+    if group_of is None:
+        uniq, inv = np.unique(found, return_inverse=True)
+        return None, uniq, np.bincount(inv, vals)
+    uniq, inv = np.unique(found | group_of << 32, return_inverse=True)
+    return uniq >> 32, uniq & LOW32, np.bincount(inv, vals)
+
+
+def _sum_runs(codes: np.ndarray, vals: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Sums of ``vals`` per distinct code, for codes made of a few sorted runs of distinct
+    codes (a stable merge, no dense count): equal to :func:`_sum_entries` bit for bit (each
+    code's values added in entry order)."""
+    if codes.size == 0:
+        return codes, np.zeros(0, np.float64)
+    order = np.argsort(codes, kind="stable")
+    codes, vals = codes[order], vals[order]
+    first = np.flatnonzero(np.concatenate(([True], codes[1:] != codes[:-1])))
+    return codes[first], np.add.reduceat(vals, first)
 
 
 def _add_sorted(
@@ -321,13 +346,17 @@ class CoVisitation:
         group = np.concatenate([p[2] for p in parts if p[2] is not None])
         factor = (math.exp(-self._rate * (self.samples - self._base))
                   if self.samples != self._base else None)
-        out: list[Triples] = []
-        for keep in (None, np.concatenate([p[3] for p in parts])) if last else (None,):
-            t, s = (_sum_entries(found, vals, group, self.keys.size) if keep is None else
-                    _sum_entries(found[keep], vals[keep], group[keep], self.keys.size))
-            if factor is not None:
-                s *= factor
-            out.append((t >> 32, t & LOW32, s))
+        rows_of, ids, s = _sum_entries(found, vals, group, self.keys.size)
+        assert rows_of is not None  # grouped by row
+        out: list[Triples] = [(rows_of, ids, s)]
+        if last:
+            # the most recent items' entries: per row one sorted slice of each part
+            newest = np.concatenate([p[3] for p in parts])
+            codes, sl = _sum_runs(group[newest] << 32 | found[newest], vals[newest])
+            out.append((codes >> 32, codes & LOW32, sl))
+        if factor is not None:
+            for triple in out:
+                triple[2][...] *= factor
         return out[0], out[1] if last else None
 
     def sums(self, history: np.ndarray, candidates: np.ndarray) -> np.ndarray:
