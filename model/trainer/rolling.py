@@ -15,10 +15,9 @@ apart (CONVENTIONS.md, metrics).
 
 from __future__ import annotations
 
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -141,14 +140,16 @@ RECENT_TARGETS = 10_000
 
 
 class Popularity:
-    """Target counts so far; ranks a candidate set by count (ties by key).
+    """Target counts so far, kept as sorted arrays (keys, counts): a candidate refresh looks
+    up every candidate at once.
 
     ``observe`` only queues a batch's keys (called every batch); they are counted when the
-    counts are read (``top``/``counts``, every candidate refresh). Not thread-safe: the
+    counts are read (``counts_of``/``total``, every candidate refresh). Not thread-safe: the
     trainer calls both from one thread (its evaluation thread, or inline), in training order."""
 
     def __init__(self, recent: int = RECENT_TARGETS) -> None:
-        self._counts: Counter[int] = Counter()
+        self._keys = np.zeros(0, np.int64)  # every target key so far, ascending
+        self._counts = np.zeros(0, np.int64)  # each one's count
         self._queued: list[np.ndarray] = []
         #: The last ``recent`` targets (a ring; -1: empty).
         self._ring = np.full(recent, -1, np.int64)
@@ -171,21 +172,35 @@ class Popularity:
             return 0
         return int(np.unique(self._ring).size)
 
-    @property
-    def counts(self) -> Counter[int]:
-        if self._queued:
-            uniq, cnt = np.unique(np.concatenate(self._queued), return_counts=True)
-            self._queued = []
-            self._counts.update(dict(zip(uniq.tolist(), cnt.tolist(), strict=True)))
-        return self._counts
+    def _count(self) -> None:
+        """Count the queued keys into the sorted arrays."""
+        if not self._queued:
+            return
+        uniq, cnt = np.unique(np.concatenate(self._queued), return_counts=True)
+        self._queued = []
+        pos = np.asarray(np.searchsorted(self._keys, uniq), np.int64)
+        hit: np.ndarray = pos < self._keys.size
+        hit[hit] = self._keys[pos[hit]] == uniq[hit]
+        self._counts[pos[hit]] += cnt[hit]
+        miss = ~hit
+        if miss.any():
+            self._keys = np.insert(self._keys, pos[miss], uniq[miss])
+            self._counts = np.insert(self._counts, pos[miss], cnt[miss])
 
-    def top(self, candidates: np.ndarray, k: int) -> np.ndarray:
-        if candidates.size == 0:
-            return np.zeros(0, np.int64)
-        c = np.fromiter(
-            map(self.counts.get, candidates.tolist(), repeat(0)), np.float64, candidates.size
-        )
-        return candidates[top_k_rows(c[None, :], k)[0]]
+    def counts_of(self, keys: np.ndarray) -> np.ndarray:
+        """Each key's count so far (float64; 0 for a key never a target)."""
+        self._count()
+        keys = np.asarray(keys, np.int64)
+        if not self._keys.size:
+            return np.zeros(keys.shape, np.float64)
+        pos = np.minimum(np.searchsorted(self._keys, keys), self._keys.size - 1)
+        return np.where(self._keys[pos] == keys, self._counts[pos], 0).astype(np.float64)
+
+    @property
+    def total(self) -> int:
+        """Targets counted so far."""
+        self._count()
+        return int(self._counts.sum())
 
 
 class Evaluator:
@@ -202,7 +217,9 @@ class Evaluator:
         self.candidate_keys = np.zeros(0, np.int64)
         self.candidate_tower = np.zeros((0, 0), np.float32)
         self.candidate_log_q: np.ndarray | None = None
-        self._position: dict[int, int] = {}
+        #: The candidate keys ascending, and each one's candidate column (``positions``).
+        self._sorted_keys = np.zeros(0, np.int64)
+        self._sorted_columns = np.zeros(0, np.int64)
         self.popularity = Popularity()
         self._pop_top = np.zeros(0, np.int64)
         self._pop_counts = np.zeros(0, np.float64)
@@ -230,13 +247,11 @@ class Evaluator:
         self.candidate_keys = np.asarray(keys, np.int64)
         self.candidate_tower = np.ascontiguousarray(tower, np.float32)
         self.candidate_log_q = None if log_q is None else np.asarray(log_q, np.float32)
-        keys_list = self.candidate_keys.tolist()
-        self._position = dict(zip(keys_list, range(len(keys_list)), strict=True))
-        self._pop_top = self.popularity.top(self.candidate_keys, self.k)
-        counts = self.popularity.counts
-        self._pop_counts = np.fromiter(
-            map(counts.get, keys_list, repeat(0)), np.float64, len(keys_list)
-        )
+        order = np.argsort(self.candidate_keys, kind="stable")
+        self._sorted_keys, self._sorted_columns = self.candidate_keys[order], order
+        self._pop_counts = self.popularity.counts_of(self.candidate_keys)
+        self._pop_top = self.candidate_keys[top_k_rows(self._pop_counts[None, :], self.k)[0]] \
+            if self.candidate_keys.size else np.zeros(0, np.int64)
         self._recent = self._pop_counts if self.candidate_log_q is None \
             else self.candidate_log_q.astype(np.float64)
         self._recent_sorted = np.sort(self._recent)
@@ -255,10 +270,12 @@ class Evaluator:
 
     def positions(self, targets: np.ndarray) -> np.ndarray:
         """Candidate column of each target key (-1: not a candidate)."""
-        return np.fromiter(
-            map(self._position.get, np.asarray(targets).tolist(), repeat(-1)), np.int64,
-            len(targets),
-        )
+        targets = np.asarray(targets, np.int64)
+        keys = self._sorted_keys
+        if not keys.size:
+            return np.full(targets.shape, -1, np.int64)
+        pos = np.minimum(np.searchsorted(keys, targets), keys.size - 1)
+        return np.where(keys[pos] == targets, self._sorted_columns[pos], -1)
 
     def evaluate(
         self, scores: np.ndarray | None, target_pos: np.ndarray,
