@@ -152,11 +152,16 @@ class ScoringHead(TrainerStep):
         if self.covisit is not None:
             where = self._covisit_columns(keys)
             sparse.extend(self._covisit_sparse(history, where, "covisit_last" in w))
-            for (r, c, v), name in zip(sparse, ("covisit", "covisit_last"), strict=False):
-                score[r, c] += np.float32(w[name]) * v
-            r, c, v = sparse[0]
-            item2item = np.zeros((len(score), n), np.float32)
-            item2item[r, c] = v
+            # at flat positions: a third of the cost of indexing by (row, column) pairs
+            flat = [r * n + c for r, c, _ in sparse]
+            cells = score.reshape(-1)
+            assert cells.base is score  # a view: the additions land in ``score``
+            for at, (_, _, v), name in zip(flat, sparse, ("covisit", "covisit_last"),
+                                           strict=False):
+                cells[at] += np.float32(w[name]) * v
+            item2item = np.zeros(score.size, np.float32)
+            item2item[flat[0]] = sparse[0][2]
+            item2item = item2item.reshape(score.shape)
         log_q = ev.candidate_log_q
         cold = np.zeros(0, np.int64)
         if self._cold_applies and log_q is not None:
@@ -181,10 +186,11 @@ class ScoringHead(TrainerStep):
         sub = np.full(n, -1, np.int64)
         sub[cols] = np.arange(cols.size)
         for r, c, v in sparse:
-            part = np.zeros((len(tower), cols.size), np.float32)
-            keep = sub[c] >= 0
-            part[r[keep], sub[c[keep]]] = v[keep]
-            parts.append(part)
+            part = np.zeros(len(tower) * cols.size, np.float32)
+            at = sub[c]
+            keep = at >= 0
+            part[r[keep] * cols.size + at[keep]] = v[keep]
+            parts.append(part.reshape(len(tower), cols.size))
         self.mixer.update(parts, sub_target)
 
     def _covisit_columns(self, keys: np.ndarray) -> np.ndarray:
