@@ -67,8 +67,9 @@ class ModelConfig:
     #: format 4. The towers generalise, the pairs remember (docs/decisions.md#co-visitation).
     covisit_weight: float = 2.0
     #: Most recent history items whose co-visitations count, each ``covisit_decay ** j``.
-    covisit_window: int = 5
-    covisit_decay: float = 0.9
+    #: Why 7 and 0.8 (5 and 0.9 before): the real-log panel, docs/decisions.md#co-visitation.
+    covisit_window: int = 7
+    covisit_decay: float = 0.8
     #: Half-life of the co-visitation weights in positive samples (0 = never decay): pairs of
     #: a past season mislead.
     covisit_half_life: float = 20_000.0
