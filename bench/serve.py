@@ -186,6 +186,7 @@ def _run_items(n_items: int, concurrencies: list[int], duration: float, swap_eve
     import redis
 
     from bench.harness import free_port, http_ok, stop_process, wait_until
+    from bench.workers import memory_mb
     from model.artifact.registry import Registry
     from streamrec.settings import load_settings
 
@@ -237,10 +238,14 @@ def _run_items(n_items: int, concurrencies: list[int], duration: float, swap_eve
                 row = json.loads(out.stdout)
                 row.update(items=n_items, swapping=swapping, workers=workers,
                            swaps=_swaps(httpx, url) - swaps_before,
+                           memory_mb=memory_mb(procs[-1].pid),
                            loadavg_1m=round(os.getloadavg()[0], 2))
                 print(f"items={n_items:>6} c={c:>2} swapping={swapping!s:5} "
                       f"p50={row['p50_ms']}ms p99={row['p99_ms']}ms rps={row['rps']} "
-                      f"errors={row['errors']} swaps={row['swaps']} load={row['loadavg_1m']}", flush=True)
+                      f"errors={row['errors']} swaps={row['swaps']} "
+                      f"memory={row['memory_mb']['pss_total']:.0f} MB PSS "
+                      f"(largest RSS {row['memory_mb']['rss_max']:.0f} MB) "
+                      f"load={row['loadavg_1m']}", flush=True)
                 results.append(row)
         return results
     finally:

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from bench.host import host
-from bench.workers import composer_pids, connections, cpu_seconds, worker_pids
+from bench.workers import composer_pids, connections, cpu_seconds, memory_mb, worker_pids
 
 HERE = Path(__file__).resolve()
 REPO = HERE.parent.parent
@@ -257,6 +257,7 @@ def main(argv: list[str] | None = None) -> int:
                                                x.get("worker_last_map_ms", {}).values() if v]),
                 "composer_cpu_s_median": float(np.median([x.get("composer_cpu_s", 0.0)
                                                           for x in mine])),
+                "memory_pss_mb_max": max(x["memory_mb"]["pss_total"] for x in mine),
                 "loadavg_1m": [x["loadavg_1m"] for x in mine],
             }
     results["summary"] = summary
@@ -269,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
               f"(medians of rounds)  errors {row['errors']}  worker apply {row['worker_apply_ms']}"
               f" cpu {row['worker_apply_cpu_ms']}  worker map {row['worker_map_ms']}"
               f"  composer cpu {row['composer_cpu_s_median']:.2f} s"
-              f"  load {row['loadavg_1m']}")
+              f"  memory {row['memory_pss_mb_max']:.0f} MB PSS  load {row['loadavg_1m']}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(results, indent=2))
@@ -317,7 +318,8 @@ def _phase(args: argparse.Namespace, name: str, deltas: bool, url: str, server_p
     row.update(worker_cpu_s=round(cpu, 3),
                cpu_ms_per_request=round(1000.0 * cpu / max(row["answered"], 1), 4),
                composer_cpu_s=round(composer_cpu, 3),
-               connections_per_worker=sorted(split.values(), reverse=True))
+               connections_per_worker=sorted(split.values(), reverse=True),
+               memory_mb=memory_mb(server_pid))
     status = _model_status(httpx, url)
     row.update(code=name, deltas=deltas, deltas_sent=sent[0], workers=args.workers,
                worker_applied={pid: s.get("applied") for pid, s in status.items()},
