@@ -184,7 +184,10 @@ def sorted_table(keys: np.ndarray, rows: np.ndarray, what: str) -> tuple[np.ndar
 
 
 def load_npy(directory: Path, name: str, spec: Mapping[str, Any], verify: bool) -> np.ndarray:
-    """One array of a version, checked against its manifest entry ``spec``; read-only."""
+    """One array of a version, checked against its manifest entry ``spec``; read-only and
+    memory-mapped from its file (an empty one is read): the processes that load one version
+    (serving's workers) share its pages instead of each holding a copy. A version's files
+    are never rewritten in place (the registry publishes a new directory)."""
     path = directory / name
     if not path.is_file():
         raise ArtifactError(f"{path}: missing")
@@ -192,8 +195,9 @@ def load_npy(directory: Path, name: str, spec: Mapping[str, Any], verify: bool) 
         raise ArtifactError(f"{path}: {path.stat().st_size} bytes, manifest says {spec.get('bytes')}")
     if verify and sha256_file(path) != spec.get("sha256"):
         raise ArtifactError(f"{path}: sha256 mismatch")
+    empty = 0 in spec.get("shape", [])
     try:
-        arr = np.load(path, allow_pickle=False)
+        arr = np.load(path, allow_pickle=False, mmap_mode=None if empty else "r")
     except (OSError, ValueError) as exc:
         raise ArtifactError(f"{path}: {exc}") from exc
     if list(arr.shape) != list(spec.get("shape", [])) or arr.dtype.str != spec.get("dtype"):

@@ -76,6 +76,24 @@ def test_round_trip_and_tower(tmp_path: Path) -> None:
     assert manifest["created_at"] == "2026-01-01T00:00:00+00:00"
 
 
+def test_arrays_are_mapped_from_their_files_read_only(tmp_path: Path) -> None:
+    """A loaded version's arrays are read-only views of its files (the processes that load
+    one version share its pages), but for the item vectors; an empty array (no users yet)
+    loads too."""
+    make(tmp_path / "a")
+    art = load_artifact(tmp_path / "a")
+    for arr in (art.item_ids, art.item_hist_rows, art.user_rows, art.layers[0][0]):
+        assert isinstance(arr, np.memmap) and not arr.flags.writeable
+        assert Path(arr.filename).parent == tmp_path / "a"
+    # the table every request scans is the process's own (huge pages), read-only too
+    assert not isinstance(art.item_vectors, np.memmap) and not art.item_vectors.flags.writeable
+    with pytest.raises(ValueError):
+        art.item_vectors[0, 0] = 1.0
+    make(tmp_path / "b", user_keys=np.zeros(0, np.int64), user_rows=np.zeros((0, 6)))
+    empty = load_artifact(tmp_path / "b")
+    assert empty.user_keys.size == 0 and empty.known_users(["u0"]).tolist() == [False]
+
+
 def test_corrupt_file_is_refused(tmp_path: Path) -> None:
     make(tmp_path / "a")
     path = tmp_path / "a" / "item_vectors.npy"
