@@ -42,6 +42,7 @@ from model.artifact.manifest import (
 )
 from model.scoring.covisit import LOW32, accumulate, history_rows, position_weights, term
 from model.scoring.pooling import pool_history
+from model.scoring.sorted_keys import find_sorted
 from streamrec.ids import item_keys, user_key
 
 log = logging.getLogger(__name__)
@@ -356,11 +357,7 @@ class ServingArtifact:
 
     def _lookup(self, keys: np.ndarray, table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Positions of ``keys`` in the sorted ``table`` and whether each was found."""
-        if table.size == 0:
-            return np.zeros(keys.shape, np.int64), np.zeros(keys.shape, bool)
-        pos = np.searchsorted(table, keys)
-        pos = np.minimum(pos, table.size - 1)
-        return pos, table[pos] == keys
+        return find_sorted(table, keys)
 
     def known_users(self, user_ids: Sequence[str]) -> np.ndarray:
         """Boolean mask: which users have their own row in this version."""

@@ -19,6 +19,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from model.scoring.sorted_keys import add_sorted, find_sorted
+
 PAD_KEY = 0
 #: ``(row, dense id, s)`` arrays of :meth:`CoVisitation.row_sums`.
 Triples = tuple[np.ndarray, np.ndarray, np.ndarray]
@@ -148,9 +150,10 @@ def _sum_runs(codes: np.ndarray, vals: np.ndarray) -> tuple[np.ndarray, np.ndarr
     if codes.size == 0:
         return codes, np.zeros(0, np.float64)
     order = np.argsort(codes, kind="stable")
-    codes, vals = codes[order], vals[order]
-    first = np.flatnonzero(np.concatenate(([True], codes[1:] != codes[:-1])))
-    return codes[first], np.add.reduceat(vals, first)
+    codes = codes[order]
+    first = np.concatenate(([True], codes[1:] != codes[:-1]))
+    # bincount adds one by one in order (``np.add.reduceat`` sums a long run pairwise)
+    return codes[first], np.bincount(np.cumsum(first) - 1, vals[order])
 
 
 def _add_sorted(
@@ -161,22 +164,11 @@ def _add_sorted(
     distinct: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
     """``codes``/``weights`` (sorted, distinct) with ``new_weights`` added at ``new_codes``
-    (unsorted, repeats allowed; sorted and distinct already if ``distinct``): existing codes
-    in place, new ones inserted in order."""
-    if distinct:
-        uniq, sums = new_codes, new_weights
-    else:
-        uniq, inv = np.unique(new_codes, return_inverse=True)
-        sums = np.bincount(inv, new_weights)
-    pos = np.asarray(np.searchsorted(codes, uniq), np.int64)
-    hit: np.ndarray = pos < codes.size
-    hit[hit] = codes[pos[hit]] == uniq[hit]
-    weights[pos[hit]] += sums[hit]
-    miss = ~hit
-    if miss.any():
-        codes = np.insert(codes, pos[miss], uniq[miss])
-        weights = np.insert(weights, pos[miss], sums[miss])
-    return codes, weights
+    (unsorted, repeats allowed; sorted and distinct already if ``distinct``)."""
+    if not distinct:
+        new_codes, inv = np.unique(new_codes, return_inverse=True)
+        new_weights = np.bincount(inv, new_weights)
+    return add_sorted(codes, weights, new_codes, new_weights)
 
 
 def term(sums: np.ndarray, weight: float) -> np.ndarray:
@@ -232,10 +224,8 @@ class CoVisitation:
         keys = np.asarray(keys, np.int64)
         flat = keys.reshape(-1)
         ids = np.full(flat.size, -1, np.int64)
-        if self._sorted.size:
-            pos = np.minimum(np.searchsorted(self._sorted, flat), self._sorted.size - 1)
-            found = self._sorted[pos] == flat
-            ids[found] = self._sorted_ids[pos[found]]
+        pos, found = find_sorted(self._sorted, flat)
+        ids[found] = self._sorted_ids[pos[found]]
         if add and (ids < 0).any():
             new_keys = np.unique(flat[ids < 0])
             start = self.keys.size

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from model.scoring.covisit import ITEMKNN_ALPHA
+from model.scoring.sorted_keys import add_sorted, find_sorted
 from model.scoring.topk import top_k_rows
 
 
@@ -178,23 +179,15 @@ class Popularity:
             return
         uniq, cnt = np.unique(np.concatenate(self._queued), return_counts=True)
         self._queued = []
-        pos = np.asarray(np.searchsorted(self._keys, uniq), np.int64)
-        hit: np.ndarray = pos < self._keys.size
-        hit[hit] = self._keys[pos[hit]] == uniq[hit]
-        self._counts[pos[hit]] += cnt[hit]
-        miss = ~hit
-        if miss.any():
-            self._keys = np.insert(self._keys, pos[miss], uniq[miss])
-            self._counts = np.insert(self._counts, pos[miss], cnt[miss])
+        self._keys, self._counts = add_sorted(self._keys, self._counts, uniq, cnt)
 
     def counts_of(self, keys: np.ndarray) -> np.ndarray:
         """Each key's count so far (float64; 0 for a key never a target)."""
         self._count()
-        keys = np.asarray(keys, np.int64)
-        if not self._keys.size:
-            return np.zeros(keys.shape, np.float64)
-        pos = np.minimum(np.searchsorted(self._keys, keys), self._keys.size - 1)
-        return np.where(self._keys[pos] == keys, self._counts[pos], 0).astype(np.float64)
+        pos, found = find_sorted(self._keys, np.asarray(keys, np.int64))
+        if not found.any():  # nothing counted yet, or none of these
+            return np.zeros(found.shape, np.float64)
+        return np.where(found, self._counts[pos], 0).astype(np.float64)
 
     @property
     def total(self) -> int:
@@ -270,12 +263,10 @@ class Evaluator:
 
     def positions(self, targets: np.ndarray) -> np.ndarray:
         """Candidate column of each target key (-1: not a candidate)."""
-        targets = np.asarray(targets, np.int64)
-        keys = self._sorted_keys
-        if not keys.size:
-            return np.full(targets.shape, -1, np.int64)
-        pos = np.minimum(np.searchsorted(keys, targets), keys.size - 1)
-        return np.where(keys[pos] == targets, self._sorted_columns[pos], -1)
+        pos, found = find_sorted(self._sorted_keys, np.asarray(targets, np.int64))
+        if not found.any():
+            return np.full(found.shape, -1, np.int64)
+        return np.where(found, self._sorted_columns[pos], -1)
 
     def evaluate(
         self, scores: np.ndarray | None, target_pos: np.ndarray,
