@@ -5,7 +5,18 @@ For each item count it builds a random artifact, seeds a throwaway ``redis-serve
 (``bench/serve.py loadgen``, its own process, one keep-alive connection per concurrent
 client), steady and while a new version is published every ``--swap-every`` seconds.
 
+``--retrieval exact,ann`` serves each item count once per way of ranking, one server after
+the other (exact search over every item; the ANN index's two stages, ``model.scoring.ann``;
+``default``: what ``serving.ann_min_items`` picks). Where the ANN index ranks, the run also
+reports ``overlap``: the share of the exact top 10 that the server answered, over the first
+``--overlap-users`` users (each request's history read from the same store, the exact top 10
+computed in this process on the same version). ``--catalogue clustered`` draws item vectors
+around 2,000 tastes with a popularity prior column (a trained catalogue's shape: an index
+over isotropic random vectors finds little structure to use); ``gaussian``, the default, is
+the artifact every earlier figure used.
+
     streamrec bench serve [--items 10000,100000] [--concurrency 1,16,64] [--duration 8]
+                          [--retrieval default|exact|ann,...] [--catalogue gaussian|clustered]
                           [--json FILE]
 
 The artifact, the JSON fields and the load record: docs/internals.md.
@@ -132,7 +143,30 @@ def loadgen_main(argv: list[str]) -> int:
 # ----------------------------------------------------------------------------- orchestration
 
 
-def _publish(reg: Any, version: str, n_items: int, seed: int) -> None:
+#: Tastes of ``--catalogue clustered``.
+TASTES = 2_000
+
+
+def _item_vectors(rng: np.random.Generator, n_items: int, catalogue: str) -> np.ndarray:
+    """``gaussian``: ``[N, D]`` standard normal; ``clustered``: ``[N, D + 1]``, unit rows
+    around one of :data:`TASTES` directions (noise 0.5 per unit of norm), times 3 (a learnt
+    tower weight over a temperature), then the prior's column ``0.4 * log(1 / rank)`` of a
+    random popularity rank (Zipf)."""
+    if catalogue == "gaussian":
+        return rng.normal(size=(n_items, D)).astype(np.float32)
+    tastes = rng.normal(size=(TASTES, D))
+    tastes /= np.linalg.norm(tastes, axis=1, keepdims=True)
+    out = np.empty((n_items, D + 1), np.float32)
+    for lo in range(0, n_items, 1 << 20):  # in chunks: 10M rows of float64 would be 2.6 GB
+        hi = min(n_items, lo + (1 << 20))
+        v = tastes[rng.integers(0, TASTES, hi - lo)] + 0.5 * rng.normal(size=(hi - lo, D)) / np.sqrt(D)
+        out[lo:hi, :D] = 3.0 * v / np.linalg.norm(v, axis=1, keepdims=True)
+    out[:, D] = -0.4 * np.log1p(rng.permutation(n_items))
+    return out
+
+
+def _publish(reg: Any, version: str, n_items: int, seed: int, catalogue: str = "gaussian"
+             ) -> None:
     from model.artifact.files import write_artifact
     from model.towers.config import ModelConfig
     from streamrec.ids import item_keys, user_key
@@ -150,7 +184,7 @@ def _publish(reg: Any, version: str, n_items: int, seed: int) -> None:
     )
     reg.publish(version, lambda d: write_artifact(
         d, version=version, item_ids=items,
-        item_vectors=rng.normal(size=(n_items, D)).astype(np.float32),
+        item_vectors=_item_vectors(rng, n_items, catalogue), score_bias=catalogue != "gaussian",
         item_hist_keys=item_keys(items), item_hist_rows=rng.normal(size=(n_items, D)),
         user_keys=np.array([user_key(f"u{i}") for i in range(USERS)]),
         user_rows=rng.normal(size=(USERS, D)), default_user_row=np.zeros(D),
@@ -180,8 +214,13 @@ def _seed_store(settings: Any, n_items: int) -> None:
     store.close()
 
 
+#: ``--retrieval`` -> ``serving.ann_min_items`` of the server (None: its default).
+RETRIEVALS = {"default": None, "exact": str(1 << 62), "ann": "1"}
+
+
 def _run_items(n_items: int, concurrencies: list[int], duration: float, swap_every: float,
-               work: Path, workers: int) -> list[dict[str, Any]]:
+               work: Path, workers: int, retrieval: str = "default",
+               catalogue: str = "gaussian", overlap_users: int = 500) -> list[dict[str, Any]]:
     import httpx
     import redis
 
@@ -191,40 +230,52 @@ def _run_items(n_items: int, concurrencies: list[int], duration: float, swap_eve
     from streamrec.settings import load_settings
 
     rport, sport = free_port(), free_port()
+    work = Path(tempfile.mkdtemp(dir=work, prefix=f"{n_items}-{retrieval}-"))  # one per run
     settings = load_settings(redis={"port": rport, "key_prefix": "bench:"},
-                             trainer={"registry_dir": work / f"models{n_items}",
+                             trainer={"registry_dir": work / "models",
                                       "model_name": "bench", "keep_versions": 3})
-    (work / f"redis{n_items}").mkdir()
+    (work / "redis").mkdir()
     procs: list[subprocess.Popen] = []
     try:
         procs.append(subprocess.Popen(
             [shutil.which("redis-server") or "redis-server", "--port", str(rport), "--save", "",
-             "--appendonly", "no", "--dir", str(work / f"redis{n_items}")],
+             "--appendonly", "no", "--dir", str(work / "redis")],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         client = redis.Redis(port=rport)
         wait_until(client.ping, 20, "redis")
         _seed_store(settings, n_items)
         reg = Registry(settings.trainer.registry_dir, "bench", redis_client=client,
                        key_prefix="bench:", keep=3)
-        _publish(reg, "v0001", n_items, 1)
+        _publish(reg, "v0001", n_items, 1, catalogue)
         env = dict(os.environ, STREAMREC_REDIS__PORT=str(rport), STREAMREC_REDIS__KEY_PREFIX="bench:",
                    STREAMREC_TRAINER__REGISTRY_DIR=str(settings.trainer.registry_dir),
                    STREAMREC_TRAINER__MODEL_NAME="bench", STREAMREC_TRAINER__KEEP_VERSIONS="3",
                    OPENBLAS_NUM_THREADS=os.environ.get("OPENBLAS_NUM_THREADS", "1"))
-        log = (work / f"serve{n_items}.log").open("w")
+        if RETRIEVALS[retrieval] is not None:
+            env["STREAMREC_SERVING__ANN_MIN_ITEMS"] = str(RETRIEVALS[retrieval])
+        log = (work / "serve.log").open("w")
         procs.append(subprocess.Popen(
             [sys.executable, "-m", "deploy.cli", "serve", "--port", str(sport),
              "--workers", str(workers)],
             cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT))
         url = f"http://127.0.0.1:{sport}"
-        wait_until(lambda: http_ok(url + "/health"), 60, "serve /health")
+        wait_until(lambda: http_ok(url + "/health"), 300, "serve /health")
+        # every worker serving (each loads the version, and builds its index, itself)
+        wait_until(lambda: (_metric(httpx, url, "streamrec_serving_model_swaps_total") or 0)
+                   >= workers, 600, "every worker serving a model")
+        ann = _ann_used(httpx, url)
+        overlap = _overlap(httpx, url, settings, reg, overlap_users) if ann else None
+        if overlap is not None:
+            print(f"items={n_items:>6} retrieval={retrieval}: the served top 10 holds "
+                  f"{overlap:.3f} of the exact top 10 ({overlap_users} users)", flush=True)
         seq = [1]
         results = []
         for swapping in (False, True):
             for c in concurrencies:
                 stop = threading.Event()
                 swapper = threading.Thread(
-                    target=_swap_loop, args=(reg, n_items, swap_every, stop, seq), daemon=True)
+                    target=_swap_loop, args=(reg, n_items, swap_every, stop, seq, catalogue),
+                    daemon=True)
                 swaps_before = _swaps(httpx, url)
                 if swapping:
                     swapper.start()
@@ -237,10 +288,11 @@ def _run_items(n_items: int, concurrencies: list[int], duration: float, swap_eve
                     swapper.join()
                 row = json.loads(out.stdout)
                 row.update(items=n_items, swapping=swapping, workers=workers,
+                           retrieval=retrieval, ann=ann, catalogue=catalogue, overlap=overlap,
                            swaps=_swaps(httpx, url) - swaps_before,
                            memory_mb=memory_mb(procs[-1].pid),
                            loadavg_1m=round(os.getloadavg()[0], 2))
-                print(f"items={n_items:>6} c={c:>2} swapping={swapping!s:5} "
+                print(f"items={n_items:>6} {retrieval:>7} c={c:>2} swapping={swapping!s:5} "
                       f"p50={row['p50_ms']}ms p99={row['p99_ms']}ms rps={row['rps']} "
                       f"errors={row['errors']} swaps={row['swaps']} "
                       f"memory={row['memory_mb']['pss_total']:.0f} MB PSS "
@@ -260,10 +312,53 @@ def _swaps(httpx: Any, url: str) -> int:
     return 0
 
 
-def _swap_loop(reg: Any, n_items: int, every: float, stop: threading.Event, seq: list[int]) -> None:
+def _swap_loop(reg: Any, n_items: int, every: float, stop: threading.Event, seq: list[int],
+               catalogue: str) -> None:
     while not stop.wait(every):
         seq[0] += 1
-        _publish(reg, f"v{seq[0]:04d}", n_items, seq[0])
+        _publish(reg, f"v{seq[0]:04d}", n_items, seq[0], catalogue)
+
+
+def _metric(httpx: Any, url: str, name: str) -> float | None:
+    for line in httpx.get(url + "/metrics", timeout=5.0).text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def _ann_used(httpx: Any, url: str) -> bool:
+    return bool(_metric(httpx, url, "streamrec_serving_ann_builds_total"))
+
+
+def _overlap(httpx: Any, url: str, settings: Any, reg: Any, n_users: int, k: int = 10
+             ) -> float:
+    """Share of the exact top ``k`` in the served top ``k``, over users ``u0..``: their
+    histories read from the store the server reads, the exact ranking computed here on the
+    version the server answered with."""
+    from feature_store.store import open_store
+    from model.artifact.files import load_artifact
+    from serving.retrieval import rank_with_model
+
+    users = [f"u{i}" for i in range(n_users)]
+    served: dict[str, list[str]] = {}
+    versions = set()
+    with httpx.Client(base_url=url, timeout=30.0) as client:
+        for user in users:
+            body = client.get("/recommend", params={"user_id": user, "k": k}).json()
+            served[user] = [item["item_id"] for item in body["items"]]
+            versions.add(body["model_version"])
+    if len(versions) != 1:
+        raise RuntimeError(f"the server answered from versions {sorted(versions)}")
+    artifact = load_artifact(reg.path(versions.pop()))
+    store = open_store(settings)
+    try:
+        features = store.read_users(users)
+    finally:
+        store.close()
+    histories = [[h.item_id for h in f.history] if f else [] for f in features]
+    exact = rank_with_model(artifact, users, histories, [k] * len(users), [True] * len(users))
+    hits = sum(len({s.item_id for s in e} & set(served[u])) for u, e in zip(users, exact, strict=True))
+    return hits / (k * len(users))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -278,15 +373,28 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--swap-every", type=float, default=5.0)
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1,
                    help="streamrec serve --workers (default: one per core, as serving.workers)")
+    p.add_argument("--retrieval", default="default",
+                   help="comma-separated: default (serving.ann_min_items decides), exact, ann; "
+                   "each its own server, one after the other per item count")
+    p.add_argument("--catalogue", choices=("gaussian", "clustered"), default="gaussian",
+                   help="item vectors: isotropic gaussian (every earlier figure) or around "
+                   f"{TASTES} tastes with a popularity prior (module doc)")
+    p.add_argument("--overlap-users", type=int, default=500,
+                   help="users whose served top 10 is compared with the exact one (ANN runs)")
     p.add_argument("--json", type=Path, help="write the results here")
     a = p.parse_args(argv)
+    retrievals = a.retrieval.split(",")
+    unknown = set(retrievals) - RETRIEVALS.keys()
+    if unknown:
+        p.error(f"--retrieval: unknown {sorted(unknown)} (of {sorted(RETRIEVALS)})")
     logging.getLogger("httpx").setLevel(logging.WARNING)
     concurrencies = [int(c) for c in a.concurrency.split(",")]
     results: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="bench-serve-") as tmp:
         for n in (int(x) for x in a.items.split(",")):
-            results.extend(_run_items(n, concurrencies, a.duration, a.swap_every, Path(tmp),
-                                      a.workers))
+            for retrieval in retrievals:
+                results.extend(_run_items(n, concurrencies, a.duration, a.swap_every, Path(tmp),
+                                          a.workers, retrieval, a.catalogue, a.overlap_users))
     if a.json:
         a.json.write_text(json.dumps(results, indent=1))
         print(f"wrote {a.json}")

@@ -33,7 +33,8 @@ def create_app(deps: ServingDeps) -> FastAPI:
     """Build the serving app of one worker from ``deps`` (see :class:`ServingDeps`)."""
     wired = resolve(deps)
     state = ServingState(wired.settings, wired.store, wired.registry, wired.clock,
-                         wired.pubsub_factory, wired.metrics_dir, wired.shared_dir)
+                         wired.pubsub_factory, wired.metrics_dir, wired.shared_dir,
+                         ann_dir=wired.ann_dir)
     app = FastAPI(title="streamrec serving", lifespan=_lifespan(state, wired))
     app.add_middleware(BodyLimit, limit=wired.max_body_bytes)
     # outermost of ours: a well-formed GET /recommend skips the routing (serving.fastpath)

@@ -49,8 +49,10 @@ def _serve(args: argparse.Namespace) -> int:
     from serving.app import create_app
     from serving.deps import ServingDeps
     from serving.workers import (
+        ANN_ENV,
         MULTIPROC_ENV,
         WORKERS_ENV,
+        fresh_ann_dir,
         fresh_metrics_dir,
         run_workers,
         shared_state_dir,
@@ -71,6 +73,7 @@ def _serve(args: argparse.Namespace) -> int:
         metrics_dir = fresh_metrics_dir(settings.stack.run_dir / "metrics" / f"serving-{port}")
         os.environ[MULTIPROC_ENV] = str(metrics_dir)
         os.environ[WORKERS_ENV] = f"{port} {workers} {args.host or settings.serving.host}"
+        os.environ[ANN_ENV] = str(fresh_ann_dir(settings.stack.run_dir, port))
         if settings.serving.shared_deltas and settings.trainer.delta_every_s > 0:
             from serving.shared_state import SHARED_ENV
 
@@ -96,7 +99,7 @@ def app_factory() -> Any:
     from serving.app import create_app
     from serving.deps import ServingDeps
     from serving.shared_state import SHARED_ENV
-    from serving.workers import MULTIPROC_ENV, WORKERS_ENV, workers_balancer
+    from serving.workers import ANN_ENV, MULTIPROC_ENV, WORKERS_ENV, workers_balancer
     from streamrec.settings import load_settings
 
     settings = load_settings()
@@ -105,9 +108,10 @@ def app_factory() -> Any:
     if (settings.serving.balance_connections and os.environ.get(WORKERS_ENV)
             and Path("/proc/net/tcp").exists()):  # Linux: counted from /proc
         balancer = workers_balancer(os.environ[WORKERS_ENV])
-    shared = os.environ.get(SHARED_ENV)
+    shared, ann = os.environ.get(SHARED_ENV), os.environ.get(ANN_ENV)
     return create_app(ServingDeps(settings, metrics_dir=os.environ.get(MULTIPROC_ENV),
-                                  balancer=balancer, shared_dir=Path(shared) if shared else None))
+                                  balancer=balancer, shared_dir=Path(shared) if shared else None,
+                                  ann_dir=Path(ann) if ann else None))
 
 
 def tune_interpreter(settings: Any) -> None:

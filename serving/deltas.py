@@ -78,7 +78,8 @@ def serve_in(loader: ModelLoader, artifact: Any, clock: Callable[[], datetime]
     follower's thread, not a request's (freeing a large catalog's arrays and id map takes
     time: ``docs/decisions.md#delta-stream``)."""
     previous = loader.current
-    loader.swap(LoadedModel(artifact, artifact.manifest, clock().astimezone(UTC)), quiet=True)
+    loader.swap(LoadedModel(artifact, artifact.manifest, clock().astimezone(UTC),
+                            loader.ann_view(artifact, previous)), quiet=True)
     return previous
 
 

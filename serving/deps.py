@@ -39,7 +39,9 @@ class ServingDeps:
     (``/metrics`` then answers for all of them, see ``serving.metrics``); ``balancer`` evens
     keep-alive connections out over those workers (``serving.balance``); ``shared_dir`` is
     the folder of the host's delta composer, whose states this worker maps instead of
-    following the deltas itself (``serving.shared_state``); ``stats_file`` is the dashboard
+    following the deltas itself (``serving.shared_state``); ``ann_dir`` is the folder where
+    the workers of one server build each version's ANN index once and map it
+    (``model.scoring.ann``; None: each builds its own); ``stats_file`` is the dashboard
     collector's snapshot that ``GET /stats`` answers with (``serving.stats_file``).
     """
 
@@ -53,6 +55,7 @@ class ServingDeps:
     metrics_dir: str | None = None
     balancer: ConnectionBalancer | None = None
     shared_dir: Path | None = None
+    ann_dir: Path | None = None
     stats_file: Path | None = None
 
 
@@ -70,6 +73,7 @@ class Resolved:
     metrics_dir: str | None
     balancer: ConnectionBalancer | None
     shared_dir: Path | None
+    ann_dir: Path | None
     stats_file: Path
 
 
@@ -113,5 +117,6 @@ def resolve(deps: ServingDeps) -> Resolved:
         metrics_dir=deps.metrics_dir,
         balancer=deps.balancer,
         shared_dir=deps.shared_dir,
+        ann_dir=deps.ann_dir,
         stats_file=deps.stats_file or stats_path(settings),
     )

@@ -18,6 +18,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -25,6 +26,7 @@ import numpy as np
 from feature_store.store import OnlineStore
 from model.artifact.files import ArtifactError, ServingArtifact, load_artifact
 from model.artifact.registry import Registry, RegistryError, published_channel
+from model.scoring import ann as ann_index
 from model.scoring.topk import top_k
 from serving.errors import VersionRefused
 from serving.metrics import ServingMetrics
@@ -41,6 +43,9 @@ class LoadedModel:
     artifact: ServingArtifact
     manifest: Mapping[str, Any]
     loaded_at: datetime
+    #: The version's ANN index as it stands for this artifact (``model.scoring.ann``); None:
+    #: exact search (a catalogue below ``serving.ann_min_items``).
+    ann: ann_index.AnnView | None = None
 
     @property
     def version(self) -> str:
@@ -80,11 +85,21 @@ class ModelLoader:
         metrics: ServingMetrics,
         clock: Clock,
         poll_interval_s: float = 5.0,
+        ann_min_items: int | None = None,
+        ann: ann_index.AnnParams | None = None,
+        ann_cache: Path | None = None,
     ) -> None:
         self.registry = registry
         self.metrics = metrics
         self.clock = clock
         self.poll_interval_s = poll_interval_s
+        #: Catalogues of at least this many items are ranked through an ANN index (None:
+        #: always exactly).
+        self.ann_min_items = ann_min_items
+        self.ann = ann or ann_index.AnnParams()
+        #: The folder where the server's workers share each version's index (None: each
+        #: worker builds its own in its memory).
+        self.ann_cache = ann_cache
         self._current: LoadedModel | None = None
         self._lock = threading.Lock()
         self._refused: dict[str, tuple[int | None, str]] = {}
@@ -137,7 +152,33 @@ class ModelLoader:
         except (ValueError, FloatingPointError, MemoryError) as exc:
             self._refuse(version, stamp, "smoke", repr(exc))
             raise VersionRefused(repr(exc)) from exc
-        return LoadedModel(artifact, artifact.manifest, self.clock().astimezone(UTC))
+        return LoadedModel(artifact, artifact.manifest, self.clock().astimezone(UTC),
+                           self.ann_view(artifact, None))
+
+    def ann_view(self, artifact: ServingArtifact, previous: LoadedModel | None
+                 ) -> ann_index.AnnView | None:
+        """The ANN index of ``artifact`` when its catalogue is large enough: ``previous``'s
+        index followed when it was built for the same version (a delta's artifact), else
+        a new one (seconds at 1M items; called off the request path). None: exact search,
+        also when building fails (logged: exact search is slower, never wrong)."""
+        n = int(artifact.item_ids.shape[0])
+        if self.ann_min_items is None or n < self.ann_min_items:
+            return None
+        has_prior, cold = artifact.score_bias, artifact.cold_column()
+        try:
+            if (previous is not None and previous.ann is not None
+                    and previous.version == artifact.version):
+                view = ann_index.follow(previous.ann.index, artifact.item_vectors, has_prior,
+                                        cold)
+                if view is not None:
+                    return view
+            view = ann_index.build(artifact.item_vectors, has_prior, self.ann, cold,
+                                   self.ann_cache, artifact.version)
+        except (ImportError, RuntimeError, ValueError, MemoryError, OSError):
+            log.exception("no ANN index for %s (%d items): exact search", artifact.version, n)
+            return None
+        self.metrics.ann_builds.inc()
+        return view
 
     def swap(
         self, model: LoadedModel, only_if_current: bool = False, quiet: bool = False
@@ -154,6 +195,7 @@ class ModelLoader:
             self._refused.pop(model.version, None)
             self.metrics.swaps.inc()
             self.metrics.items.set(model.artifact.item_ids.shape[0])
+            self.metrics.ann_exact_rows.set(model.ann.exact_rows.size if model.ann else 0)
             self.metrics.served(model.created_at or model.loaded_at, model.trained_through_ms)
         log.log(logging.DEBUG if quiet else logging.INFO, "serving model version %s (was %s)",
                 model.version, previous.version if previous else None)

@@ -36,6 +36,8 @@ MODEL_SWAPS = names.SERVING_MODEL_SWAPS
 MODEL_REFUSED = names.SERVING_MODEL_REFUSED
 FALLBACKS = names.SERVING_FALLBACKS
 MODEL_ITEMS = names.SERVING_MODEL_ITEMS
+ANN_BUILDS = names.SERVING_ANN_BUILDS
+ANN_EXACT_ROWS = names.SERVING_ANN_EXACT_ROWS
 STORE_STATE = names.SERVING_STORE_STATE
 
 #: Reasons counted by ``fallbacks``.
@@ -107,6 +109,13 @@ class ServingMetrics:
         )
         self.items = Gauge(MODEL_ITEMS, "Items in the served version (largest over live "
                            "workers)", registry=r, multiprocess_mode="livemax")
+        self.ann_builds = Counter(ANN_BUILDS, "ANN indexes built (model.scoring.ann): one per "
+                                  "version of a large catalogue, and when deltas changed too "
+                                  "much of it", registry=r)
+        self.ann_exact_rows = Gauge(
+            ANN_EXACT_ROWS, "Rows every request scores exactly beside the ANN index's candidates "
+            "(changed since the index was built, the prior's top; largest over live workers; "
+            "0: exact search or none)", registry=r, multiprocess_mode="livemax")
         self.store_state = Gauge(
             STORE_STATE, "1 for the online store's current state (serving.store_health): "
             "whole, rehydrating, lost or unknown (the most recent reading of live workers)",

@@ -1,10 +1,13 @@
 """The request path: exact top-k over a version's item vectors, seen filtering, trending
 padding, fallbacks, and micro-batching of concurrent requests (:class:`Recommender`).
 
-Exact search, no ANN index: one BLAS matrix product for a batch of queries, laid out
-items-major (``item_vectors @ queries.T``, ``[N, B]``), then
+Below ``serving.ann_min_items`` items, exact search: one BLAS matrix product for a batch of
+queries, laid out items-major (``item_vectors @ queries.T``, ``[N, B]``), then
 ``model.scoring.topk.top_k_batch`` (exact block-max pruning per query). Why both, with the
-figures: ``docs/decisions.md#serving-exact-search``.
+figures: ``docs/decisions.md#serving-exact-search``. From that size on, two stages: the
+version's ANN index proposes candidates, the co-visitation rows of the histories and the rows
+the index cannot vouch for join them, and the union is ranked by the same exact score
+(``model.scoring.ann``; figures: ``docs/decisions.md#ann-retrieval``).
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ import numpy as np
 
 from feature_store.store import OnlineStore, UserFeatures
 from model.artifact.files import ServingArtifact
+from model.scoring.ann import AnnView, candidate_rows
+from model.scoring.sorted_keys import find_sorted
 from model.scoring.topk import top_k_batch
 from serving import metrics as m
 from serving.metrics import ServingMetrics
@@ -65,17 +70,32 @@ def rank_with_model(
     histories: Sequence[Sequence[str]],
     ks: Sequence[int],
     exclude_seen: Sequence[bool],
+    ann: AnnView | None = None,
 ) -> list[list[Scored]]:
     """Top ``ks[i]`` of each user by the model, in one matrix product (plus the version's
     co-visitation term, ``model.scoring.covisit``); seen items (``histories[i]``) dropped where
-    ``exclude_seen[i]``."""
-    all_scores = artifact.scores(user_ids, histories)
+    ``exclude_seen[i]``. With ``ann`` (the version's index), over the candidates of
+    :func:`model.scoring.ann.candidate_rows` only."""
     index, ids = artifact.item_index, artifact.item_ids
     excludes = [[index[i] for i in hist if i in index] if excl else []
                 for hist, excl in zip(histories, exclude_seen, strict=True)]
+    if ann is None:
+        ranked = top_k_batch(artifact.scores(user_ids, histories), ks, excludes)
+    else:
+        queries = artifact.user_vectors(user_ids, histories)
+        covisit = artifact.covisit_scores(histories) if artifact.covisit is not None else None
+        wanted = max(ann.index.params.candidates,
+                     max(ks, default=0) + max((len(e) for e in excludes), default=0))
+        rows = candidate_rows(ann, queries, wanted, [at for at, _ in covisit or ()])
+        local = []
+        for exclude in excludes:
+            pos, found = find_sorted(rows, np.asarray(exclude, np.int64))
+            local.append(pos[found].tolist())
+        ranked = [(rows[at], scores) for at, scores in top_k_batch(
+            artifact.assemble(queries, covisit, histories, rows), ks, local)]
     # one fancy index and ``tolist`` per query: Python str and float, no numpy scalars
     return [[Scored(i, v) for i, v in zip(ids[idx].tolist(), scores.tolist(), strict=True)]
-            for idx, scores in top_k_batch(all_scores, ks, excludes)]
+            for idx, scores in ranked]
 
 
 def _degraded(answer: Answer, store_ok: bool, health: StoreStatus | None) -> Answer:
@@ -236,7 +256,7 @@ class Recommender:
         try:
             ranked = rank_with_model(
                 model.artifact, [asks[i].user_id for i in todo], histories,
-                [asks[i].k for i in todo], [asks[i].exclude_seen for i in todo])
+                [asks[i].k for i in todo], [asks[i].exclude_seen for i in todo], model.ann)
         except Exception:
             log.exception("model %s failed on a batch of %d", model.version, len(todo))
             for i, hist in zip(todo, histories, strict=True):

@@ -19,6 +19,7 @@ from typing import Any
 
 from feature_store.store import OnlineStore
 from model.artifact.registry import Registry, RegistryError
+from model.scoring.ann import AnnParams
 from serving import metrics as m
 from serving import retrieval as r
 from serving.deltas import DeltaFollower
@@ -43,12 +44,17 @@ class ServingState:
         pubsub_factory: Callable[[], Any] | None,
         metrics_dir: str | None = None,
         shared_dir: Path | None = None,
+        ann_dir: Path | None = None,
     ) -> None:
         self.settings = settings
         self.clock = clock
         self.metrics = ServingMetrics(clock=clock, multiprocess_dir=metrics_dir)
         self.registry = registry
-        self.loader = ModelLoader(registry, self.metrics, clock, settings.serving.poll_interval_s)
+        sv = settings.serving
+        self.loader = ModelLoader(
+            registry, self.metrics, clock, sv.poll_interval_s, ann_min_items=sv.ann_min_items,
+            ann=AnnParams(nlist=sv.ann_lists, nprobe=sv.ann_nprobe, candidates=sv.ann_candidates,
+                          rebuild_share=sv.ann_rebuild_share), ann_cache=ann_dir)
         self.trending = TrendingCache(store, settings.features.trending_n)
         self.store_guard = r.StoreGuard(store)
         self.recommender = r.Recommender(
@@ -114,6 +120,17 @@ class ServingState:
             ),
             items=int(model.artifact.item_ids.shape[0]),
             dim=model.artifact.dim,
+            # how requests are ranked: exactly over every item, or in two stages through the
+            # ANN index (model.scoring.ann) with the rows it cannot vouch for scored exactly
+            retrieval=(
+                {"kind": "exact"} if model.ann is None else {
+                    "kind": "ann", "lists": model.ann.index.nlist,
+                    "probed": min(model.ann.index.params.nprobe, model.ann.index.nlist),
+                    "candidates": model.ann.index.params.candidates,
+                    "exact_rows": int(model.ann.exact_rows.size),
+                    "changed_since_build": model.ann.stale,
+                    "build_s": round(model.ann.index.build_s, 2)}
+            ),
         )
         return info
 

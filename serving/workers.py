@@ -92,6 +92,19 @@ def _tcp_socket(host: str) -> socket.socket:
     return sock
 
 
+#: Environment variable naming the folder where a server's workers share their ANN indexes.
+ANN_ENV = "STREAMREC_SERVING_ANN_DIR"
+
+
+def fresh_ann_dir(run_dir: Path, port: int) -> Path:
+    """The folder of one server run's ANN indexes (``model.scoring.ann``: built once, mapped
+    by every worker), emptied of an earlier run's."""
+    path = (run_dir / "ann" / f"serving-{port}").resolve()
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
 def shared_state_dir(run_dir: Path, port: int) -> Path:
     """Where the composer of the server on ``port`` writes its states for the workers
     (``serving.shared_state``): in memory (``/dev/shm``) where there is one."""

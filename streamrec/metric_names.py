@@ -67,6 +67,8 @@ SERVING_MODEL_SWAPS = "streamrec_serving_model_swaps"
 SERVING_MODEL_REFUSED = "streamrec_serving_model_refused"
 SERVING_FALLBACKS = "streamrec_serving_fallbacks"
 SERVING_MODEL_ITEMS = "streamrec_serving_model_items"
+SERVING_ANN_BUILDS = "streamrec_serving_ann_builds"
+SERVING_ANN_EXACT_ROWS = "streamrec_serving_ann_exact_rows"
 SERVING_STORE_STATE = "streamrec_serving_store_state"
 
 # -- pipeline exporter (stream/monitor.py) ----------------------------------------------------

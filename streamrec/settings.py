@@ -209,6 +209,27 @@ class ServingSettings(BaseModel):
         "ms / share of wall time and the requests in flight keep the rest of the worker "
         "(1 = no pauses).",
     )
+    ann_min_items: int | None = Field(
+        500_000, ge=1,
+        description="Catalogues of at least this many items are ranked in two stages: an "
+        "approximate nearest-neighbour index (faiss IVF-Flat, model/scoring/ann.py) proposes "
+        "candidates, which the exact served score ranks; smaller ones are scored whole. "
+        "None: always exact.",
+    )
+    ann_candidates: int = Field(
+        256, ge=1, description="Items the ANN index proposes per request (more: closer to the "
+        "exact top-k, slower).")
+    ann_nprobe: int = Field(
+        16, ge=1, description="Lists of the ANN index searched per request (more: closer to "
+        "the exact top-k, slower).")
+    ann_lists: int | None = Field(
+        None, ge=1, description="Lists of the ANN index (None: 4 * sqrt(items)); more lists "
+        "build slower and search faster at the same nprobe.")
+    ann_rebuild_share: float = Field(
+        0.2, gt=0, le=1,
+        description="Share of the catalogue that deltas may change before a worker builds a "
+        "new ANN index; until then the changed items are scored exactly on every request.",
+    )
     shared_deltas: bool = Field(
         True, description="With several workers, one composer process per server applies "
         "each delta and the workers map the state it writes (serving/shared_state.py), "

@@ -263,16 +263,25 @@ class ServingArtifact:
         8: :attr:`item_popularity`)."""
         return str(self.manifest.get("cold_start", "mix"))
 
-    def _cold(self, out: np.ndarray, histories: Sequence[Any]) -> np.ndarray:
-        """``out`` (``[N, B]`` scores) with the columns of empty histories replaced by the
-        ranking of :attr:`cold_start` when it is not the mix."""
+    def cold_column(self) -> np.ndarray | None:
+        """The ranking of an empty history when it is not the mix (:attr:`cold_start`):
+        the prior's column or all-time popularity, one score per item; None for the mix."""
         cold = self.cold_start
-        if cold != "mix":
+        if cold == "mix":
+            return None
+        column = self.item_vectors[:, -1] if cold == "prior" else self.item_popularity
+        assert column is not None  # load_artifact / servable hold it for "popular"
+        return column
+
+    def _cold(self, out: np.ndarray, histories: Sequence[Any],
+              rows: np.ndarray | None = None) -> np.ndarray:
+        """``out`` (``[N, B]`` scores, or of ``rows`` only) with the columns of empty
+        histories replaced by the ranking of :attr:`cold_start` when it is not the mix."""
+        column = self.cold_column()
+        if column is not None:
             empty = [col for col, h in enumerate(histories) if len(h) == 0]
             if empty:
-                column = self.item_vectors[:, -1] if cold == "prior" else self.item_popularity
-                assert column is not None  # load_artifact / servable hold it for "popular"
-                out[:, empty] = column[:, None]
+                out[:, empty] = (column if rows is None else column[rows])[:, None]
         return out
 
     def covisit_scores(
@@ -324,15 +333,19 @@ class ServingArtifact:
         cols = (codes & LOW32).astype(np.int64)
         return [(cols[a:b], added[a:b]) for a, b in zip(cuts[:-1], cuts[1:], strict=True)]
 
-    def scores(self, user_ids: Sequence[str], histories: Sequence[Sequence[str]]) -> np.ndarray:
+    def scores(
+        self, user_ids: Sequence[str], histories: Sequence[Sequence[str]],
+        rows: np.ndarray | None = None, queries: np.ndarray | None = None,
+    ) -> np.ndarray:
         """The served score of every item for each user, ``[N, B]`` (items-major, as
         ``serving.retrieval`` ranks it): the towers and the prior in one matrix product,
-        plus the co-visitation term."""
-        out = self.item_vectors @ self.user_vectors(user_ids, histories).T
-        if self.covisit is not None:
-            for col, (rows, added) in enumerate(self.covisit_scores(histories)):
-                out[rows, col] += added
-        return self._cold(out, histories)
+        plus the co-visitation term. ``rows`` (sorted, distinct): only those items,
+        ``[len(rows), B]`` (two-stage retrieval, ``model.scoring.ann``); ``queries``: the
+        users' vectors when the caller has them (:meth:`user_vectors`)."""
+        if queries is None:
+            queries = self.user_vectors(user_ids, histories)
+        covisit = self.covisit_scores(histories) if self.covisit is not None else None
+        return self.assemble(queries, covisit, histories, rows)
 
     def scores_of_keys(
         self, user_keys: np.ndarray, histories: Sequence[np.ndarray],
@@ -341,11 +354,28 @@ class ServingArtifact:
         """:meth:`scores` of users given by key, their histories as item keys and as item rows
         of this version (-1: not one of its items), most recent first: the trainer scores its
         rows (keys only) as serving would."""
-        out = self.item_vectors @ self.user_vectors_of_keys(user_keys, histories).T
-        if self.covisit is not None:
-            for col, (rows, added) in enumerate(self.covisit_scores_of_rows(history_rows)):
-                out[rows, col] += added
-        return self._cold(out, histories)
+        covisit = (self.covisit_scores_of_rows(history_rows) if self.covisit is not None
+                   else None)
+        return self.assemble(self.user_vectors_of_keys(user_keys, histories), covisit,
+                             histories, None)
+
+    def assemble(
+        self, queries: np.ndarray, covisit: list[tuple[np.ndarray, np.ndarray]] | None,
+        histories: Sequence[Any], rows: np.ndarray | None,
+    ) -> np.ndarray:
+        """The score put together from its parts, over every item or ``rows`` only (sorted,
+        distinct): the users' vectors (:meth:`user_vectors`), the co-visitation term
+        (:meth:`covisit_scores`, None without one) and the cold start of empty histories."""
+        vectors = self.item_vectors if rows is None else self.item_vectors[rows]
+        out = vectors @ queries.T
+        if covisit is not None:
+            for col, (at, added) in enumerate(covisit):
+                if rows is None:
+                    out[at, col] += added
+                else:
+                    pos, found = find_sorted(rows, at)
+                    out[pos[found], col] += added[found]
+        return self._cold(out, histories, rows)
 
     @property
     def version(self) -> str:

@@ -4,6 +4,8 @@
 * ``prior`` — the popularity prior folded into the dot product.
 * ``covisit`` — the item co-visitation term and its streaming state.
 * ``topk`` — exact top-k selection: serving's pruned search and the evaluation's ranking.
+* ``ann`` — candidates for large catalogues: an IVF-Flat index (faiss) over a version's item
+  vectors, followed through the version's deltas; the union ranked by the exact score.
 * ``attention`` — the attention user tower in numpy (the served twin of the TF one).
 * ``mixer`` — the learned weights of the score's parts.
 * ``cold`` — what a row with no history is ranked by: the mix or the prior alone.

@@ -8,8 +8,10 @@ figures and serving's answers depend on them):
 * :func:`top_k_batch` / :func:`top_k` — items-major ``[N, B]`` scores with exclusions:
   serving's request path over up to ~100k items. An exact block-max pruning per column (the
   ``k`` blocks of :data:`BLOCK` rows with the largest maxima hold the top ``k``), then
-  ``argpartition`` over the few candidates. Exact search is cheap next to the matrix product,
-  so there is no ANN index (figures: ``docs/decisions.md#serving-exact-search``).
+  ``argpartition`` over the few candidates. Exact search is cheap next to the matrix product
+  (figures: ``docs/decisions.md#serving-exact-search``); catalogues of ``serving.ann_min_items``
+  items and more are ranked over an ANN index's candidates (``model.scoring.ann``), by the
+  same function.
 """
 
 from __future__ import annotations

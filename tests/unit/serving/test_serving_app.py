@@ -442,3 +442,29 @@ def test_model_items_says_whether_the_served_catalog_holds_an_item(env) -> None:
         assert known == {"item_id": "i3", "in_catalog": True, "version": "v1", "delta_seq": None}
         assert client.get("/model/items/i20").json()["in_catalog"] is False
         assert "delta" in client.get("/model").json()  # deltas on by default (not followed here)
+
+
+def test_a_catalogue_past_the_ann_threshold_ranks_through_the_index(tmp_path: Path) -> None:
+    # every list probed: the two stages must answer what brute force does
+    settings = load_settings(trainer={"registry_dir": tmp_path, "model_name": "tt"},
+                             serving={"ann_min_items": 150, "ann_nprobe": 1_000,
+                                      "ann_candidates": 20})
+    store = MemoryStore()
+    store.write_batch(users=[user("alice", ["i1", "i2", "i3"])])
+    reg = Registry(tmp_path, "tt")
+    app = create_app(ServingDeps(settings, store, clock=lambda: NOW, registry=reg, watch=False))
+    publish(reg, "v1", n=400)
+    with TestClient(app) as client:
+        body = get(client, user_id="alice", k=10)
+        assert body["source"] == "model" and body["model_version"] == "v1"
+        art = load_artifact(reg.path("v1"))
+        scores = art.item_vectors @ art.user_vectors(["alice"], [["i1", "i2", "i3"]])[0]
+        expected = [f"i{i}" for i in np.argsort(-scores).tolist() if i not in (1, 2, 3)][:10]
+        assert [i["item_id"] for i in body["items"]] == expected
+        retrieval = client.get("/model").json()["retrieval"]
+        assert retrieval["kind"] == "ann" and retrieval["probed"] == retrieval["lists"]
+        assert 'streamrec_serving_ann_builds_total 1.0' in client.get("/metrics").text
+        publish(reg, "v2", n=100, seed=1)  # below the threshold: exact search
+        app.state.serving.loader.check()
+        assert get(client, user_id="alice")["model_version"] == "v2"
+        assert client.get("/model").json()["retrieval"] == {"kind": "exact"}

@@ -156,3 +156,37 @@ def test_a_resync_tells_the_poll_loop_to_drop_the_rest_of_its_records(
     assert follower.handle(seeks, 12, records[3]) is True  # gap: sought back
     assert follower.handle(seeks, 12, records[3]) is False  # the same gap again: no loop
     assert follower.state is not None and follower.state.seq == 0
+
+
+def test_deltas_follow_the_versions_ann_index_and_rank_as_exact_search(
+    records: list[bytes], tmp_path: Path
+) -> None:
+    from model.scoring.ann import AnnParams
+    from serving.retrieval import rank_with_model
+
+    registry = Registry(tmp_path, "m")
+    metrics = ServingMetrics(clock=lambda: NOW)
+    # every item is a candidate (all lists probed): the two stages must rank as exact search
+    loader = ModelLoader(registry, metrics, lambda: NOW, ann_min_items=1,
+                         ann=AnnParams(nprobe=10_000, candidates=10_000, rebuild_share=1.0))
+    follower = DeltaFollower(loader, registry, load_settings().kafka, lambda: NOW)
+    _publish(registry, "v1", records[0])
+    for offset, record in enumerate(records[1:4], start=10):
+        follower.handle(Seeks(), offset, record)
+        served = loader.current
+        assert served is not None and served.ann is not None
+        art = served.artifact
+        ids = art.item_ids.tolist()
+        users = ["u0", "u1", "stranger"]
+        histories = [ids[:3], ids[-2:], []]
+        exact = rank_with_model(art, users, histories, [10, 10, 10], [True, False, True])
+        two_stage = rank_with_model(art, users, histories, [10, 10, 10], [True, False, True],
+                                    served.ann)
+        assert [[s.item_id for s in r] for r in two_stage] == [[s.item_id for s in r]
+                                                               for r in exact]
+    assert follower.state is not None and follower.state.seq == 3
+    # one index for the version (its first delta's state), followed by the next deltas
+    builds = metrics.ann_builds._value.get()
+    assert builds == 1, builds
+    assert loader.current is not None and loader.current.ann is not None
+    assert loader.current.ann.stale > 0  # the deltas trained items: scored exactly
