@@ -190,6 +190,17 @@ def register(sub: Any) -> None:
         "model.evaluation.served); reported as served-CODEC with the change against "
         "served-float32 (added when missing)",
     )
+    r = p.add_argument_group("retrieval (serving's two stages; model.scoring.ann)")
+    r.add_argument(
+        "--retrieval", choices=("exact", "ann"), default="exact",
+        help="ann: rank each event over what serving's ANN index would let it score (the "
+        "index's candidates, the rows changed since it was built, the prior's and the cold "
+        "start's top, the history's co-visitation rows), as serving ranks catalogues of "
+        "serving.ann_min_items items; exact: every candidate (learned mix only)")
+    r.add_argument("--ann-candidates", type=int, default=None,
+                   help="default: serving.ann_candidates")
+    r.add_argument("--ann-nprobe", type=int, default=None, help="default: serving.ann_nprobe")
+    r.add_argument("--ann-lists", type=int, default=None, help="default: serving.ann_lists")
     c = p.add_argument_group("cluster (model/cluster; default: one process)")
     c.add_argument("--ps", type=int, default=0, help="train on N parameter servers (with --workers)")
     c.add_argument("--workers", type=int, default=0, help="workers of the cluster (with --ps)")
@@ -242,11 +253,17 @@ def _handle(args: argparse.Namespace) -> int:
     doc["exclude"] = args.exclude
     doc["config"] = run_config(args, settings)
     doc["score_weights"] = args.score_weights
+    if args.retrieval == "ann":
+        # how much of the catalogue the two stages scored per event (the rest: left out)
+        doc["retrieval_share"] = round(args.retrieval_share, 4)
     if args.codecs:
         doc["row_codecs"] = _codec_figures(doc, args)
     print(table(doc))
     print("score weights (" + doc["config"]["mix"] + "): "
           + ", ".join(f"{k} {v:.3f}" for k, v in args.score_weights.items()))
+    if args.retrieval == "ann":
+        print(f"retrieval ann: each event ranked over {100 * args.retrieval_share:.1f}% of the "
+              "items the model has a row for, on average")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(doc, indent=2))
@@ -359,6 +376,8 @@ def _run_in(args: argparse.Namespace, settings: Any, stream: Any, stack: Any) ->
         tag="eval",
     )
     args.codecs = _codecs(args.row_codec)
+    if args.retrieval == "ann" and cfg["mix"] != "learned":
+        raise SystemExit("evaluate: --retrieval ann ranks the learned mix (--mix learned)")
     served: list[Learner] = []
     if args.codecs:
         from model.evaluation.served import ServedLearner, ServedRows
@@ -366,7 +385,7 @@ def _run_in(args: argparse.Namespace, settings: Any, stream: Any, stack: Any) ->
         rows = ServedRows(trainer, stream.item_ids, args.codecs)
         served = [ServedLearner(rows, c, stream.item_index) for c in args.codecs]
     model = TwoTowerLearner(trainer, trainer.config.window, cfg["epochs"]).bind(
-        stream.item_ids, lambda pos: stream.excluded(pos, args.exclude)
+        stream.item_ids, lambda pos: stream.excluded(pos, args.exclude), _ann_params(args)
     )
     # the towers alone, from the same rows' parts (learned mix only: the fixed mix has none)
     parts: list[Learner] = [PartLearner(model, "tower")] if cfg["mix"] == "learned" else []
@@ -408,6 +427,7 @@ def _run_in(args: argparse.Namespace, settings: Any, stream: Any, stack: Any) ->
     try:
         result = evaluate(stream, learners, options, progress)
         args.score_weights = trainer.mixer.as_dict()
+        args.retrieval_share = model.retrieval_share
         if args.codecs:
             args.codec_bytes, args.codec_deltas = rows.bytes, rows.deltas
         return result
@@ -426,3 +446,19 @@ def _cluster(stack: Any, settings: Any, ps: int, workers: int, wire: str, config
         local_trainer(settings, ps, workers, config, options, wire_dtype=wire, tag=tag,
                       log_dir=log_dir)
     )
+
+
+def _ann_params(args: argparse.Namespace) -> Any:
+    """``AnnParams`` of ``--retrieval ann`` (serving's settings where a flag is not given),
+    or None for exact ranking."""
+    if args.retrieval != "ann":
+        return None
+    from model.scoring.ann import AnnParams
+    from streamrec.settings import load_settings
+
+    sv = load_settings().serving
+    return AnnParams(
+        nlist=args.ann_lists if args.ann_lists is not None else sv.ann_lists,
+        nprobe=args.ann_nprobe if args.ann_nprobe is not None else sv.ann_nprobe,
+        candidates=args.ann_candidates if args.ann_candidates is not None else sv.ann_candidates,
+        rebuild_share=sv.ann_rebuild_share)

@@ -25,6 +25,7 @@ def run_config(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
         "pool_residual": _default(args.pool_residual, "pool_residual"),
         "covisit_weight": _default(args.covisit_weight, "covisit_weight"),
         "mix": _default(args.mix, "mix"),
+        "retrieval": getattr(args, "retrieval", "exact"),
         "mix_lr": _default(args.mix_lr, "mix_lr"),
         "covisit_window": _default(args.covisit_window, "covisit_window"),
         "covisit_decay": _default(args.covisit_decay, "covisit_decay"),

@@ -114,14 +114,22 @@ class TwoTowerLearner:
         #: The last scored batch, its parts by name (``[B, n]`` over the model's columns),
         #: those columns and the number of candidates.
         self._parts: tuple[Sequence[Positive], dict[str, np.ndarray], np.ndarray, int] | None = None
+        #: Two-stage ranking as serving's (``model.scoring.ann``; None: every candidate).
+        self.ann: Any = None
+        self._view: Any = None
+        self._ann_scored = [0.0, 0]  # share of the model's columns scored, summed; rows
 
     def bind(
-        self, item_ids: list[str], excluded: Callable[[Positive], np.ndarray] | None = None
+        self, item_ids: list[str], excluded: Callable[[Positive], np.ndarray] | None = None,
+        ann: Any = None,
     ) -> TwoTowerLearner:
         """The stream's candidate list (index -> item id) and the items each event's ranking
-        leaves out (:meth:`EvalStream.excluded`), which the learned mix leaves out too."""
+        leaves out (:meth:`EvalStream.excluded`), which the learned mix leaves out too.
+        ``ann`` (``model.scoring.ann.AnnParams``, learned mix only): each event is ranked
+        over what serving's two stages would score for it, not over every candidate."""
         self._item_ids = item_ids
         self._excluded = excluded
+        self.ann = ann
         return self
 
     def _batch(self, batch: Sequence[Positive]) -> Any:
@@ -165,10 +173,8 @@ class TwoTowerLearner:
         rows (test, then train), over the candidates the ranking keeps."""
         trainer = self.trainer
         trainer.wait_evaluation()
-        parts = trainer.score_parts(
-            trainer.tower_users(train_batch.user_keys, train_batch.history),
-            tower, log_q, train_batch.history, keys,
-        )
+        users = trainer.tower_users(train_batch.user_keys, train_batch.history)
+        parts = trainer.score_parts(users, tower, log_q, train_batch.history, keys)
         mixed = trainer.mixer.score(parts)
         at = np.full(out.shape[1], -1, np.int64)
         at[cols] = np.arange(cols.size)
@@ -183,11 +189,61 @@ class TwoTowerLearner:
         # ranking's hits are counted over the items the ranking keeps (-inf: left out)
         cold, alone = trainer.cold_rows(train_batch.history, parts, keys)
         trainer.cold.rank(mixed, cold, alone, target[cold], kept=np.isfinite(learn[0][cold]))
+        if self.ann is not None:
+            mixed = np.where(self._retrieved(batch, users, tower, log_q, parts, keys, cols,
+                                             out.shape[1]), mixed, -np.inf)
         out[:, cols] = mixed
         self._parts = (batch, dict(zip(trainer.mixer.names, parts, strict=True)), cols,
                        out.shape[1])
         trainer.learn_mix(learn, target)
         return out
+
+    def _retrieved(
+        self, batch: Sequence[Positive], users: np.ndarray, tower: np.ndarray,
+        log_q: np.ndarray | None, parts: list[np.ndarray], keys: np.ndarray, cols: np.ndarray,
+        n_candidates: int,
+    ) -> np.ndarray:
+        """``[B, len(cols)]`` bool: what serving's two stages score for each row — the
+        index's candidates over the served vectors (laid out by candidate column, so a row
+        stays one item from batch to batch; the index followed as serving follows deltas,
+        rebuilt when too much changed), the rows it cannot vouch for, the co-visitation
+        rows of the row's history and the top of the cold-start rankings."""
+        from model.scoring.ann import allowed, build, follow
+
+        trainer = self.trainer
+        names, weights = trainer.mixer.names, trainer.mixer.weights
+        has_prior = "prior" in names and log_q is not None
+        served = tower * weights[names.index("tower")]
+        queries = users
+        if has_prior:
+            assert log_q is not None
+            served = np.concatenate(
+                [served, (weights[names.index("prior")] * log_q)[:, None]], axis=1)
+            queries = np.concatenate([users, np.ones((len(users), 1), users.dtype)], axis=1)
+        vectors = np.zeros((n_candidates, served.shape[1]), np.float32)
+        vectors[cols] = served
+        popular = np.full(n_candidates, -np.inf)
+        popular[cols] = trainer.cold.counts.scores(keys)
+        view = None if self._view is None else follow(self._view.index, vectors, has_prior,
+                                                      popular)
+        if view is None:
+            view = build(vectors, has_prior, self.ann, popular)
+        self._view = view
+        most = max((self._excluded(p).size for p in batch), default=0) if self._excluded else 0
+        ok = allowed(view, queries, self.ann.candidates + most, n_candidates)[:, cols]
+        for name in ("covisit", "covisit_last"):
+            if name in names:
+                ok |= np.asarray(parts[names.index(name)]) > 0
+        self._ann_scored[0] += float(ok.mean(axis=1).sum())
+        self._ann_scored[1] += len(ok)
+        return ok
+
+    @property
+    def retrieval_share(self) -> float:
+        """Mean share of the model's candidates the two stages let a row rank (1 without
+        ``ann``)."""
+        total, rows = self._ann_scored
+        return total / rows if rows else 1.0
 
     def part_scores(self, batch: Sequence[Positive], part: str) -> np.ndarray:
         """``[B, n_candidates]`` scores of one part of the learned mix on ``batch``, the batch

@@ -148,8 +148,9 @@ class AnnIndex:
         index.nprobe = min(params.nprobe, self.nlist)
         self.faiss_index = index
         self.build_s = time.perf_counter() - started
-        log.info("built an ANN index over %d items (%d lists, %d probed) in %.1f s",
-                 n, self.nlist, index.nprobe, self.build_s)
+        log.log(logging.INFO if self.build_s >= 1.0 else logging.DEBUG,
+                "built an ANN index over %d items (%d lists, %d probed) in %.1f s",
+                n, self.nlist, index.nprobe, self.build_s)
 
     @classmethod
     def shared(cls, vectors: np.ndarray, params: AnnParams, cache: Path, name: str
@@ -261,11 +262,12 @@ def follow(index: AnnIndex, vectors: np.ndarray, has_prior: bool,
     vv = np.einsum("ij,ij->i", v, v, dtype=np.float64)
     ratio = bv / np.maximum(bb, 1e-30)
     # a row the delta did not rewrite is the base's row times the one scale: the median
-    # ratio, its residual from that direction 0
-    scale = float(np.median(ratio)) if n0 else 1.0
+    # ratio, its residual from that direction 0 (zero rows: items without a row, both times)
+    some = bb > 0
+    scale = float(np.median(ratio[some])) if some.any() else 1.0
     resid = np.maximum(vv - ratio * bv, 0.0)  # |v - ratio b|^2
-    stale = ((np.abs(ratio - scale) > STALE_TOLERANCE * max(abs(scale), 1e-30))
-             | (resid > STALE_TOLERANCE ** 2 * np.maximum(vv, 1e-30)))
+    stale = np.where(some, (np.abs(ratio - scale) > STALE_TOLERANCE * max(abs(scale), 1e-30))
+                     | (resid > STALE_TOLERANCE ** 2 * np.maximum(vv, 1e-30)), vv > 0)
     changed = int(stale.sum()) + (n - n0)
     if changed > index.params.rebuild_share * n or not scale > 0:
         return None
@@ -319,6 +321,18 @@ def build(vectors: np.ndarray, has_prior: bool, params: AnnParams,
     view = follow(index, vectors, has_prior, cold_column)
     assert view is not None  # the base follows itself
     return view
+
+
+def allowed(view: AnnView, queries: np.ndarray, k: int, n: int) -> np.ndarray:
+    """``[B, n]`` bool: per query, the rows the index proposes (``k``) and the view's exact
+    rows, over a catalogue of ``n`` rows: what the two stages let one request rank (without
+    its history's co-visitation rows, which the caller adds)."""
+    proposed = view.candidates(queries, k)
+    out = np.zeros((len(queries), n), bool)
+    row, col = np.nonzero((proposed >= 0) & (proposed < n))
+    out[row, proposed[row, col]] = True
+    out[:, view.exact_rows[view.exact_rows < n]] = True
+    return out
 
 
 def candidate_rows(view: AnnView, queries: np.ndarray, k: int,

@@ -115,3 +115,23 @@ def test_towers_alone_against_popularity(tmp_path: Path) -> None:
     assert _ratio(doc) >= MIN_TOWERS_RATIO, doc["config"]
     cooc = doc["baselines"]["cooccurrence"]["recall@10"]
     assert doc["recall@10"] >= MIN_TOWERS_COOC_RATIO * cooc, doc["config"]
+
+
+@pytest.mark.timeout(900)
+def test_ranking_through_the_ann_index_keeps_the_exact_figures(
+    report: dict[str, Any], tmp_path: Path
+) -> None:
+    """``--retrieval ann``: each event ranked over what serving's two stages would score (one
+    list of the index's probed, a quarter of the usual candidates, so the index leaves most
+    items out); Recall@10 within 2% of ranking every candidate (measured: equal at the
+    serving defaults)."""
+    if not RATINGS.is_file():
+        pytest.skip(f"{RATINGS} is not there")
+    out = tmp_path / "ann.json"
+    argv = ["evaluate", str(RATINGS), "--format", "movielens", "--retrieval", "ann",
+            "--ann-nprobe", "1", "--ann-candidates", "64", "--json", str(out)]
+    assert main(argv) == 0
+    doc = json.loads(out.read_text())
+    assert doc["config"]["retrieval"] == "ann"
+    assert 0.0 < doc["retrieval_share"] < 0.9, doc["retrieval_share"]
+    assert doc["recall@10"] >= 0.98 * report["recall@10"], (doc["recall@10"], report["recall@10"])

@@ -15,6 +15,7 @@ from model.scoring.ann import (
     AnnIndex,
     AnnParams,
     AnnView,
+    allowed,
     build,
     candidate_rows,
     follow,
@@ -189,3 +190,18 @@ def test_a_cached_index_is_built_once_and_mapped_by_every_process(
     left = sorted(p.name.split("-")[0] for p in (tmp_path / "ann").glob("*.faiss"))
     assert len(left) == ann.CACHE_KEEP and "v1" not in left
     assert len(list((tmp_path / "ann").glob("*.npy"))) == ann.CACHE_KEEP
+
+
+def test_rows_without_a_vector_are_not_changes_until_they_get_one() -> None:
+    v = _vectors(2_000)
+    v[100:600] = 0.0  # candidates the model has no row for yet
+    index = AnnIndex(v, AnnParams(nlist=10, rebuild_share=0.1))
+    later = v * np.float32(0.5)
+    view = follow(index, later, has_prior=True)
+    assert view is not None and view.stale == 0 and view.tower_scale == pytest.approx(0.5)
+    later[100:110] = _vectors(10, seed=3)  # ten of them got a row
+    view = follow(index, later, has_prior=True)
+    assert view is not None and view.stale == 10
+    assert set(range(100, 110)) <= set(view.exact_rows.tolist())
+    ok = allowed(view, np.ones((2, D + 1), np.float32), 5, 2_000)
+    assert ok.shape == (2, 2_000) and ok[:, 100:110].all() and (ok.sum(axis=1) >= 10 + 5).all()
