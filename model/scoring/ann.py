@@ -237,6 +237,33 @@ class AnnView:
         return self.index.search(q, k)
 
 
+#: Rows of the sample the scales are measured on.
+SAMPLE_ROWS = 4096
+#: Random directions a row's change is measured along (:func:`_changed`).
+PROBES = 2
+
+
+def _changed(base: np.ndarray, vectors: np.ndarray, cols: slice, scale: np.float32
+             ) -> np.ndarray:
+    """Per row of ``base``: whether ``vectors``' row differs from ``scale`` times it, along
+    :data:`PROBES` fixed random directions of ``cols`` (two matrix products, not a pass per
+    component: a rewritten row keeps its projections on both only by chance), by more than
+    :data:`STALE_TOLERANCE` of the projections' size (plus their mean size)."""
+    n0, d = base.shape
+    probes = np.zeros((d, PROBES), np.float32)
+    probes[cols] = np.random.default_rng(0).normal(size=(len(range(d)[cols]), PROBES))
+    now = vectors[:n0] @ probes
+    then = base @ probes
+    then *= scale
+    size = np.abs(now) + np.abs(then)
+    # a projection near 0 is the difference of large terms: its rounding is relative to the
+    # rows' typical projection, not to itself
+    size += size.mean(axis=0)
+    now -= then
+    np.abs(now, out=now)
+    return (now > STALE_TOLERANCE * size).any(axis=1)
+
+
 def _top_rows(column: np.ndarray, k: int) -> np.ndarray:
     if column.size <= k:
         return np.arange(column.size, dtype=np.int64)
@@ -254,27 +281,27 @@ def follow(index: AnnIndex, vectors: np.ndarray, has_prior: bool,
     n0, n = base.shape[0], vectors.shape[0]
     if n < n0 or vectors.shape[1] != base.shape[1]:
         return None
-    head = vectors[:n0]
     t = slice(0, base.shape[1] - 1) if has_prior else slice(None)
-    b, v = base[:, t], head[:, t]
-    bb = np.einsum("ij,ij->i", b, b, dtype=np.float64)
-    bv = np.einsum("ij,ij->i", b, v, dtype=np.float64)
-    vv = np.einsum("ij,ij->i", v, v, dtype=np.float64)
-    ratio = bv / np.maximum(bb, 1e-30)
-    # a row the delta did not rewrite is the base's row times the one scale: the median
-    # ratio, its residual from that direction 0 (zero rows: items without a row, both times)
+    # a row the deltas did not rewrite is the base's row times the one scale: the median
+    # ratio over a sample of the rows, then every row against the base's times it (zero
+    # rows, items without a vector, are zero both times)
+    sample = np.arange(0, n0, max(1, n0 // SAMPLE_ROWS))
+    b = np.asarray(base[sample, t], np.float64)
+    v = np.asarray(vectors[sample, t], np.float64)
+    bb = np.einsum("ij,ij->i", b, b)
     some = bb > 0
-    scale = float(np.median(ratio[some])) if some.any() else 1.0
-    resid = np.maximum(vv - ratio * bv, 0.0)  # |v - ratio b|^2
-    stale = np.where(some, (np.abs(ratio - scale) > STALE_TOLERANCE * max(abs(scale), 1e-30))
-                     | (resid > STALE_TOLERANCE ** 2 * np.maximum(vv, 1e-30)), vv > 0)
+    scale = float(np.median(np.einsum("ij,ij->i", b, v)[some] / bb[some])) if some.any() else 1.0
+    if not scale > 0:
+        return None
+    stale = _changed(base, vectors, t, np.float32(scale))
     changed = int(stale.sum()) + (n - n0)
-    if changed > index.params.rebuild_share * n or not scale > 0:
+    if changed > index.params.rebuild_share * n:
         return None
     prior_scale = 1.0
     if has_prior:
-        keep = ~stale
-        x, y = base[keep, -1].astype(np.float64), head[keep, -1].astype(np.float64)
+        keep = ~stale[sample]
+        x = np.asarray(base[sample[keep], -1], np.float64)
+        y = np.asarray(vectors[sample[keep], -1], np.float64)
         var = float(x.var()) if x.size else 0.0
         if var > 0:
             prior_scale = float(((x - x.mean()) * (y - y.mean())).mean() / var)
