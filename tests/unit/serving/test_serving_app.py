@@ -144,19 +144,24 @@ def test_a_long_quality_guard_hold_degrades_health_but_not_liveness(env) -> None
         assert client.get("/health").json()["status"] == "ready"
 
 
+def brute_force_top(reg: Registry, version: str, exclude_seen: bool, k: int = 10) -> list[str]:
+    """Alice's top ``k`` by a brute-force product over ``version``'s items (her history
+    i1, i2, i3 left out with ``exclude_seen``)."""
+    art = load_artifact(reg.path(version))
+    scores = art.item_vectors @ art.user_vectors(["alice"], [["i1", "i2", "i3"]])[0]
+    seen = (1, 2, 3) if exclude_seen else ()
+    return [f"i{i}" for i in np.argsort(-scores).tolist() if i not in seen][:k]
+
+
 def test_model_ranking_matches_brute_force_without_seen(env) -> None:
     app, _, reg = env
     publish(reg, "v1")
     with TestClient(app) as client:
         body = get(client, user_id="alice", k=10)
         assert body["source"] == "model" and body["model_version"] == "v1"
-        art = load_artifact(reg.path("v1"))
-        scores = art.item_vectors @ art.user_vectors(["alice"], [["i1", "i2", "i3"]])[0]
-        expected = [f"i{i}" for i in np.argsort(-scores).tolist() if i not in (1, 2, 3)][:10]
-        assert [i["item_id"] for i in body["items"]] == expected
+        assert [i["item_id"] for i in body["items"]] == brute_force_top(reg, "v1", True)
         with_seen = get(client, user_id="alice", k=10, exclude_seen="false")
-        assert [i["item_id"] for i in with_seen["items"]] == [
-            f"i{i}" for i in np.argsort(-scores)[:10].tolist()]
+        assert [i["item_id"] for i in with_seen["items"]] == brute_force_top(reg, "v1", False)
 
 
 def test_a_user_nobody_knows_gets_the_models_cold_answer(env) -> None:
@@ -457,10 +462,7 @@ def test_a_catalogue_past_the_ann_threshold_ranks_through_the_index(tmp_path: Pa
     with TestClient(app) as client:
         body = get(client, user_id="alice", k=10)
         assert body["source"] == "model" and body["model_version"] == "v1"
-        art = load_artifact(reg.path("v1"))
-        scores = art.item_vectors @ art.user_vectors(["alice"], [["i1", "i2", "i3"]])[0]
-        expected = [f"i{i}" for i in np.argsort(-scores).tolist() if i not in (1, 2, 3)][:10]
-        assert [i["item_id"] for i in body["items"]] == expected
+        assert [i["item_id"] for i in body["items"]] == brute_force_top(reg, "v1", True)
         retrieval = client.get("/model").json()["retrieval"]
         assert retrieval["kind"] == "ann" and retrieval["probed"] == retrieval["lists"]
         assert 'streamrec_serving_ann_builds_total 1.0' in client.get("/metrics").text
