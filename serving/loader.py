@@ -136,7 +136,8 @@ class ModelLoader:
         """Load, verify and smoke-test ``version`` without serving it; refusals are recorded."""
         stamp = self._stamp(version)
         try:
-            artifact = load_artifact(self.registry.path(version))
+            artifact = load_artifact(self.registry.path(version),
+                                     map_vectors_from=self.ann_min_items)
             if artifact.version != version:
                 raise VersionRefused(f"manifest names {artifact.version!r}")
             smoke_check(artifact)

@@ -443,8 +443,13 @@ class ServingArtifact:
         return np.ascontiguousarray(x, dtype=np.float32)
 
 
-def load_artifact(directory: str | Path, *, verify: bool = True) -> ServingArtifact:
-    """Load a version directory, verifying every file's size, sha256, shape and dtype."""
+def load_artifact(directory: str | Path, *, verify: bool = True,
+                  map_vectors_from: int | None = None) -> ServingArtifact:
+    """Load a version directory, verifying every file's size, sha256, shape and dtype.
+    ``map_vectors_from``: a catalogue of at least this many items keeps its item vectors
+    mapped from the file (shared by every process that loads the version) instead of copied
+    into this process's memory: where requests rank through an ANN index
+    (``serving.ann_min_items``) no request scans the whole table."""
     path = Path(directory)
     manifest = read_manifest(path)
     files = manifest["files"]
@@ -473,8 +478,11 @@ def load_artifact(directory: str | Path, *, verify: bool = True) -> ServingArtif
     ids = arrays["item_ids.npy"]
     # the one table every request scans whole: in the process's own memory (the kernel backs
     # it with huge pages, a file mapping with 4 kB ones: at 1M items a mapped table served 8%
-    # fewer requests/s); the other arrays stay mapped and shared (``load_npy``)
-    vectors = np.array(arrays["item_vectors.npy"])
+    # fewer requests/s), unless requests rank through an ANN index (``map_vectors_from``);
+    # the other arrays stay mapped and shared (``load_npy``)
+    vectors = arrays["item_vectors.npy"]
+    if map_vectors_from is None or ids.shape[0] < map_vectors_from:
+        vectors = np.array(vectors)
     vectors.setflags(write=False)
     if vectors.ndim != 2 or vectors.shape[0] != ids.shape[0] or not np.isfinite(vectors).all():
         raise ArtifactError(f"{path}: item vectors are malformed or not finite")

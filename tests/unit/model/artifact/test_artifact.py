@@ -89,6 +89,12 @@ def test_arrays_are_mapped_from_their_files_read_only(tmp_path: Path) -> None:
     assert not isinstance(art.item_vectors, np.memmap) and not art.item_vectors.flags.writeable
     with pytest.raises(ValueError):
         art.item_vectors[0, 0] = 1.0
+    # a catalogue ranked through an ANN index scans no table whole: its vectors stay shared
+    n = art.item_ids.shape[0]
+    for threshold, mapped in ((n, True), (n + 1, False), (None, False)):
+        vectors = load_artifact(tmp_path / "a", map_vectors_from=threshold).item_vectors
+        assert isinstance(vectors, np.memmap) == mapped and not vectors.flags.writeable
+        np.testing.assert_array_equal(vectors, art.item_vectors)
     make(tmp_path / "b", user_keys=np.zeros(0, np.int64), user_rows=np.zeros((0, 6)))
     empty = load_artifact(tmp_path / "b")
     assert empty.user_keys.size == 0 and empty.known_users(["u0"]).tolist() == [False]
