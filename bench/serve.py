@@ -261,8 +261,7 @@ def _run_items(n_items: int, concurrencies: list[int], duration: float, swap_eve
         url = f"http://127.0.0.1:{sport}"
         wait_until(lambda: http_ok(url + "/health"), 300, "serve /health")
         # every worker serving (each loads the version, and builds its index, itself)
-        wait_until(lambda: (_metric(httpx, url, "streamrec_serving_model_swaps_total") or 0)
-                   >= workers, 600, "every worker serving a model")
+        wait_until(lambda: _swaps(httpx, url) >= workers, 600, "every worker serving a model")
         ann = _ann_used(httpx, url)
         overlap = _overlap(httpx, url, settings, reg, overlap_users) if ann else None
         if overlap is not None:
@@ -306,10 +305,7 @@ def _run_items(n_items: int, concurrencies: list[int], duration: float, swap_eve
 
 
 def _swaps(httpx: Any, url: str) -> int:
-    for line in httpx.get(url + "/metrics", timeout=5.0).text.splitlines():
-        if line.startswith("streamrec_serving_model_swaps_total "):
-            return int(float(line.split()[1]))
-    return 0
+    return int(_metric(httpx, url, "streamrec_serving_model_swaps_total") or 0)
 
 
 def _swap_loop(reg: Any, n_items: int, every: float, stop: threading.Event, seq: list[int],

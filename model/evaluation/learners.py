@@ -209,17 +209,16 @@ class TwoTowerLearner:
         rebuilt when too much changed), the rows it cannot vouch for, the co-visitation
         rows of the row's history and the top of the cold-start rankings."""
         from model.scoring.ann import allowed, build, follow
+        from model.scoring.prior import served_item_vectors, user_scoring_vectors
 
         trainer = self.trainer
-        names, weights = trainer.mixer.names, trainer.mixer.weights
-        has_prior = "prior" in names and log_q is not None
-        served = tower * weights[names.index("tower")]
-        queries = users
-        if has_prior:
-            assert log_q is not None
-            served = np.concatenate(
-                [served, (weights[names.index("prior")] * log_q)[:, None]], axis=1)
-            queries = np.concatenate([users, np.ones((len(users), 1), users.dtype)], axis=1)
+        names = trainer.mixer.names
+        has_prior = log_q is not None
+        tower_w, prior_w, _ = trainer.score_weights()
+        # the served vectors and queries (``tower`` is already normalised, over T)
+        served = served_item_vectors(tower, log_q, normalize=False, tower_weight=tower_w,
+                                     prior_weight=prior_w, temperature=1.0)
+        queries = user_scoring_vectors(users, trainer.config.prior_weight)
         vectors = np.zeros((n_candidates, served.shape[1]), np.float32)
         vectors[cols] = served
         popular = np.full(n_candidates, -np.inf)

@@ -307,13 +307,21 @@ def follow(index: AnnIndex, vectors: np.ndarray, has_prior: bool,
             prior_scale = float(((x - x.mean()) * (y - y.mean())).mean() / var)
         if not prior_scale > 0:  # the prior's weight went to 0 or the fit failed: score it
             prior_scale = 0.0     # exactly from the top of its column only
-    parts = [np.flatnonzero(stale), np.arange(n0, n, dtype=np.int64)]
+    return AnnView(index, scale, prior_scale, has_prior,
+                   _always(vectors, has_prior, cold_column, np.flatnonzero(stale),
+                           np.arange(n0, n, dtype=np.int64)), changed)
+
+
+def _always(vectors: np.ndarray, has_prior: bool, cold_column: np.ndarray | None,
+            *changed: np.ndarray) -> np.ndarray:
+    """The rows scored exactly beside the index's candidates: ``changed`` ones, the top of
+    the prior's column and of the cold-start ranking (sorted, distinct)."""
+    parts = [*changed, np.zeros(0, np.int64)]
     if has_prior:
         parts.append(_top_rows(vectors[:, -1], PRIOR_TOP))
     if cold_column is not None:
         parts.append(_top_rows(np.asarray(cold_column), PRIOR_TOP))
-    return AnnView(index, scale, prior_scale, has_prior,
-                   np.unique(np.concatenate(parts).astype(np.int64)), changed)
+    return np.unique(np.concatenate(parts).astype(np.int64))
 
 
 def fingerprint(vectors: np.ndarray) -> str:
@@ -345,9 +353,7 @@ def build(vectors: np.ndarray, has_prior: bool, params: AnnParams,
     index of the host's workers (:meth:`AnnIndex.shared`, ``name``: the version)."""
     index = AnnIndex(vectors, params) if cache is None else AnnIndex.shared(
         vectors, params, cache, name)
-    view = follow(index, vectors, has_prior, cold_column)
-    assert view is not None  # the base follows itself
-    return view
+    return AnnView(index, 1.0, 1.0, has_prior, _always(vectors, has_prior, cold_column))
 
 
 def allowed(view: AnnView, queries: np.ndarray, k: int, n: int) -> np.ndarray:
