@@ -13,7 +13,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from model.evaluation.neighbours import PairCounts, _Popularity, _positions, _windows
+from model.evaluation.neighbours import PairCounts, _Popularity
+from model.scoring.sessions import positions, windows
 
 #: Largest ``steps`` and ``query_items``: the scaled sums stay integers far below 2**53.
 MAX_STEPS = 12
@@ -55,15 +56,15 @@ class SequentialRulesBaseline:
         )
 
     def learn(self, targets: Sequence[int], histories: Sequence[Sequence[int]]) -> None:
-        rows, items = _windows(histories, self.steps)
+        rows, items = windows(histories, self.steps)
         t = np.asarray(targets, np.int64)
         self.popularity.learn(t)
-        self.rules.add(items, t[rows], self._learn_weights[_positions(rows)])
+        self.rules.add(items, t[rows], self._learn_weights[positions(rows)])
 
     def scores(self, histories: Sequence[Sequence[int]], n_candidates: int) -> np.ndarray:
         """``[len(histories), n_candidates]``."""
-        rows, items = _windows(histories, self.query_items)
-        weights = self._query_weights[_positions(rows)]
+        rows, items = windows(histories, self.query_items)
+        weights = self._query_weights[positions(rows)]
         return self.rules.sums(rows, items, weights, len(histories), n_candidates)
 
     def tiebreak(self, n_candidates: int) -> np.ndarray:

@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from model.scoring.sorted_keys import add_sorted, find_sorted
+from model.scoring.sorted_keys import DenseIds, add_sorted
 
 PAD_KEY = 0
 #: ``(row, dense id, s)`` arrays of :meth:`CoVisitation.row_sums`.
@@ -200,9 +200,7 @@ class CoVisitation:
         self.merge_every = int(merge_every)
         self._rate = math.log(2.0) / half_life if half_life > 0 else 0.0
         self._scale = position_weights(self.window, self.decay)
-        self.keys = np.zeros(0, np.int64)  # dense id -> item key
-        self._sorted = np.zeros(0, np.int64)  # the keys, ascending
-        self._sorted_ids = np.zeros(0, np.int64)  # dense id of each sorted key
+        self._ids = DenseIds()  # item key <-> dense id
         self.codes = np.zeros(0, np.int64)  # sorted pair codes a << 32 | b
         self.weights = np.zeros(0, np.float64)  # weight of each code at ``_base`` samples
         self.samples = 0  # positive samples learnt
@@ -219,24 +217,14 @@ class CoVisitation:
         self.generation = 0
 
     # -- ids -----------------------------------------------------------------------------------
+    @property
+    def keys(self) -> np.ndarray:
+        """Item key of each dense id."""
+        return self._ids.keys
+
     def ids(self, keys: np.ndarray, add: bool = False) -> np.ndarray:
         """Dense ids of item ``keys`` (-1 for an unknown key unless ``add``)."""
-        keys = np.asarray(keys, np.int64)
-        flat = keys.reshape(-1)
-        ids = np.full(flat.size, -1, np.int64)
-        pos, found = find_sorted(self._sorted, flat)
-        ids[found] = self._sorted_ids[pos[found]]
-        if add and (ids < 0).any():
-            new_keys = np.unique(flat[ids < 0])
-            start = self.keys.size
-            new_ids = np.arange(start, start + new_keys.size, dtype=np.int64)
-            self.keys = np.concatenate([self.keys, new_keys])
-            at = np.searchsorted(self._sorted, new_keys)
-            self._sorted = np.insert(self._sorted, at, new_keys)
-            self._sorted_ids = np.insert(self._sorted_ids, at, new_ids)
-            miss = ids < 0
-            ids[miss] = new_ids[np.searchsorted(new_keys, flat[miss])]
-        return ids.reshape(keys.shape)
+        return self._ids.ids(keys, add)
 
     # -- learning ------------------------------------------------------------------------------
     def learn(self, history: np.ndarray, targets: np.ndarray, weights: np.ndarray) -> None:
@@ -392,9 +380,7 @@ class CoVisitation:
     def load_arrays(self, arrays: dict[str, np.ndarray]) -> None:
         """Restore :meth:`to_arrays` (absent keys: an empty state)."""
         self.generation += 1
-        self.keys = np.asarray(arrays.get("covisit_keys", np.zeros(0, np.int64)), np.int64)
-        order = np.argsort(self.keys, kind="stable")
-        self._sorted, self._sorted_ids = self.keys[order], order.astype(np.int64)
+        self._ids.load(np.asarray(arrays.get("covisit_keys", np.zeros(0, np.int64)), np.int64))
         self.codes = np.asarray(arrays.get("covisit_codes", np.zeros(0, np.int64)), np.int64)
         self.weights = np.asarray(arrays.get("covisit_weights", np.zeros(0)), np.float64)
         samples = arrays.get("covisit_samples", np.zeros(1, np.int64))

@@ -32,3 +32,44 @@ def add_sorted(
         keys = np.insert(keys, pos[miss], new_keys[miss])
         values = np.insert(values, pos[miss], new_values[miss])
     return keys, values
+
+
+class DenseIds:
+    """Dense ids (0, 1, ... in order of addition; the keys new in one :meth:`ids` call in key
+    order) of int64 keys, with the keys ascending beside them for lookups."""
+
+    def __init__(self) -> None:
+        self.keys = np.zeros(0, np.int64)  # dense id -> key
+        self._sorted = np.zeros(0, np.int64)  # the keys, ascending
+        self._sorted_ids = np.zeros(0, np.int64)  # dense id of each sorted key
+
+    def ids(self, keys: np.ndarray, add: bool = False) -> np.ndarray:
+        """Dense ids of ``keys`` (any shape; -1 for an unknown key unless ``add``)."""
+        keys = np.asarray(keys, np.int64)
+        flat = keys.reshape(-1)
+        ids = np.full(flat.size, -1, np.int64)
+        pos, found = find_sorted(self._sorted, flat)
+        ids[found] = self._sorted_ids[pos[found]]
+        if add and (ids < 0).any():
+            new_keys = np.unique(flat[ids < 0])
+            start = self.keys.size
+            new_ids = np.arange(start, start + new_keys.size, dtype=np.int64)
+            self.keys = np.concatenate([self.keys, new_keys])
+            at = np.searchsorted(self._sorted, new_keys)
+            self._sorted = np.insert(self._sorted, at, new_keys)
+            self._sorted_ids = np.insert(self._sorted_ids, at, new_ids)
+            miss = ids < 0
+            ids[miss] = new_ids[np.searchsorted(new_keys, flat[miss])]
+        return ids.reshape(keys.shape)
+
+    def load(self, keys: np.ndarray) -> None:
+        """Replace the ids: ``keys[i]`` (distinct) gets id ``i``."""
+        self.keys = np.asarray(keys, np.int64)
+        order = np.argsort(self.keys, kind="stable")
+        self._sorted, self._sorted_ids = self.keys[order], order.astype(np.int64)
+
+    def copy(self) -> DenseIds:
+        """A copy sharing the arrays (:meth:`ids` replaces them, never writes them)."""
+        out = DenseIds()
+        out.keys, out._sorted, out._sorted_ids = self.keys, self._sorted, self._sorted_ids
+        return out

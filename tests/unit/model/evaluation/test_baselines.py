@@ -27,6 +27,7 @@ from model.evaluation.baselines import (
 )
 from model.evaluation.learners import BaselineLearner, HistoryLearner
 from model.evaluation.replay import EvalStream, Positive, build_stream, recommend
+from model.scoring import sessions
 
 PARAMS = FeatureParams(
     event_weights={"impression": 0.0, "click": 1.0, "rating": 0.0},
@@ -212,9 +213,8 @@ def _batches(stream: EvalStream, size: int) -> list[list[Positive]]:
 def test_per_user_baselines_equal_their_slow_versions(
     seed: int, exclude: str, dense: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(neighbours, "DENSE_RATIO", 10**9 if dense else 0)
+    monkeypatch.setattr(sessions, "DENSE_RATIO", 10**9 if dense else 0)
     monkeypatch.setattr(neighbours, "DENSE_ITEMS", 30 if dense else 0)
-    monkeypatch.setattr(neighbours, "RECENT_FIRST", 1)  # sorted pairs: exercise the fallback
     stream = _random_stream(seed)
     assert len(stream.positives) > 200
     pairs = [
