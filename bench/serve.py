@@ -45,6 +45,8 @@ REPO = HERE.parent.parent
 USERS = 10_000
 D = 32
 COVISIT_NEIGHBOURS = 40
+#: Histories of the artifact's session-kNN index by default (``--sessions``).
+DEFAULT_SESSIONS = 100_000
 
 
 # ----------------------------------------------------------------------------- load generator
@@ -165,8 +167,51 @@ def _item_vectors(rng: np.random.Generator, n_items: int, catalogue: str) -> np.
     return out
 
 
-def _publish(reg: Any, version: str, n_items: int, seed: int, catalogue: str = "gaussian"
-             ) -> None:
+#: Popularity of :func:`popular_items`: row ``r`` drawn about ``1 / (r + POPULAR_SHIFT)`` as
+#: often (at 100k items the first row is ~1.1% of the draws and sits in ~5% of the sessions;
+#: YOOCHOOSE's most held item: 2.7% of its sessions).
+POPULAR_SHIFT = 10
+
+
+def popular_items(rng: np.random.Generator, n_items: int, size: int) -> np.ndarray:
+    """Item rows drawn with a popular head (:data:`POPULAR_SHIFT`), as a log's histories
+    share it."""
+    c = POPULAR_SHIFT
+    rows = c * np.exp(rng.random(size) * np.log((n_items + c) / c)) - c
+    return np.minimum(rows.astype(np.int64), n_items - 1)
+
+
+def _sessions(rng: np.random.Generator, n_items: int, n_sessions: int, items: list[str]
+              ) -> tuple[dict[str, np.ndarray], np.ndarray, dict[str, Any]] | None:
+    """A session-kNN index (``model.scoring.sessions``, the model's defaults) learnt from
+    ``n_sessions`` histories of 1-30 items (geometric, mean ~5), drawn by
+    :func:`popular_items`; None for none."""
+    if not n_sessions:
+        return None
+    from model.artifact.sessions import params_of
+    from model.scoring.sessions import SessionIndex
+    from model.towers.config import ModelConfig
+    from streamrec.ids import item_keys
+
+    cfg = ModelConfig()
+    index = SessionIndex(cfg.sknn_sample, cfg.window, cfg.sknn_k or None,
+                         max(cfg.sknn_max_sessions, n_sessions))
+    lengths = np.minimum(rng.geometric(0.2, n_sessions), 30)
+    users = np.repeat(np.arange(1, n_sessions + 1, dtype=np.int64), lengths)
+    rows = popular_items(rng, n_items, users.size)
+    order = rng.permutation(users.size)  # sessions interleaved, as a stream has them
+    keys = np.asarray(item_keys(items), np.int64)
+    for lo in range(0, users.size, 1 << 16):
+        at = order[lo:lo + (1 << 16)]
+        index.learn(users[at] + (1 << 40), keys[rows[at]])
+    held = index.items.keys
+    by_key = {int(k): r for r, k in enumerate(keys.tolist())}
+    item_rows = np.array([by_key[int(k)] for k in held.tolist()], np.int64)
+    return index.to_arrays(), item_rows, params_of(index, 1.0)
+
+
+def _publish(reg: Any, version: str, n_items: int, seed: int, catalogue: str = "gaussian",
+             sessions: int = 0) -> None:
     from model.artifact.files import write_artifact
     from model.towers.config import ModelConfig
     from streamrec.ids import item_keys, user_key
@@ -182,6 +227,7 @@ def _publish(reg: Any, version: str, n_items: int, seed: int, catalogue: str = "
         nbrs.reshape(-1).astype(np.int32),
         rng.exponential(size=n_items * COVISIT_NEIGHBOURS).astype(np.float32),
     )
+    index = _sessions(rng, n_items, sessions, items)
     reg.publish(version, lambda d: write_artifact(
         d, version=version, item_ids=items,
         item_vectors=_item_vectors(rng, n_items, catalogue), score_bias=catalogue != "gaussian",
@@ -194,6 +240,8 @@ def _publish(reg: Any, version: str, n_items: int, seed: int, catalogue: str = "
         covisit=covisit,
         covisit_params={"weight": 2.0, "window": cfg.covisit_window, "decay": cfg.covisit_decay,
                         "last_weight": 1.0},
+        sessions=None if index is None else index[:2],
+        sessions_params=None if index is None else index[2],
     ))
 
 
@@ -204,8 +252,11 @@ def _seed_store(settings: Any, n_items: int) -> None:
     store = open_store(settings)
     users = []
     for i in range(USERS):
+        # half the entries from the popular head (as the sessions' items, ``_sessions``)
+        rows = np.where(rng.random(20) < 0.5, rng.integers(n_items, size=20),
+                        popular_items(rng, n_items, 20))
         hist = tuple(HistoryEntry(f"i{j}", "click", 10_000 - n)
-                     for n, j in enumerate(rng.integers(n_items, size=20).tolist()))
+                     for n, j in enumerate(rows.tolist()))
         users.append(UserFeatures(f"u{i}", hist, {}, 10_000, 10_000))
         if len(users) == 1000:
             store.write_batch(users=users)
@@ -220,7 +271,8 @@ RETRIEVALS = {"default": None, "exact": str(1 << 62), "ann": "1"}
 
 def _run_items(n_items: int, concurrencies: list[int], duration: float, swap_every: float,
                work: Path, workers: int, retrieval: str = "default",
-               catalogue: str = "gaussian", overlap_users: int = 500) -> list[dict[str, Any]]:
+               catalogue: str = "gaussian", overlap_users: int = 500,
+               sessions: int = 0) -> list[dict[str, Any]]:
     import httpx
     import redis
 
@@ -246,7 +298,7 @@ def _run_items(n_items: int, concurrencies: list[int], duration: float, swap_eve
         _seed_store(settings, n_items)
         reg = Registry(settings.trainer.registry_dir, "bench", redis_client=client,
                        key_prefix="bench:", keep=3)
-        _publish(reg, "v0001", n_items, 1, catalogue)
+        _publish(reg, "v0001", n_items, 1, catalogue, sessions)
         env = dict(os.environ, STREAMREC_REDIS__PORT=str(rport), STREAMREC_REDIS__KEY_PREFIX="bench:",
                    STREAMREC_TRAINER__REGISTRY_DIR=str(settings.trainer.registry_dir),
                    STREAMREC_TRAINER__MODEL_NAME="bench", STREAMREC_TRAINER__KEEP_VERSIONS="3",
@@ -273,7 +325,8 @@ def _run_items(n_items: int, concurrencies: list[int], duration: float, swap_eve
             for c in concurrencies:
                 stop = threading.Event()
                 swapper = threading.Thread(
-                    target=_swap_loop, args=(reg, n_items, swap_every, stop, seq, catalogue),
+                    target=_swap_loop,
+                    args=(reg, n_items, swap_every, stop, seq, catalogue, sessions),
                     daemon=True)
                 swaps_before = _swaps(httpx, url)
                 if swapping:
@@ -288,6 +341,7 @@ def _run_items(n_items: int, concurrencies: list[int], duration: float, swap_eve
                 row = json.loads(out.stdout)
                 row.update(items=n_items, swapping=swapping, workers=workers,
                            retrieval=retrieval, ann=ann, catalogue=catalogue, overlap=overlap,
+                           sessions=sessions,
                            swaps=_swaps(httpx, url) - swaps_before,
                            memory_mb=memory_mb(procs[-1].pid),
                            loadavg_1m=round(os.getloadavg()[0], 2))
@@ -309,10 +363,10 @@ def _swaps(httpx: Any, url: str) -> int:
 
 
 def _swap_loop(reg: Any, n_items: int, every: float, stop: threading.Event, seq: list[int],
-               catalogue: str) -> None:
+               catalogue: str, sessions: int) -> None:
     while not stop.wait(every):
         seq[0] += 1
-        _publish(reg, f"v{seq[0]:04d}", n_items, seq[0], catalogue)
+        _publish(reg, f"v{seq[0]:04d}", n_items, seq[0], catalogue, sessions)
 
 
 def _metric(httpx: Any, url: str, name: str) -> float | None:
@@ -377,6 +431,9 @@ def main(argv: list[str] | None = None) -> int:
                    f"{TASTES} tastes with a popularity prior (module doc)")
     p.add_argument("--overlap-users", type=int, default=500,
                    help="users whose served top 10 is compared with the exact one (ANN runs)")
+    p.add_argument("--sessions", type=int, default=DEFAULT_SESSIONS,
+                   help="histories in the version's session-kNN index (0: a version without "
+                   "the part; default: %(default)s, the model's default having the part)")
     p.add_argument("--json", type=Path, help="write the results here")
     a = p.parse_args(argv)
     retrievals = a.retrieval.split(",")
@@ -390,7 +447,8 @@ def main(argv: list[str] | None = None) -> int:
         for n in (int(x) for x in a.items.split(",")):
             for retrieval in retrievals:
                 results.extend(_run_items(n, concurrencies, a.duration, a.swap_every, Path(tmp),
-                                          a.workers, retrieval, a.catalogue, a.overlap_users))
+                                          a.workers, retrieval, a.catalogue, a.overlap_users,
+                                          a.sessions))
     if a.json:
         a.json.write_text(json.dumps(results, indent=1))
         print(f"wrote {a.json}")

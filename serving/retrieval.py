@@ -73,7 +73,7 @@ def rank_with_model(
     ann: AnnView | None = None,
 ) -> list[list[Scored]]:
     """Top ``ks[i]`` of each user by the model, in one matrix product (plus the version's
-    co-visitation term, ``model.scoring.covisit``); seen items (``histories[i]``) dropped where
+    parts added at a few rows: co-visitation, session-kNN); seen items (``histories[i]``) dropped where
     ``exclude_seen[i]``. With ``ann`` (the version's index), over the candidates of
     :func:`model.scoring.ann.candidate_rows` only."""
     index, ids = artifact.item_index, artifact.item_ids
@@ -83,16 +83,16 @@ def rank_with_model(
         ranked = top_k_batch(artifact.scores(user_ids, histories), ks, excludes)
     else:
         queries = artifact.user_vectors(user_ids, histories)
-        covisit = artifact.covisit_scores(histories) if artifact.covisit is not None else None
+        sparse = artifact.sparse_scores(user_ids, histories)
         wanted = max(ann.index.params.candidates,
                      max(ks, default=0) + max((len(e) for e in excludes), default=0))
-        rows = candidate_rows(ann, queries, wanted, [at for at, _ in covisit or ()])
+        rows = candidate_rows(ann, queries, wanted, [at for part in sparse for at, _ in part])
         local = []
         for exclude in excludes:
             pos, found = find_sorted(rows, np.asarray(exclude, np.int64))
             local.append(pos[found].tolist())
         ranked = [(rows[at], scores) for at, scores in top_k_batch(
-            artifact.assemble(queries, covisit, histories, rows), ks, local)]
+            artifact.assemble(queries, sparse, histories, rows), ks, local)]
     # one fancy index and ``tolist`` per query: Python str and float, no numpy scalars
     return [[Scored(i, v) for i, v in zip(ids[idx].tolist(), scores.tolist(), strict=True)]
             for idx, scores in ranked]

@@ -40,8 +40,13 @@ from model.artifact.manifest import (
     sha256_file,
     sorted_table,
 )
+from model.artifact.sessions import check_params as check_sessions_params
+from model.artifact.sessions import file_arrays as sessions_files
+from model.artifact.sessions import index_of as index_of_sessions
+from model.artifact.sessions import session_scores
 from model.scoring.covisit import LOW32, accumulate, history_rows, position_weights, term
 from model.scoring.pooling import pool_history
+from model.scoring.sessions import SessionIndex
 from model.scoring.sorted_keys import find_sorted
 from streamrec.ids import item_keys, user_key
 
@@ -77,6 +82,8 @@ def write_artifact(
     attention: Mapping[str, Any] | None = None,
     cold_start: str = "mix",
     item_popularity: np.ndarray | None = None,
+    sessions: tuple[Mapping[str, np.ndarray], np.ndarray] | None = None,
+    sessions_params: Mapping[str, Any] | None = None,
     manifest_extra: Mapping[str, Any] | None = None,
     created_at: datetime | None = None,
 ) -> dict[str, Any]:
@@ -87,7 +94,11 @@ def write_artifact(
     "popular" (``item_popularity``, one finite score per item, alone).
 
     ``attention`` (format 5): ``{"pos": [N, e_h], "blocks": [{name: array}], "heads": int,
-    "pool": bool}`` (``model.artifact.attention``)."""
+    "pool": bool}`` (``model.artifact.attention``).
+
+    ``sessions`` (format 9, with ``sessions_params``): the session-kNN index's arrays
+    (``SessionIndex.to_arrays``) and the catalogue row of each of its items
+    (``model.artifact.sessions``)."""
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     extra = dict(manifest_extra or {})
@@ -138,6 +149,13 @@ def write_artifact(
               np.asarray(weights, np.float32))
         check_covisit_arrays(*cv, n=int(ids.shape[0]))
         arrays.update(zip(COVISIT_FILES, cv, strict=True))
+    if (sessions is None) != (sessions_params is None):
+        raise ArtifactError("sessions and sessions_params go together")
+    if sessions is not None and sessions_params is not None:
+        check_sessions_params(dict(sessions_params))
+        files_of = sessions_files(*sessions)
+        index_of_sessions(sessions_params, files_of, int(ids.shape[0]))  # as the reader checks
+        arrays.update(files_of)
     attention_entry = None
     if attention is not None:
         arrays.update(attention_arrays(attention["pos"], attention["blocks"]))
@@ -171,7 +189,7 @@ def write_artifact(
         "format_version": format_version(
             score_bias, history_len, history_decay, covisit is not None, attention is not None,
             bool(covisit_params and covisit_params.get("last_weight", 0.0)),
-            cold_start,
+            cold_start, sessions is not None,
         ),
         "version": version,
         "created_at": created_at.isoformat() if created_at else None,
@@ -208,6 +226,8 @@ def write_artifact(
         }
         if covisit_params.get("last_weight", 0.0):
             manifest["covisit"]["last_weight"] = float(covisit_params["last_weight"])
+    if sessions_params is not None:
+        manifest["sessions"] = dict(sessions_params)
     if attention_entry is not None:
         manifest["attention"] = attention_entry
         load_attention(manifest, arrays)  # shapes and values, as the reader checks them
@@ -239,6 +259,9 @@ class ServingArtifact:
     attention: AttentionWeights | None = field(default=None, repr=False)
     #: All-time popularity score of each item (format 8, with ``cold_start`` "popular").
     item_popularity: np.ndarray | None = field(default=None, repr=False)
+    #: The session-kNN index (format 9) and the catalogue row of each of its items.
+    sessions: SessionIndex | None = field(default=None, repr=False)
+    sessions_rows: np.ndarray | None = field(default=None, repr=False)
 
     @property
     def history_len(self) -> int | None:
@@ -344,8 +367,33 @@ class ServingArtifact:
         users' vectors when the caller has them (:meth:`user_vectors`)."""
         if queries is None:
             queries = self.user_vectors(user_ids, histories)
-        covisit = self.covisit_scores(histories) if self.covisit is not None else None
-        return self.assemble(queries, covisit, histories, rows)
+        return self.assemble(queries, self.sparse_scores(user_ids, histories), histories, rows)
+
+    def sparse_scores(
+        self, user_ids: Sequence[str], histories: Sequence[Sequence[str]]
+    ) -> list[list[tuple[np.ndarray, np.ndarray]]]:
+        """The parts added at a few rows per user, each as :meth:`covisit_scores` gives it:
+        the co-visitation term, then the session-kNN part (those the version has)."""
+        out = []
+        if self.covisit is not None:
+            out.append(self.covisit_scores(histories))
+        if self.sessions is not None:
+            out.append(self.session_scores_of_keys(
+                np.fromiter((user_key(u) for u in user_ids), np.int64, len(user_ids)),
+                [item_keys(list(h[: self.sessions.window])) for h in histories]))
+        return out
+
+    def session_scores_of_keys(
+        self, user_keys: np.ndarray, histories: Sequence[np.ndarray]
+    ) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Per user (by key; history as item keys, most recent first): ``(item rows, added
+        scores)`` of the session-kNN part (format 9, ``model.artifact.sessions``); empty
+        arrays for every user without one."""
+        if self.sessions is None or self.sessions_rows is None:
+            empty = (np.zeros(0, np.int64), np.zeros(0, np.float32))
+            return [empty] * len(histories)
+        weight = float(self.manifest["sessions"]["weight"])
+        return session_scores(self.sessions, self.sessions_rows, weight, user_keys, histories)
 
     def scores_of_keys(
         self, user_keys: np.ndarray, histories: Sequence[np.ndarray],
@@ -354,22 +402,23 @@ class ServingArtifact:
         """:meth:`scores` of users given by key, their histories as item keys and as item rows
         of this version (-1: not one of its items), most recent first: the trainer scores its
         rows (keys only) as serving would."""
-        covisit = (self.covisit_scores_of_rows(history_rows) if self.covisit is not None
-                   else None)
-        return self.assemble(self.user_vectors_of_keys(user_keys, histories), covisit,
+        sparse = [self.covisit_scores_of_rows(history_rows)] if self.covisit is not None else []
+        if self.sessions is not None:
+            sparse.append(self.session_scores_of_keys(user_keys, histories))
+        return self.assemble(self.user_vectors_of_keys(user_keys, histories), sparse,
                              histories, None)
 
     def assemble(
-        self, queries: np.ndarray, covisit: list[tuple[np.ndarray, np.ndarray]] | None,
+        self, queries: np.ndarray, sparse: Sequence[list[tuple[np.ndarray, np.ndarray]]],
         histories: Sequence[Any], rows: np.ndarray | None,
     ) -> np.ndarray:
         """The score put together from its parts, over every item or ``rows`` only (sorted,
-        distinct): the users' vectors (:meth:`user_vectors`), the co-visitation term
-        (:meth:`covisit_scores`, None without one) and the cold start of empty histories."""
+        distinct): the users' vectors (:meth:`user_vectors`), the parts added at a few rows
+        (:meth:`sparse_scores`) and the cold start of empty histories."""
         vectors = self.item_vectors if rows is None else self.item_vectors[rows]
         out = vectors @ queries.T
-        if covisit is not None:
-            for col, (at, added) in enumerate(covisit):
+        for added_part in sparse:
+            for col, (at, added) in enumerate(added_part):
                 if rows is None:
                     out[at, col] += added
                 else:
@@ -505,6 +554,11 @@ def load_artifact(directory: str | Path, *, verify: bool = True,
             raise ArtifactError(f"{path}: {exc}") from exc
         covisit = (indptr, neighbours, weights)
     attention = load_attention(manifest, arrays, f"{path}: ")
+    sessions, sessions_rows = None, None
+    if "sessions" in manifest:
+        check_sessions_params(manifest["sessions"], f"{path}: ")
+        sessions, sessions_rows = index_of_sessions(manifest["sessions"], arrays,
+                                                    int(ids.shape[0]), f"{path}: ")
     popularity = None
     if manifest.get("cold_start") == "popular":
         popularity = arrays.get(POPULARITY_FILE)
@@ -528,4 +582,6 @@ def load_artifact(directory: str | Path, *, verify: bool = True,
         covisit=covisit,
         attention=attention,
         item_popularity=popularity,
+        sessions=sessions,
+        sessions_rows=sessions_rows,
     )

@@ -17,9 +17,9 @@ import numpy as np
 from model.errors import ModelError
 
 FORMAT = "streamrec-artifact"
-FORMAT_VERSION = 8
+FORMAT_VERSION = 9
 #: Versions the reader accepts (see the module doc).
-READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8)
+READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9)
 MANIFEST = "manifest.json"
 _CHUNK = 1 << 20
 ACTIVATIONS = ("relu", "linear")
@@ -27,7 +27,7 @@ RESERVED = frozenset(
     {
         "format", "format_version", "version", "created_at", "normalize", "score_bias",
         "history_len", "history_decay", "covisit", "attention", "dims", "layers", "files",
-        "cold_start",
+        "cold_start", "sessions",
     }
 )
 
@@ -51,7 +51,10 @@ def format_version(
     attention: bool = False,
     covisit_last: bool = False,
     cold_start: str = "mix",
+    sessions: bool = False,
 ) -> int:
+    if sessions:
+        return 9
     if cold_start == "popular":
         return 8
     if cold_start == "prior":
@@ -116,6 +119,8 @@ def read_manifest(directory: str | Path) -> dict[str, Any]:
             or (cold == "popular" and version < 8)):
         raise ArtifactError(f"{path}: cold_start {cold!r} is not valid in format {version}"
                             + ("" if bias or cold != "prior" else " without score_bias"))
+    if "sessions" in manifest and version < 9:
+        raise ArtifactError(f"{path}: sessions is not valid in format {version}")
     for key in ("version", "dims", "layers", "files"):
         if key not in manifest:
             raise ArtifactError(f"{path}: missing {key!r}")

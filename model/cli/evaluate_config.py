@@ -31,6 +31,7 @@ def run_config(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
         "covisit_decay": _default(args.covisit_decay, "covisit_decay"),
         "covisit_half_life": _default(args.covisit_half_life, "covisit_half_life"),
         "covisit_reverse": _default(args.covisit_reverse, "covisit_reverse"),
+        "sknn_weight": _default(args.sknn_weight, "sknn_weight"),
         "train_history": bool(_default(args.history_grad, "train_history")),
         "user_tower": _default(args.user_tower, "user_tower"),
         **{

@@ -7,6 +7,10 @@ with ``seq = n > 0`` applies to the state of the same ``base_version`` at ``n - 
 * ``seq <= state.seq``: applied already, the state is returned unchanged (idempotent);
 * ``seq > state.seq + 1``: :class:`DeltaGap`; another ``base_version``: :class:`UnknownBase`.
   Both mean: resync (load the newest full version, replay its deltas).
+
+The session-kNN index is the one part not upserted by key: a snapshot loads it whole, a
+delta replays the positives the trainer's index learnt, call by call, on a copy
+(``SessionIndex.learned_copy``), which gives the trainer's index exactly.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import numpy as np
 
 from model.delta.state import Constants, ModelState
 from model.delta.wire import Delta, DeltaError
+from model.scoring.sessions import SessionIndex
 
 _I64 = np.zeros(0, np.int64)
 
@@ -84,7 +89,7 @@ def empty_state(constants: Constants, base_version: str, user_dim: int, hist_dim
         hist_rows=_empty_rows(hist_dim), item_keys=_I64, item_ids=np.zeros(0, np.str_),
         prior_buckets=_I64, prior_base=f64, prior_count=f64, prior_scalars=(0.0, -math.inf, 0.0),
         covisit_keys=_I64, covisit_codes=_I64, covisit_values=f64, covisit_scale=1.0,
-        weights=(1.0, 0.0, 0.0, 0.0), layers=(),
+        weights=(1.0, 0.0, 0.0, 0.0), layers=(), sessions=constants.session_index(),
     )
 
 
@@ -147,9 +152,12 @@ def apply(state: ModelState, delta: Delta, pause: Callable[[], None] | None = No
     pause()
     codes = upsert_sorted(state.covisit_codes, state.covisit_values, delta.covisit_codes,
                     delta.covisit_values, delta.covisit_removed)
+    constants = delta.constants or state.constants
+    sessions = _sessions(state, delta, constants)
+    pause()
     new = replace(
         state,
-        constants=delta.constants or state.constants,
+        constants=constants,
         seq=delta.seq,
         user_keys=users[0], user_rows=users[1],
         default_user_row=np.asarray(delta.default_user_row, np.float32),
@@ -162,6 +170,8 @@ def apply(state: ModelState, delta: Delta, pause: Callable[[], None] | None = No
         trained_through_ms=delta.trained_through_ms, offsets=dict(delta.offsets),
         samples_trained=delta.samples_trained,
         created_at=delta.created_at or state.created_at, cold_start=delta.cold_start,
+        sessions=sessions,
+        sessions_weight=delta.sessions_weight if delta.carries_sessions else state.sessions_weight,
     )
     if not removed:
         seed_catalog_index(new, state, added)
@@ -170,6 +180,28 @@ def apply(state: ModelState, delta: Delta, pause: Callable[[], None] | None = No
 
 def _no_pause() -> None:
     """The default ``pause`` of :func:`apply`: none."""
+
+
+def _sessions(state: ModelState, delta: Delta, constants: Constants) -> SessionIndex | None:
+    """The session-kNN index after ``delta``: a snapshot's loaded whole (into a new index of
+    the lineage's parameters), then the delta's positives replayed on a copy; ``state``'s
+    own index, shared, when the delta has none."""
+    index = state.sessions
+    if delta.sessions is not None:
+        index = constants.session_index()
+        if index is None:
+            raise DeltaError(f"delta {delta.seq}: a session-kNN index in a lineage without one")
+        index.load_arrays(dict(delta.sessions))
+    positives = delta.sessions_positives
+    if positives is not None and positives[0].size:
+        if index is None:
+            raise DeltaError(f"delta {delta.seq}: session-kNN positives for a state without "
+                             "the index")
+        try:
+            index = index.learned_copy(*positives)
+        except ValueError as exc:
+            raise DeltaError(f"delta {delta.seq}: session-kNN positives: {exc}") from exc
+    return index
 
 
 def _all_in(sorted_keys: np.ndarray, keys: np.ndarray) -> bool:

@@ -7,8 +7,10 @@ delta changed, and recomputes the served item matrix from the cached rows into a
 the result equals a full compose and requests in flight keep the array they started with. A
 delta that removes items, the first state of a lineage and any state not the successor of the
 last are composed from scratch. The co-visitation pairs are kept by catalog rows and patched
-too, so no delta sorts them all. What is cached and why the matrix is recomputed:
-docs/internals.md; the costs: ``docs/decisions.md#delta-stream``.
+too, so no delta sorts them all; so is the catalog row of each session-kNN item (the index's
+items and the catalog only grow within a patch). The session-kNN index itself is the state's
+(``ModelState.sessions``, never written), served while its weight is > 0. What is cached and
+why the matrix is recomputed: docs/internals.md; the costs: ``docs/decisions.md#delta-stream``.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from model.artifact.files import ServingArtifact
+from model.artifact.sessions import params_of
 from model.delta.apply import insert_sorted, upsert_sorted
 from model.delta.state import ModelState
 from model.delta.wire import Delta
@@ -42,21 +45,29 @@ def compose(state: ModelState, previous: ServingArtifact | None = None) -> Servi
 def servable(
     state: ModelState, vectors: np.ndarray,
     covisit: tuple[np.ndarray, np.ndarray, np.ndarray] | None, index: Mapping[str, int],
-    popularity: np.ndarray | None = None,
+    popularity: np.ndarray | None = None, sessions_rows: np.ndarray | None = None,
 ) -> ServingArtifact:
     """The artifact of ``state`` with its item ``vectors``, CSR pairs and id -> row map
     (computed by the caller: from scratch or patched); the arrays are made read-only.
     ``popularity``: the catalog's all-time popularity scores when the state's cold start
-    ranks by them (``ModelState.item_popularity``; computed here when not given)."""
+    ranks by them (``ModelState.item_popularity``; computed here when not given).
+    ``sessions_rows``: the catalog row of each session-kNN item (-1: none) when the state
+    serves that part (computed here when not given)."""
     c = state.constants
     if state.cold_start != POPULAR:
         popularity = None
     elif popularity is None:
         popularity = state.item_popularity()
+    sessions = state.sessions if state.serves_sessions else None
+    if sessions is None:
+        sessions_rows = None
+    elif sessions_rows is None:
+        sessions_rows = state.catalog_rows(sessions.items.keys)
     for arr in vectors, state.user_rows, state.hist_rows:
         arr.setflags(write=False)
-    if popularity is not None:
-        popularity.setflags(write=False)
+    for extra in popularity, sessions_rows:
+        if extra is not None:
+            extra.setflags(write=False)
     manifest: dict[str, Any] = {
         "format": "streamrec-artifact",
         "version": state.base_version,
@@ -83,6 +94,8 @@ def servable(
             "weight": state.weights[2], "last_weight": state.weights[3],
             "window": c.covisit_window, "decay": c.covisit_decay,
         }
+    if sessions is not None:
+        manifest["sessions"] = params_of(sessions, state.sessions_weight)
     return ServingArtifact(
         path=Path(f"delta:{state.base_version}+{state.seq}"),
         manifest=manifest,
@@ -98,6 +111,8 @@ def servable(
         item_index=index,
         covisit=covisit,
         item_popularity=popularity,
+        sessions=sessions,
+        sessions_rows=sessions_rows,
     )
 
 
@@ -137,6 +152,9 @@ class Composer:
         self._pair_codes = np.zeros(0, np.int64)
         self._pair_values = np.zeros(0, np.float64)
         self._row_of_id = np.zeros(0, np.int64)
+        #: The catalog row of each session-kNN item index (-1: not in the catalog), of the
+        #: last state's index (None: it has none); never written once built (it is served).
+        self._sessions_rows: np.ndarray | None = None
         #: How the last artifact was built: "full" or "patched".
         self.last = ""
 
@@ -178,7 +196,10 @@ class Composer:
             order = np.argsort(codes)  # (a, b) pairs are distinct: no ties
             self._pair_codes, self._pair_values = codes[order], values[order]
             covisit = self._csr(state)
-        return servable(state, state.item_vectors(), covisit, item_index(state.item_ids, None))
+        self._sessions_rows = (state.catalog_rows(state.sessions.items.keys)
+                               if state.sessions is not None else None)
+        return servable(state, state.item_vectors(), covisit, item_index(state.item_ids, None),
+                        sessions_rows=self._sessions_rows)
 
     # -- per delta -----------------------------------------------------------------------------
     def _patched(self, prev: ModelState, state: ModelState, delta: Delta,
@@ -224,8 +245,31 @@ class Composer:
         pause()
         # the catalog is the previous one with items appended (a patch removes none)
         popularity = popularity_scores(self._count[:n]) if state.cold_start == POPULAR else None
+        self._sessions_rows = self._patched_sessions_rows(prev, state, added)
         return servable(state, vectors, covisit,
-                        item_index(state.item_ids, previous, prefix_known=True), popularity)
+                        item_index(state.item_ids, previous, prefix_known=True), popularity,
+                        self._sessions_rows)
+
+    def _patched_sessions_rows(self, prev: ModelState, state: ModelState, added: np.ndarray
+                               ) -> np.ndarray | None:
+        """The catalog row of each session-kNN item of ``state`` from the last ones: within a
+        lineage the index only gains items (a learned copy keeps the ids and the
+        generation), so the items new to it are looked up and the catalog's ``added`` rows
+        set (a new array: the last one is served)."""
+        index, last = state.sessions, self._sessions_rows
+        if index is None:
+            return None
+        if (last is None or prev.sessions is None
+                or index.generation != prev.sessions.generation
+                or index.items.keys.size < last.size):
+            return state.catalog_rows(index.items.keys)
+        if index.items.keys.size == last.size and not added.size:
+            return last
+        rows = np.concatenate([last, state.catalog_rows(index.items.keys[last.size:])])
+        ids = index.items.ids(state.item_keys[added])
+        held = ids >= 0
+        rows[ids[held]] = added[held]
+        return rows
 
 
     def _patched_csr(self, prev: ModelState, state: ModelState, delta: Delta,

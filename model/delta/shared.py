@@ -11,7 +11,10 @@ Layout::
 The generation is 0 while a slot is written (:func:`mark_writing` first, :func:`write_shared`
 last), so a reader that finds another generation than the one it was told of does not read
 on. No checksum (the file never leaves the host); a reader checks the magic, the generation,
-the size and every array's bounds. The header in detail: docs/internals.md.
+the size and every array's bounds. The header in detail: docs/internals.md. The session-kNN
+index travels as its arrays (``SessionIndex.to_arrays``) with its items' catalog rows; a
+reader loads it (``load_arrays``: it sorts the pairs by item once, the one step a reader
+computes).
 """
 
 from __future__ import annotations
@@ -26,9 +29,12 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from model.artifact.files import ServingArtifact
+from model.artifact.sessions import ARRAY_NAMES as SESSION_ARRAYS
+from model.artifact.sessions import ROWS as SESSION_ROWS
 from model.delta.served import item_index, servable
 from model.delta.state import Constants, ModelState
 from model.delta.wire import DeltaError
+from model.scoring.sessions import HOLDER_ARRAYS
 
 MAGIC = b"SRS1"
 #: Byte alignment of every array in the file.
@@ -84,6 +90,10 @@ def write_shared(f: BinaryIO, state: ModelState, artifact: ServingArtifact,
         arrays["item_popularity"] = artifact.item_popularity
     if artifact.covisit is not None:
         arrays.update(zip(_COVISIT, artifact.covisit, strict=True))
+    if state.sessions is not None:  # with the holders by recency: no sort in the workers
+        arrays.update(state.sessions.to_arrays(holders=True))
+    if artifact.sessions_rows is not None:
+        arrays[SESSION_ROWS] = artifact.sessions_rows
     meta = {
         "constants": state.constants.to_json(), "base_version": state.base_version,
         "seq": state.seq, "prior_scalars": list(state.prior_scalars),
@@ -93,6 +103,8 @@ def write_shared(f: BinaryIO, state: ModelState, artifact: ServingArtifact,
         "samples_trained": state.samples_trained, "created_at": state.created_at,
         "cold_start": state.cold_start,
     }
+    if state.sessions is not None:
+        meta["sessions_weight"] = float(state.sessions_weight)
     specs: list[dict[str, Any]] = []
     contiguous: dict[str, np.ndarray] = {}
     at = 0
@@ -162,8 +174,13 @@ def read_shared(buf: Any, gen: int, previous: ServingArtifact | None = None,
         meta = header["meta"]
         layers = tuple((arrays[f"layer_{i}_w"], arrays[f"layer_{i}_b"], str(act))
                        for i, act in enumerate(meta["activations"]))
+        constants = Constants(**meta["constants"])
+        sessions = constants.session_index()
+        if sessions is not None:
+            sessions.load_arrays({name: arrays[name] for name in (*SESSION_ARRAYS,
+                                                                  *HOLDER_ARRAYS)})
         state = ModelState(
-            constants=Constants(**meta["constants"]), base_version=str(meta["base_version"]),
+            constants=constants, base_version=str(meta["base_version"]),
             seq=int(meta["seq"]), prior_scalars=tuple(meta["prior_scalars"]),
             covisit_scale=float(meta["covisit_scale"]),
             weights=tuple(meta["weights"]),
@@ -171,12 +188,13 @@ def read_shared(buf: Any, gen: int, previous: ServingArtifact | None = None,
             offsets={str(k): int(v) for k, v in meta["offsets"].items()},
             samples_trained=int(meta["samples_trained"]), created_at=meta["created_at"],
             cold_start=str(meta.get("cold_start", "mix")),
+            sessions=sessions, sessions_weight=float(meta.get("sessions_weight", 0.0)),
             **{name: arrays[name] for name in STATE_ARRAYS},
         )
         covisit = tuple(arrays[name] for name in _COVISIT) if _COVISIT[0] in arrays else None
         artifact = servable(state, arrays["item_vectors"], covisit,  # type: ignore[arg-type]
                             item_index(state.item_ids, previous, prefix_known),
-                            arrays.get("item_popularity"))
+                            arrays.get("item_popularity"), arrays.get(SESSION_ROWS))
     except (KeyError, TypeError, ValueError) as exc:
         raise DeltaError(f"shared state lacks or garbles {exc}") from exc
     if generation(buf) != gen:  # rewritten while read: the views are not of one state

@@ -3,7 +3,9 @@
 A state holds what the served score depends on in the form the trainer changes it, so a
 delta replaces only what moved (format: ``model/delta/FORMAT.md``): user and history rows by
 key and the user tower's dense layers, the catalog in row order, the popularity prior and the
-all-time counts by hash bucket, the co-visitation pairs relative to the lineage's reference count, and the mix weights.
+all-time counts by hash bucket, the co-visitation pairs relative to the lineage's reference count,
+the session-kNN index (``model.scoring.sessions``, a new learned copy per delta) and the mix
+weights.
 
 Its methods compute what a full version holds (``Trainer._scoring_items``,
 ``CoVisitation.csr``); :func:`state_checksum` hashes a state in a canonical order (replicas
@@ -20,11 +22,15 @@ from typing import Any
 
 import numpy as np
 
+from model.artifact.sessions import params_of
 from model.scoring.cold import MIX, POPULAR, popularity_scores
 from model.scoring.covisit import LOW32, pairs_csr, row_pairs
 from model.scoring.prior import served_item_vectors
+from model.scoring.sessions import SessionIndex
 
 Layer = tuple[np.ndarray, np.ndarray, str]
+#: The session-kNN index's parameters in :attr:`Constants.sknn` (``k`` 0: all neighbours).
+SKNN_PARAMS = ("sample_size", "window", "k", "max_sessions")
 
 
 @dataclass(frozen=True)
@@ -42,9 +48,34 @@ class Constants:
     prior_default: float
     covisit_window: int | None = None
     covisit_decay: float = 1.0
+    #: The session-kNN index's parameters (:data:`SKNN_PARAMS`, the artifact's ``sessions``
+    #: entry without its weight); None: the lineage has no session-kNN part.
+    sknn: dict[str, int] | None = None
+
+    def __post_init__(self) -> None:
+        if self.sknn is not None and (
+                set(self.sknn) != set(SKNN_PARAMS)
+                or not all(isinstance(v, int) and not isinstance(v, bool)
+                           for v in self.sknn.values())):
+            raise ValueError(f"sknn must hold exactly {list(SKNN_PARAMS)} as ints, "
+                             f"not {self.sknn}")
 
     def to_json(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        """The constants as the records hold them; ``sknn`` only when there is the part, so a
+        lineage without it writes what readers before the part read."""
+        out = dict(self.__dict__)
+        if self.sknn is None:
+            del out["sknn"]
+        else:
+            out["sknn"] = dict(self.sknn)
+        return out
+
+    def session_index(self) -> SessionIndex | None:
+        """A new, empty session-kNN index of the lineage's parameters (None: no part)."""
+        if self.sknn is None:
+            return None
+        p = self.sknn
+        return SessionIndex(p["sample_size"], p["window"], p["k"] or None, p["max_sessions"])
 
 
 @dataclass(frozen=True, eq=False)
@@ -83,6 +114,17 @@ class ModelState:
     #: What a user with no history is ranked by (``model.scoring.cold``): "mix", "prior"
     #: or "popular".
     cold_start: str = MIX
+    #: The session-kNN index (``constants.sknn``; None: no such part). Never learnt on in
+    #: place: :func:`model.delta.apply` gives the next state a learned copy, so artifacts and
+    #: requests holding this one keep their scores.
+    sessions: SessionIndex | None = None
+    #: The mix weight of the session-kNN part (served only when > 0, as a full version's).
+    sessions_weight: float = 0.0
+
+    @property
+    def serves_sessions(self) -> bool:
+        """Whether the served score has the session-kNN part (an index, weight > 0)."""
+        return self.sessions is not None and self.sessions_weight > 0
 
     def _of_buckets(self, keys: np.ndarray, values: np.ndarray, default: float) -> np.ndarray:
         """``values`` (float64, aligned with ``prior_buckets``) of item ``keys``' buckets, or
@@ -180,6 +222,10 @@ class ModelState:
             out["item_popularity"] = self.item_popularity()
         if self.constants.covisit_window is not None:
             out["covisit"] = self.covisit_csr()
+        if self.sessions is not None and self.serves_sessions:
+            out["sessions"] = (self.sessions.to_arrays(),
+                               self.catalog_rows(self.sessions.items.keys))
+            out["sessions_params"] = params_of(self.sessions, self.sessions_weight)
         return out
 
 
@@ -215,4 +261,13 @@ def state_checksum(state: ModelState) -> str:
         h.update(state.cold_start.encode())
     if state.cold_start == POPULAR:
         put(state.item_popularity()[order])
+    if state.sessions is not None:
+        # replicas that replayed the same positives hold the same dense ids: the arrays as
+        # they are, by name
+        arrays = state.sessions.to_arrays()
+        for name in sorted(arrays):
+            h.update(name.encode())
+            put(arrays[name])
+        h.update(repr((sorted(state.sessions.params().items()),
+                       float(state.sessions_weight))).encode())
     return h.hexdigest()

@@ -10,8 +10,10 @@ flipped bit anywhere. With ``zlib`` the payload is deflated (level 1) after the 
 Row codecs (:data:`CODECS`), for the float32 ``[n, d]`` row arrays only: ``float32``,
 ``float16``, ``bfloat16`` (upper 16 bits, round to nearest even) and ``int8`` (per row
 ``q = round(x / s)``, ``s = max|x| / 127``); the dense layers, prior and co-visitation weights
-stay exact. :func:`encode` / :func:`decode` / :func:`peek` turn a :class:`Delta` into a
-record and back. Spec: ``model/delta/FORMAT.md``.
+stay exact. A lineage with the session-kNN part carries its index whole in the snapshot
+(``SessionIndex.to_arrays``) and, in each delta, the positives it learnt since the record
+before (:data:`POSITIVES`). :func:`encode` / :func:`decode` / :func:`peek` turn a
+:class:`Delta` into a record and back. Spec: ``model/delta/FORMAT.md``.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from model.artifact.sessions import ARRAY_NAMES as SESSION_ARRAYS
 from model.delta.state import Constants, Layer
 from model.errors import ModelError
 from model.scoring.cold import CHOICES, MIX
@@ -34,6 +37,8 @@ MAGIC = b"SRD1"
 #: The snapshot (``seq == 0``) of a full version's lineage, beside its artifact files.
 SNAPSHOT_FILE = "delta_snapshot.bin"
 CODECS = ("float32", "float16", "bfloat16", "int8")
+#: A delta's session-kNN positives: user keys, item keys, positives per ``learn`` call.
+POSITIVES = ("sessions_pos_users", "sessions_pos_items", "sessions_pos_calls")
 
 
 class DeltaError(ModelError):
@@ -168,10 +173,23 @@ class Delta:
     #: What a user with no history is ranked by (``model.scoring.cold``): "mix", "prior" or
     #: "popular".
     cold_start: str = "mix"
+    #: A snapshot's session-kNN index, whole (``SessionIndex.to_arrays``; None: no part).
+    sessions: Mapping[str, np.ndarray] | None = None
+    #: A delta's session-kNN positives learnt since the record before, as
+    #: ``SessionIndex.drain`` gives them: (user keys, item keys, positives per ``learn``
+    #: call), replayed by ``SessionIndex.learned_copy`` (None: no part).
+    sessions_positives: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+    #: The session-kNN part's mix weight (read only from a record that carries the part).
+    sessions_weight: float = 0.0
 
     @property
     def rows_changed(self) -> int:
         return int(self.user_keys.size + self.hist_keys.size)
+
+    @property
+    def carries_sessions(self) -> bool:
+        """Whether the record holds the session-kNN part (its index or positives, and weight)."""
+        return self.sessions is not None or self.sessions_positives is not None
 
 
 def encode(delta: Delta, codec: str = "float32", *, compress: bool = False) -> bytes:
@@ -197,6 +215,14 @@ def encode(delta: Delta, codec: str = "float32", *, compress: bool = False) -> b
         arrays[name] = getattr(delta, name)
     for i, (w, b, _) in enumerate(delta.layers):
         arrays[f"layer_{i}_w"], arrays[f"layer_{i}_b"] = w, b
+    if delta.carries_sessions:
+        meta["sessions_weight"] = float(delta.sessions_weight)
+        if delta.sessions is not None:
+            arrays.update({name: np.asarray(delta.sessions[name], np.int64)
+                           for name in SESSION_ARRAYS})
+        if delta.sessions_positives is not None:
+            arrays.update({name: np.asarray(a, np.int64)
+                           for name, a in zip(POSITIVES, delta.sessions_positives, strict=True)})
     return pack(meta, arrays, compress=compress)
 
 
@@ -236,9 +262,33 @@ def decode(record: bytes) -> Delta:
             layers=layers, constants=constants, created_at=meta.get("created_at"),
             state_checksum=str(meta.get("state_checksum", "")), extra=meta.get("extra", {}),
             cold_start=_cold_start(meta.get("cold_start", MIX)),
+            **_sessions(meta, arrays),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise DeltaError(f"delta record lacks or garbles {exc}") from exc
+
+
+def _sessions(meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> dict[str, Any]:
+    """The record's session-kNN fields of :class:`Delta` (none in a record without the part,
+    among them every record written before the part travelled)."""
+    if "sessions_weight" not in meta:
+        return {}
+    out: dict[str, Any] = {"sessions_weight": float(meta["sessions_weight"])}
+    held = [name in arrays for name in SESSION_ARRAYS]
+    if any(held):
+        if not all(held):
+            raise ValueError(f"the session-kNN index needs every one of {SESSION_ARRAYS}")
+        out["sessions"] = {name: arrays[name] for name in SESSION_ARRAYS}
+    if any(name in arrays for name in POSITIVES):
+        users, items, calls = (arrays[name] for name in POSITIVES)
+        if (any(a.dtype != np.int64 for a in (users, items, calls))
+                or users.ndim != 1 or items.shape != users.shape or calls.ndim != 1
+                or (calls < 0).any() or int(calls.sum()) != users.size):
+            raise ValueError("the session-kNN positives do not add up to their calls")
+        out["sessions_positives"] = (users, items, calls)
+    if not out.keys() & {"sessions", "sessions_positives"}:
+        raise ValueError("sessions_weight without the session-kNN index or positives")
+    return out
 
 
 def _prior_count(arrays: Mapping[str, np.ndarray]) -> np.ndarray:

@@ -163,6 +163,9 @@ class TwoTowerLearner:
         out[:, cols] = users @ vectors[keep].T
         if self.trainer.covisit is not None:
             out[:, cols] += self.trainer.covisit_scores(train_batch.history, keys[keep])
+        if self.trainer.sessions is not None:
+            out[:, cols] += self.trainer.session_scores(train_batch.user_keys,
+                                                        train_batch.history, keys[keep])
         return out
 
     def _mixed(
@@ -174,7 +177,8 @@ class TwoTowerLearner:
         trainer = self.trainer
         trainer.wait_evaluation()
         users = trainer.tower_users(train_batch.user_keys, train_batch.history)
-        parts = trainer.score_parts(users, tower, log_q, train_batch.history, keys)
+        parts = trainer.score_parts(users, tower, log_q, train_batch.history, keys,
+                                    train_batch.user_keys)
         mixed = trainer.mixer.score(parts)
         at = np.full(out.shape[1], -1, np.int64)
         at[cols] = np.arange(cols.size)
@@ -207,7 +211,7 @@ class TwoTowerLearner:
         index's candidates over the served vectors (laid out by candidate column, so a row
         stays one item from batch to batch; the index followed as serving follows deltas,
         rebuilt when too much changed), the rows it cannot vouch for, the co-visitation
-        rows of the row's history and the top of the cold-start rankings."""
+        and session-kNN rows of the row's history and the top of the cold-start rankings."""
         from model.scoring.ann import allowed, build, follow
         from model.scoring.prior import served_item_vectors, user_scoring_vectors
 
@@ -230,7 +234,7 @@ class TwoTowerLearner:
         self._view = view
         most = max((self._excluded(p).size for p in batch), default=0) if self._excluded else 0
         ok = allowed(view, queries, self.ann.candidates + most, n_candidates)[:, cols]
-        for name in ("covisit", "covisit_last"):
+        for name in ("covisit", "covisit_last", "sknn"):
             if name in names:
                 ok |= np.asarray(parts[names.index(name)]) > 0
         self._ann_scored[0] += float(ok.mean(axis=1).sum())

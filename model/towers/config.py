@@ -80,14 +80,26 @@ class ModelConfig:
     covisit_reverse: float = 1.0
     #: Most item pairs the co-visitation keeps (the lightest go first).
     covisit_max_pairs: int = 4_000_000
+    #: Initial weight of the session-kNN part of the score (``model.scoring.sessions``:
+    #: ``weight * log1p(20 s)``, ``s`` the recency-weighted similarity of the recent histories
+    #: that hold the item to the user's last ``window`` items); 0 = no such part. Learnt by
+    #: the mix like the others; exported as artifact format 9. Why: the real-log panel,
+    #: docs/decisions.md#session-knn-part.
+    sknn_weight: float = 1.0
+    #: Most recent neighbouring histories read per row, and how many of the most similar
+    #: of them count (V-SKNN's sample and k, 0 = all; the panel's ``sknn`` baseline's).
+    sknn_sample: int = 300
+    sknn_k: int = 75
+    #: Most recent histories the session-kNN index keeps (the least recent go first).
+    sknn_max_sessions: int = 200_000
     #: Whether history rows get gradients through the user tower. False: they learn only as
     #: targets (and sampled negatives), and the item optimizer touches ~B rows per step,
     #: not every distinct history item of the batch (bench/train.py times both steps).
     train_history: bool = trainer_default("train_history")
-    #: How the parts of the score (towers, prior, co-visitation) are weighted: "learned" —
-    #: weights start at 1, ``prior_weight`` and ``covisit_weight`` and are learnt from the
-    #: stream by softmax cross-entropy on test-then-train scores (``model.scoring.mixer``);
-    #: "fixed" — those constants as they are.
+    #: How the parts of the score (towers, prior, co-visitation, session-kNN) are weighted:
+    #: "learned" — weights start at 1, ``prior_weight``, ``covisit_weight`` and
+    #: ``sknn_weight`` and are learnt from the stream by softmax cross-entropy on
+    #: test-then-train scores (``model.scoring.mixer``); "fixed" — those constants as they are.
     mix: str = "learned"
     #: Adagrad step of the learned mix (why 0.15: docs/decisions.md#score-mix — at 0.05 the
     #: weights were still on their way from the constants after 100k samples).
@@ -145,6 +157,9 @@ class ModelConfig:
             raise ValueError("admit_after and user_admit_after must be >= 1")
         if self.covisit_weight < 0.0 or self.covisit_window < 1 or self.covisit_max_pairs < 1:
             raise ValueError("covisit_weight >= 0, covisit_window and covisit_max_pairs >= 1")
+        if self.sknn_weight < 0.0 or self.sknn_k < 0 or min(self.sknn_sample,
+                                                            self.sknn_max_sessions) < 1:
+            raise ValueError("sknn_weight, sknn_k >= 0; sknn_sample, sknn_max_sessions >= 1")
         if self.covisit_reverse < 0.0:
             raise ValueError("covisit_reverse must be >= 0")
         if not 0.0 < self.covisit_decay <= 1.0 or self.covisit_half_life < 0.0:

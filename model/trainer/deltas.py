@@ -1,10 +1,12 @@
 """The trainer's side of the delta stream: which rows moved, and the delta that carries them.
 
 :class:`DeltaBuilder` listens to every train step (``Trainer.on_step``: every key the
-optimizer may move) and, when asked, reads just those rows, the prior's touched buckets (with their all-time counts), the
-co-visitation pairs that moved and the mix and dense weights into one delta. It keeps the
-state it published (``mirror``) by applying each delta itself — as decoded, with a lossy row
-codec — so the trainer can give that state's checksum and serving prove it converged to it.
+optimizer may move) and, when asked, reads just those rows, the prior's touched buckets (with
+their all-time counts), the co-visitation pairs that moved, the positives the session-kNN
+index learnt (its journal, ``SessionIndex.keep_journal``: serving replays them) and the mix
+and dense weights into one delta. It keeps the state it published (``mirror``) by applying
+each delta itself — as decoded, with a lossy row codec — so the trainer can give that state's
+checksum and serving prove it converged to it.
 Deltas are provisional: a restarted trainer publishes a new full version (a new lineage)
 before it trains, so what serving converges to trained every sample exactly once
 (``docs/decisions.md#delta-stream``). Details: docs/internals.md.
@@ -71,6 +73,8 @@ class DeltaBuilder:
         self._evicted_seen = trainer.evicted_rows
         self._covisit_ref = 0
         trainer.on_step = self.record
+        if trainer.sessions is not None:  # from now on; the snapshot drops what came before
+            trainer.sessions.keep_journal()
 
     # -- tracking ------------------------------------------------------------------------------
     def record(self, batch: Batch, negatives: np.ndarray) -> None:
@@ -138,6 +142,7 @@ class DeltaBuilder:
             "cold_start": tr.cold_start(),
             "layers": tuple(tower["layers"]),
             "default_user_row": tr.default_row(tr.model.users),
+            "sessions_weight": tr.sknn_weight(),
         }
 
     def _constants(self) -> Constants:
@@ -151,6 +156,8 @@ class DeltaBuilder:
             prior_default=self._prior(np.zeros(0, np.int64))[2],
             covisit_window=cv.window if cv is not None else None,
             covisit_decay=cv.decay if cv is not None else 1.0,
+            sknn=({name: int(value or 0) for name, value in self.trainer.sessions.params().items()}
+                  if self.trainer.sessions is not None else None),
         )
 
     # -- snapshots and deltas ------------------------------------------------------------------
@@ -160,8 +167,14 @@ class DeltaBuilder:
         tr = self.trainer
         if tr.model.attention is not None:
             raise ValueError("deltas do not carry the attention tower (ModelConfig.user_tower)")
-        tr.wait_evaluation()  # the co-visitation learns on the evaluation thread
+        tr.wait_evaluation()  # the co-visitation and the session-kNN index learn there
         self._take()
+        sessions = None
+        if tr.sessions is not None:
+            tr.sessions.keep_journal()
+            tr.sessions.drain()  # held by the snapshot whole
+            # copies: learning writes the recency and size arrays in place
+            sessions = {name: a.copy() for name, a in tr.sessions.to_arrays().items()}
         self._evicted_seen = tr.evicted_rows
         ukeys, urows = tr.known_rows(tr.model.users)
         hkeys, hrows = tr.known_rows(tr.model.items)
@@ -186,7 +199,7 @@ class DeltaBuilder:
             prior_count=tr.cold.counts.of_buckets(buckets), prior_scalars=scalars,
             covisit_first_id=0, covisit_new_keys=cv.keys.copy() if cv is not None else _I64,
             covisit_codes=codes.copy(), covisit_values=values, covisit_removed=_I64,
-            covisit_scale=scale, constants=self._constants(),
+            covisit_scale=scale, constants=self._constants(), sessions=sessions,
             created_at=meta.get("created_at"), **self._common(),
         )
         self.mirror = from_snapshot(delta)
@@ -198,8 +211,9 @@ class DeltaBuilder:
         if mirror is None:
             raise ValueError("no snapshot yet: a lineage starts with snapshot()")
         tr = self.trainer
-        tr.wait_evaluation()
+        tr.wait_evaluation()  # every positive learnt so far is in the session-kNN journal
         users, items, targets = self._take()
+        positives = tr.sessions.drain() if tr.sessions is not None else None
         if tr.evicted_rows != self._evicted_seen:  # evicted keys leave, touched or not
             self._evicted_seen = tr.evicted_rows
             users = np.union1d(users, mirror.user_keys)
@@ -235,7 +249,7 @@ class DeltaBuilder:
             covisit_first_id=first,
             covisit_new_keys=cv.keys[first:].copy() if cv is not None else _I64,
             covisit_codes=codes[changed], covisit_values=values[changed],
-            covisit_removed=removed, covisit_scale=scale,
+            covisit_removed=removed, covisit_scale=scale, sessions_positives=positives,
             created_at=meta.get("created_at"), **self._common(),
         )
         self.mirror = apply(mirror, delta)

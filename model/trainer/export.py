@@ -4,8 +4,9 @@ Exported as ``.npy`` files (``model.artifact.files``), not a SavedModel carrying
 serving then needs numpy only, loads a version in milliseconds and knows exactly which ids the
 model has rows for (TFRA returns a fresh random row for an unknown key). What is exported —
 user and history rows, item vectors with their ids, the user tower's dense layers with the
-pool residual folded in, the prior, the co-visitation pairs, the attention tower — is the
-format ``model/artifact/FORMAT.md``; the list with each part's condition: docs/internals.md.
+pool residual folded in, the prior, the co-visitation pairs, the session-kNN index, the
+attention tower — is the format ``model/artifact/FORMAT.md``; the list with each part's
+condition: docs/internals.md.
 Export time and size: ``docs/benchmarks.md#export``.
 """
 
@@ -23,9 +24,11 @@ import numpy as np
 
 from model.artifact.files import write_artifact
 from model.artifact.registry import Registry
+from model.artifact.sessions import params_of as sessions_params
 from model.scoring.cold import POPULAR
 from model.scoring.pooling import fold_pool_residual
 from model.scoring.prior import export_fields
+from model.scoring.sorted_keys import find_sorted
 from model.towers.two_tower import ModelConfig
 from model.trainer.trainer import Trainer
 
@@ -53,6 +56,16 @@ def artifact_arrays(trainer: Trainer, item_ids: Mapping[int, str]) -> dict[str, 
                 "decay": config.covisit_decay,
             },
         }
+    sessions: dict[str, Any] = {}
+    if trainer.sessions is not None:
+        catalogue = vkeys[named]
+        order = np.argsort(catalogue, kind="stable")
+        held = trainer.sessions.items.keys
+        pos, found = find_sorted(catalogue[order], held)
+        sessions = {
+            "sessions": (trainer.sessions.to_arrays(), np.where(found, order[pos], -1)),
+            "sessions_params": sessions_params(trainer.sessions, trainer.sknn_weight()),
+        }
     cold: dict[str, Any] = {"cold_start": trainer.cold_start()}
     if cold["cold_start"] == POPULAR:
         cold["item_popularity"] = trainer.cold.counts.scores(vkeys[named])
@@ -67,6 +80,7 @@ def artifact_arrays(trainer: Trainer, item_ids: Mapping[int, str]) -> dict[str, 
         }
     return {
         **covisit,
+        **sessions,
         **attention,
         **cold,
         "item_ids": [item_ids[int(k)] for k in vkeys[named]],

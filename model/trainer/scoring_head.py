@@ -19,6 +19,7 @@ from model.scoring.cold import MIX, POPULAR, PRIOR, ColdStart, no_history
 from model.scoring.covisit import term as covisit_term
 from model.scoring.mixer import ScoreMixer
 from model.scoring.prior import served_item_vectors
+from model.scoring.sessions import part as sknn_part
 from model.trainer.rolling import Evaluator
 from model.trainer.samples import Batch
 from model.trainer.step import HeadVectors, Prepared, TrainerStep
@@ -39,6 +40,8 @@ class ScoringHead(TrainerStep):
     _since_refresh: int
     _full_batches: int
     _columns: tuple[np.ndarray, int, int, np.ndarray] | None
+    #: (candidate keys, session index generation, column of each item index)
+    _sknn_columns: tuple[np.ndarray, int, np.ndarray] | None = None
 
     # -- the score's parts and their learned weights (model.scoring.mixer) -------------------
     def score_weights(self) -> tuple[float, float, float]:
@@ -50,6 +53,10 @@ class ScoringHead(TrainerStep):
     def last_weight(self) -> float:
         """Weight of the most recent history item's own co-visitation term (0: none)."""
         return self.mixer.as_dict().get("covisit_last", 0.0)
+
+    def sknn_weight(self) -> float:
+        """Weight of the session-kNN part (``model.scoring.sessions``; 0: none)."""
+        return self.mixer.as_dict().get("sknn", 0.0)
 
     def item_parts(self) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """(keys, item side of the towers' part, log q or None) of every known item."""
@@ -67,10 +74,11 @@ class ScoringHead(TrainerStep):
 
     def score_parts(
         self, tower_users: np.ndarray, tower_items: np.ndarray, log_q: np.ndarray | None,
-        history: np.ndarray, item_keys: np.ndarray,
+        history: np.ndarray, item_keys: np.ndarray, user_keys: np.ndarray,
     ) -> list[np.ndarray]:
         """``[B, N]`` parts of the score in :attr:`mixer` order: towers, prior, co-visitation
-        (``log1p`` of the sums). ``tower_users`` are raw user tower outputs (no prior 1)."""
+        (``log1p`` of the sums), session-kNN (``model.scoring.sessions.part``).
+        ``tower_users`` are raw user tower outputs (no prior 1)."""
         parts = [tower_users @ tower_items.T]
         if self.config.prior_weight:
             q = np.zeros(len(item_keys), np.float32) if log_q is None else log_q
@@ -79,6 +87,8 @@ class ScoringHead(TrainerStep):
             parts.append(np.log1p(self.covisit.sums(history, item_keys)))
             if "covisit_last" in self.mixer.names:
                 parts.append(np.log1p(self.covisit.sums(history[:, :1], item_keys)))
+        if self.sessions is not None:
+            parts.append(sknn_part(self.sessions.dense(user_keys, history, item_keys)))
         return parts
 
     @property
@@ -162,6 +172,12 @@ class ScoringHead(TrainerStep):
             item2item = np.zeros(score.size, np.float32)
             item2item[flat[0]] = sparse[0][2]
             item2item = item2item.reshape(score.shape)
+        if self.sessions is not None:
+            rows, ids, s = self.sessions.sums(head.user_keys, history)
+            col = self._sessions_columns(keys)[ids]
+            ok = col >= 0
+            sparse.append((rows[ok], col[ok], sknn_part(s[ok]).astype(np.float32)))
+            score.reshape(-1)[rows[ok] * n + col[ok]] += np.float32(w["sknn"]) * sparse[-1][2]
         log_q = ev.candidate_log_q
         cold = np.zeros(0, np.int64)
         if self._cold_applies and log_q is not None:
@@ -192,6 +208,21 @@ class ScoringHead(TrainerStep):
             part[r[keep] * cols.size + at[keep]] = v[keep]
             parts.append(part.reshape(len(tower), cols.size))
         self.mixer.update(parts, sub_target)
+
+    def _sessions_columns(self, keys: np.ndarray) -> np.ndarray:
+        """Candidate column of each session-kNN item index (-1: not a candidate), kept
+        between candidate refreshes and extended by the items added since."""
+        index = self.sessions
+        assert index is not None
+        cached = self._sknn_columns
+        held = index.items.keys.size
+        if cached is None or cached[0] is not keys or cached[1] != index.generation:
+            cached = (keys, index.generation, np.zeros(0, np.int64))
+        if cached[2].size < held:
+            new = self.evaluator.positions(index.items.keys[cached[2].size:])
+            cached = (keys, index.generation, np.concatenate([cached[2], new]))
+        self._sknn_columns = cached
+        return cached[2]
 
     def _covisit_columns(self, keys: np.ndarray) -> np.ndarray:
         """Candidate column of each co-visitation dense id (-1: not a candidate), kept
@@ -255,6 +286,17 @@ class ScoringHead(TrainerStep):
         if last:
             out += covisit_term(self.covisit.sums(history[:, :1], item_keys), last)
         return out
+
+    def session_scores(self, user_keys: np.ndarray, history: np.ndarray, item_keys: np.ndarray
+                       ) -> np.ndarray:
+        """``[B, N]`` float32: the session-kNN part (``model.scoring.sessions``) with its
+        weight, of each row (user key, history of item keys) for each of ``item_keys``;
+        zeros without the part."""
+        self.wait_evaluation()
+        if self.sessions is None:
+            return np.zeros((len(history), len(item_keys)), np.float32)
+        sums = self.sessions.dense(user_keys, history, item_keys)
+        return (self.sknn_weight() * sknn_part(sums)).astype(np.float32)
 
     def fit_batch(self, batch: Batch, prepared: Prepared | None = None) -> float:
         """Test-then-train: score the first ``eval_rows`` rows of every ``eval_every``-th

@@ -116,6 +116,8 @@ class TrainerService:
             "trained_sample_ids", restored.arrays.get("recent_sample_ids", np.zeros(0, np.int64))))
         if self.trainer.covisit is not None:
             self.trainer.covisit.load_arrays(restored.arrays)
+        if self.trainer.sessions is not None:
+            self.trainer.sessions.load_arrays(restored.arrays)
         mixer = {k[len("mixer_"):]: v for k, v in restored.arrays.items() if k.startswith("mixer_")}
         if mixer:
             self.trainer.mixer.load_state(mixer)
@@ -135,6 +137,7 @@ class TrainerService:
         keys = np.fromiter(self.item_ids.keys(), np.int64, len(self.item_ids))
         ids = np.array(list(self.item_ids.values()), dtype=np.str_)
         covisit = self.trainer.covisit.to_arrays() if self.trainer.covisit is not None else {}
+        sessions = self.trainer.sessions.to_arrays() if self.trainer.sessions is not None else {}
         self.state.guard = self.guarding.to_json() if self.guarding is not None else None
         self.checkpoints.save(
             self.state.to_json(),
@@ -144,6 +147,7 @@ class TrainerService:
                 "trained_sample_ids": (self.trained_ids.to_array() if self._preparer is None
                                        else self._preparer.trained_ids()),
                 **covisit,
+                **sessions,
                 **{f"mixer_{k}": v for k, v in self.trainer.mixer.state().items()},
                 **{f"cold_{k}": v for k, v in self.trainer.cold.state().items()},
             },

@@ -16,6 +16,7 @@ import numpy as np
 
 from model.scoring.cold import ColdStart
 from model.scoring.covisit import CoVisitation
+from model.scoring.sessions import SessionIndex
 from model.towers.loss import (
     fused_softmax_loss,
     group_ids,
@@ -58,6 +59,7 @@ class TrainerStep(TrainerTables):
     """The optimizer updates of a batch (:meth:`train_step`) and their inputs."""
 
     covisit: CoVisitation | None
+    sessions: SessionIndex | None
     cold: ColdStart
     _step_fn: Any
     _step_call: Any
@@ -294,10 +296,14 @@ class TrainerStep(TrainerTables):
     # -- the step as callers use it ----------------------------------------------------------
     def learn_counts(self, batch: Batch) -> None:
         """What the score's counted parts learn of a trained batch, after its step: the
-        co-visitation pairs (``model.scoring.covisit``) and the all-time item counts of
-        the cold-start ranking (``model.scoring.cold``)."""
+        co-visitation pairs (``model.scoring.covisit``), the session-kNN index of its
+        positives (``model.scoring.sessions``) and the all-time item counts of the
+        cold-start ranking (``model.scoring.cold``)."""
         if self.covisit is not None:
             self.covisit.learn(batch.history, batch.item_keys, batch.weights)
+        if self.sessions is not None:
+            positive = np.asarray(batch.weights) > 0
+            self.sessions.learn(batch.user_keys[positive], batch.item_keys[positive])
         self.cold.counts.observe(batch.item_keys)
 
     def train_step(

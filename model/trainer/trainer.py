@@ -23,6 +23,7 @@ import numpy as np
 from model.scoring.cold import ColdStart
 from model.scoring.covisit import CoVisitation
 from model.scoring.mixer import ScoreMixer
+from model.scoring.sessions import SessionIndex
 from model.towers.frequency import CountFrequencyEstimator
 from model.towers.loss import FrequencyEstimator
 from model.towers.tf_env import de, tf, tf_keras
@@ -44,8 +45,9 @@ def _pick(value: float | None, default: float) -> float:
 
 
 def _mixer(config: ModelConfig, covisit: bool) -> ScoreMixer:
-    """The score's parts (towers, then the prior and co-visitation where the model has
-    them) with their initial weights; the weights learn only with ``config.mix`` learned."""
+    """The score's parts (towers, then the prior, co-visitation and session-kNN where the
+    model has them) with their initial weights; the weights learn only with ``config.mix``
+    learned."""
     names, initial = ["tower"], [1.0]
     if config.prior_weight:
         names.append("prior")
@@ -56,6 +58,9 @@ def _mixer(config: ModelConfig, covisit: bool) -> ScoreMixer:
         if config.mix == "learned":  # the most recent item's own term, learnt from 0
             names.append("covisit_last")
             initial.append(0.0)
+    if config.sknn_weight:
+        names.append("sknn")
+        initial.append(config.sknn_weight)
     return ScoreMixer(names, initial, lr=config.mix_lr)
 
 
@@ -108,6 +113,13 @@ class Trainer(ScoringHead):
                 reverse=config.covisit_reverse,
             )
             if config.covisit_weight
+            else None
+        )
+        #: The session-kNN index of the score's ``sknn`` part (``model.scoring.sessions``).
+        self.sessions = (
+            SessionIndex(config.sknn_sample, config.window, config.sknn_k or None,
+                         config.sknn_max_sessions)
+            if config.sknn_weight
             else None
         )
         self.mixer = _mixer(config, self.covisit is not None)

@@ -28,13 +28,14 @@ class Trained:
 
 @cache
 def shared_trainer() -> Trained:
-    """A default-config trainer fitted (test-then-train) on 60 synthetic batches."""
+    """A default-config trainer with the session-kNN part, fitted (test-then-train) on 60
+    synthetic batches."""
     stream = SyntheticStream(SyntheticConfig(users=500, items=300, clusters=10, history_len=HISTORY_LEN))
     samples = stream.take(60 * BATCH)
     keys = KeyCache()
     batches = [to_batch(samples[i : i + BATCH], HISTORY_LEN, keys) for i in range(0, len(samples), BATCH)]
     trainer = Trainer(
-        ModelConfig(history_len=HISTORY_LEN),
+        ModelConfig(history_len=HISTORY_LEN, sknn_weight=1.0),
         TrainOptions(batch_size=BATCH, eval_rows=64, eval_refresh_steps=5, eval_window=2000),
         tag="shared",
     )

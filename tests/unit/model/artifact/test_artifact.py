@@ -227,7 +227,11 @@ def test_format_versions(tmp_path: Path) -> None:
     assert not load_artifact(tmp_path / "a").score_bias
     cv = {"weight": 1.0, "window": 3, "decay": 0.9}
     att = {"blocks": 1, "heads": 2, "len": 4, "pool": True}
-    bad_cases = [(1, {"score_bias": True}), (9, {}), (2, {"score_bias": "yes"}),
+    sk = {"weight": 1.0, "sample_size": 5, "window": 3, "k": 0, "max_sessions": 10}
+    bad_cases = [(1, {"score_bias": True}), (10, {}), (2, {"score_bias": "yes"}),
+                 (8, {"sessions": sk}),  # sessions is format 9
+                 (9, {"sessions": sk}),  # without its files
+                 (9, {"sessions": {**sk, "k": -1}}), (9, {"sessions": {"weight": 1.0}}),
                  (6, {"cold_start": "prior", "score_bias": True}),  # cold_start is format 7
                  (7, {"cold_start": "popular"}),  # "popular" is format 8
                  (8, {"cold_start": "popular"}),  # without its item_popularity.npy

@@ -71,14 +71,15 @@ def test_record_round_trip_and_every_flipped_byte_is_caught(compress: bool) -> N
 
 # -- a lineage from a real trainer ---------------------------------------------------------------
 class Run:
-    """A small trainer with eviction on, trained batch by batch like the service does."""
+    """A small trainer with eviction on (of rows, and of the session-kNN index's histories:
+    400 users, 150 kept), trained batch by batch like the service does."""
 
     def __init__(self) -> None:
         stream = SyntheticStream(SyntheticConfig(users=400, items=300, clusters=8, history_len=HISTORY))
         self.samples = iter(stream.take(40 * BATCH))
         self.keys = KeyCache()
         self.trainer = Trainer(
-            ModelConfig(history_len=HISTORY),
+            ModelConfig(history_len=HISTORY, sknn_weight=1.0, sknn_max_sessions=150),
             TrainOptions(batch_size=BATCH, eval_rows=32, eval_refresh_steps=3,
                          evict_every_steps=4, max_user_rows=250, max_item_rows=200),
             tag="delta",

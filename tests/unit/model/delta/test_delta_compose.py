@@ -28,15 +28,29 @@ def _assert_same(mine: object, full: object) -> None:
     assert (x is None) == (y is None) and (x is None or np.array_equal(x, y))
     assert dict(a.item_index) == dict(b.item_index)  # type: ignore[attr-defined]
     assert not a.item_vectors.flags.writeable  # type: ignore[attr-defined]
+    assert (a.sessions is None) == (b.sessions is None)  # type: ignore[attr-defined]
+    if a.sessions is not None:  # type: ignore[attr-defined]
+        x, y = a.sessions_rows, b.sessions_rows  # type: ignore[attr-defined]
+        assert x.dtype == y.dtype and np.array_equal(x, y) and not x.flags.writeable
+        mine, theirs = a.sessions.to_arrays(), b.sessions.to_arrays()  # type: ignore[attr-defined]
+        assert mine.keys() == theirs.keys()
+        assert all(np.array_equal(mine[k], theirs[k]) for k in theirs)
+
+
+def _new_keys(seq: int) -> np.ndarray:
+    """The item keys joining the catalog with delta ``seq`` (known ahead: the session-kNN
+    positives of the delta before hold some of them)."""
+    return (1 << 52) + 16 * seq + np.arange(4, dtype=np.int64)
 
 
 def _random_delta(state: ModelState, template: Delta, seq: int, rng: np.random.Generator) -> Delta:
     """The next delta of ``state``: changed history rows (catalog items and others), new
     items, changed users, prior buckets of catalog items, scalars and mix weights that move,
-    new and changed co-visitation pairs, each cold start in turn; nothing removed (the
-    patched path)."""
+    new and changed co-visitation pairs, each cold start in turn, session-kNN positives (of
+    catalog items, of items joining now and of items joining with the next delta) and a
+    session-kNN weight that is 0 every fourth delta; nothing removed (the patched path)."""
     d = state.hist_rows.shape[1]
-    new_keys = np.sort(rng.integers(1 << 50, 1 << 60, 4, dtype=np.int64))
+    new_keys = _new_keys(seq)
     moved = rng.choice(state.hist_keys, min(25, state.hist_keys.size), replace=False)
     hist_keys = np.concatenate([moved, new_keys])
     order = np.argsort(hist_keys)
@@ -48,6 +62,8 @@ def _random_delta(state: ModelState, template: Delta, seq: int, rng: np.random.G
     n_cv = first + new_keys.size
     codes = np.unique(rng.integers(0, n_cv, 30) << 32 | rng.integers(0, n_cv, 30))
     tw, pw, cw, lw = state.weights
+    pos_items = rng.choice(np.concatenate([state.item_keys, new_keys, _new_keys(seq + 1)]), 60)
+    pos_users = rng.choice(np.concatenate([state.user_keys, [7, 8, 9]]), 60).astype(np.int64)
     return replace(
         template, seq=seq, created_at=f"2026-12-01T12:00:{seq:02d}+00:00", state_checksum="",
         user_keys=np.sort(users), user_rows=rng.normal(size=(users.size, state.user_rows.shape[1]))
@@ -63,6 +79,8 @@ def _random_delta(state: ModelState, template: Delta, seq: int, rng: np.random.G
         covisit_values=rng.random(codes.size) + 0.5, covisit_removed=np.zeros(0, np.int64),
         covisit_scale=state.covisit_scale * 0.99, weights=(tw * 1.01, pw * 0.98, cw, lw),
         layers=state.layers, default_user_row=state.default_user_row,
+        sessions_positives=(pos_users, pos_items, np.array([25, 0, 35], np.int64)),
+        sessions_weight=0.0 if seq % 4 == 0 else 1.0 + 0.1 * seq,
     )
 
 
@@ -84,6 +102,7 @@ def test_patched_artifacts_equal_compose_from_scratch_after_every_delta() -> Non
         _assert_same(art, compose(state))
         assert art.cold_start == delta.cold_start
         assert (art.item_popularity is not None) == (delta.cold_start == "popular")
+        assert (art.sessions is None) == (seq % 4 == 0)  # served while its weight is > 0
         served.append((art, art.item_vectors.copy(), art.covisit[2].copy()))
     assert served[-1][0].item_ids.size == served[0][0].item_ids.size + 4 * 11
     for art, vectors, weights in served:  # in-flight requests keep what they started with

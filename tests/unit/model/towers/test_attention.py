@@ -92,7 +92,7 @@ def _trained() -> tuple[Trainer, list[Sample], dict[int, str], ModelConfig]:
 def test_trained_attention_tower_serves_exactly(tmp_path: Path) -> None:
     trainer, samples, item_ids, config = _trained()
     manifest = write_version(tmp_path / "v1", trainer, item_ids, "v1")
-    assert manifest["format_version"] == 5
+    assert manifest["format_version"] == 9  # attention (5) with the session-kNN part (9)
     assert manifest["attention"] == {"blocks": 2, "heads": 2, "len": 8, "pool": True}
     assert {f"attention_1_{n}.npy" for n in BLOCK_PARAMS} <= manifest["files"].keys()
     art = load_artifact(tmp_path / "v1")

@@ -56,13 +56,26 @@ def test_export_then_load_gives_identical_scores(trained: Trained, tmp_path: Pat
     assert art.known_users([picked[0].user_id])[0]
 
     # the co-visitation term (model.scoring.covisit) as served equals the trainer's
-    assert art.manifest["format_version"] == 6  # the learnt mix gives the last item a weight
+    assert art.manifest["format_version"] == 9  # with the session-kNN part
     served_cv = np.zeros_like(scores_served)
     for r, (cols, added) in enumerate(art.covisit_scores(histories)):
         served_cv[r, cols] = added
     trained_cv = trainer.covisit_scores(hist, vkeys[rows])
     assert served_cv.max() > 0
     np.testing.assert_allclose(served_cv, trained_cv, rtol=1e-5, atol=1e-6)
+
+    # so does the session-kNN part (model.scoring.sessions), and the whole served score
+    # adds it (known users' own histories are not their neighbours)
+    assert art.manifest["sessions"]["weight"] == pytest.approx(trainer.sknn_weight())
+    served_sk = np.zeros_like(scores_served)
+    for r, (cols, added) in enumerate(art.sparse_scores(user_ids, histories)[1]):
+        served_sk[r, cols] = added
+    trained_sk = trainer.session_scores(ukeys, hist, vkeys[rows])
+    assert (served_sk > 0).sum(axis=1).min() > 0
+    np.testing.assert_allclose(served_sk, trained_sk, rtol=1e-6, atol=1e-6)
+    whole = art.scores(user_ids, histories).T
+    np.testing.assert_allclose(whole, scores_served + served_cv + served_sk, rtol=1e-5,
+                               atol=1e-5)
 
 
 def test_model_beats_popularity_on_planted_preferences(trained: Trained) -> None:
