@@ -143,9 +143,13 @@ def register(sub: Any) -> None:
     g.add_argument(
         "--sknn-weight", type=float, default=None,
         help="initial weight of the session-kNN part of the score (model.scoring.sessions; "
-        "0 = none; default: ModelConfig); it reads the sknn baseline's --sknn-sample and "
-        "--sknn-k",
+        "0 = none; default: ModelConfig)",
     )
+    g.add_argument("--sknn-part-sample", type=int, default=None,
+                   help="the part's recent neighbours read per row (default: ModelConfig)")
+    g.add_argument("--sknn-part-k", type=int, default=None,
+                   help="the part's most similar of them that count (0 = all; default: "
+                   "ModelConfig)")
     g.add_argument(
         "--history-grad", type=int, choices=(0, 1), default=None,
         help="0: history rows learn only as targets/negatives (default: ModelConfig.train_history)",
@@ -356,8 +360,8 @@ def _run_in(args: argparse.Namespace, settings: Any, stream: Any, stack: Any) ->
             covisit_half_life=cfg["covisit_half_life"],
             covisit_reverse=cfg["covisit_reverse"],
             sknn_weight=cfg["sknn_weight"],
-            sknn_sample=cfg["sknn_sample"],
-            sknn_k=cfg["sknn_k"],
+            sknn_sample=cfg["sknn_part_sample"],
+            sknn_k=cfg["sknn_part_k"],
             train_history=cfg["train_history"],
             **{k: v for k, v in cfg.items() if k.startswith(("user_tower", "attention_"))},
             temperature=cfg["temperature"],

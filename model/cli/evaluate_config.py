@@ -32,6 +32,8 @@ def run_config(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
         "covisit_half_life": _default(args.covisit_half_life, "covisit_half_life"),
         "covisit_reverse": _default(args.covisit_reverse, "covisit_reverse"),
         "sknn_weight": _default(args.sknn_weight, "sknn_weight"),
+        "sknn_part_sample": _default(args.sknn_part_sample, "sknn_sample"),
+        "sknn_part_k": _default(args.sknn_part_k, "sknn_k"),
         "train_history": bool(_default(args.history_grad, "train_history")),
         "user_tower": _default(args.user_tower, "user_tower"),
         **{

@@ -362,6 +362,8 @@ class SessionIndex:
 
     #: Histories kept past ``max_sessions`` before the least recent are dropped.
     EVICT_SLACK = 1.25
+    #: Positives :meth:`learn` holds at most before it learns them.
+    LEARN_EVERY = 4096
 
     def __init__(
         self, sample_size: int = 300, window: int = 10, k: int | None = 75,
@@ -380,6 +382,9 @@ class SessionIndex:
         #: entry per :meth:`learn` call (what a delta sends: replayed call by call by
         #: :meth:`learned_copy`, they give this state exactly).
         self._journal: list[tuple[np.ndarray, np.ndarray]] | None = None
+        #: Positives handed to :meth:`learn` and not learnt yet (:meth:`flush`).
+        self._pending: list[tuple[np.ndarray, np.ndarray]] = []
+        self._pending_size = 0
 
     @property
     def window(self) -> int:
@@ -388,19 +393,43 @@ class SessionIndex:
     @property
     def sessions(self) -> int:
         """Histories held."""
+        self.flush()
         return self.core.users
 
     @property
     def entries(self) -> int:
         """(history, item) entries held."""
+        self.flush()
         return int(self.core.by_user.keys.size)
 
     def learn(self, user_keys: np.ndarray, item_keys: np.ndarray) -> None:
-        """Learn positives (user key, item key), in order."""
+        """Learn positives (user key, item key), in order: held until :data:`LEARN_EVERY`
+        of them wait or anything reads the index (:meth:`flush`), then learnt in one call.
+        Why: a learning call copies the index's sorted arrays once whatever its size, so
+        the live trainer, which reads every few batches, learns a few batches at a time
+        (the sums it reads are the same)."""
         user_keys = np.asarray(user_keys, np.int64)
-        item_keys = np.asarray(item_keys, np.int64)
-        if self._journal is not None and user_keys.size:
-            self._journal.append((user_keys.copy(), item_keys.copy()))
+        if user_keys.size:
+            self._pending.append((user_keys.copy(), np.asarray(item_keys, np.int64).copy()))
+            self._pending_size += user_keys.size
+            if self._pending_size >= self.LEARN_EVERY:
+                self.flush()
+
+    def flush(self) -> None:
+        """Learn the positives :meth:`learn` holds (one learning call)."""
+        if not self._pending:
+            return
+        parts, self._pending, self._pending_size = self._pending, [], 0
+        if len(parts) == 1:
+            user_keys, item_keys = parts[0]
+        else:
+            user_keys = np.concatenate([u for u, _ in parts])
+            item_keys = np.concatenate([t for _, t in parts])
+        self._learn_now(user_keys, item_keys)
+
+    def _learn_now(self, user_keys: np.ndarray, item_keys: np.ndarray) -> None:
+        if self._journal is not None:
+            self._journal.append((user_keys, item_keys))
         u = self.users.ids(user_keys, add=True)
         t = self.items.ids(item_keys, add=True)
         self.core.learn_indices(u, t)
@@ -416,6 +445,7 @@ class SessionIndex:
         """``(user keys, item keys, calls)`` learnt since the last call (or
         :meth:`keep_journal`), in order, ``calls`` the positives of each :meth:`learn`
         call; the journal starts again empty."""
+        self.flush()
         parts, self._journal = self._journal or [], [] if self._journal is not None else None
         if not parts:
             return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)
@@ -429,6 +459,7 @@ class SessionIndex:
         written)."""
         if int(np.sum(calls)) != len(user_keys) or len(item_keys) != len(user_keys):
             raise ValueError("the calls do not add up to the positives")
+        self.flush()
         out = SessionIndex(self.core.sample_size, self.core.window, self.core.k,
                            self.max_sessions)
         out.items = self.items.copy()
@@ -436,7 +467,8 @@ class SessionIndex:
         out.generation = self.generation
         out.core = self.core.copy()
         for lo, hi in zip(np.cumsum(calls) - calls, np.cumsum(calls), strict=True):
-            out.learn(user_keys[lo:hi], item_keys[lo:hi])
+            out._learn_now(np.asarray(user_keys[lo:hi], np.int64),
+                           np.asarray(item_keys[lo:hi], np.int64))
         return out
 
     def _evict(self) -> None:
@@ -463,6 +495,7 @@ class SessionIndex:
         """Flat ``(row, item index)`` windows of a padded history matrix (item keys, 0 =
         padding, most recent first): distinct keys first, then indices (-1: an item no
         history holds, which still counts in the window's length)."""
+        self.flush()
         history = np.asarray(history, np.int64)[:, : self.window]
         rows, keys = windows([h[h != 0] for h in history], self.window)
         return rows, self.items.ids(keys)
@@ -489,6 +522,7 @@ class SessionIndex:
 
     def columns(self, item_keys: np.ndarray) -> np.ndarray:
         """``[items held]``: the position of each item index in ``item_keys``, -1 if absent."""
+        self.flush()
         out = np.full(self.items.keys.size, -1, np.int64)
         ids = self.items.ids(np.asarray(item_keys, np.int64))
         known = ids >= 0
@@ -500,6 +534,7 @@ class SessionIndex:
         """The state as arrays (``sessions_*``): the trainer's checkpoint and the artifact;
         with ``holders`` also the items' holders by recency (:data:`HOLDER_ARRAYS`, derived:
         a reader handed them skips their sort). Arrays later learning writes are copies."""
+        self.flush()
         core = self.core
         n = core.users
         out = {
@@ -520,6 +555,7 @@ class SessionIndex:
             return np.asarray(arrays.get(name, np.zeros(0, np.int64)), np.int64)
 
         self.generation += 1
+        self._pending, self._pending_size = [], 0
         self.items.load(get("sessions_item_keys"))
         learned = get("sessions_learned")
         held = None

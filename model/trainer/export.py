@@ -60,6 +60,7 @@ def artifact_arrays(trainer: Trainer, item_ids: Mapping[int, str]) -> dict[str, 
     if trainer.sessions is not None:
         catalogue = vkeys[named]
         order = np.argsort(catalogue, kind="stable")
+        trainer.sessions.flush()
         held = trainer.sessions.items.keys
         pos, found = find_sorted(catalogue[order], held)
         sessions = {

@@ -101,6 +101,7 @@ def test_a_copy_that_learns_the_journal_equals_the_index_and_leaves_its_source()
     index.keep_journal()
     for batch in batches[5:]:  # past the bound: histories are dropped on the way
         index.learn(np.array([u for u, _, _ in batch]) + 1, np.array([i for _, i, _ in batch]) + 1)
+        index.flush()  # a call per batch (else held to the next read)
     users, items, calls = index.drain()
     assert users.size == sum(len(b) for b in batches[5:]) == calls.sum()
     assert calls.size == len(batches) - 5
@@ -114,3 +115,19 @@ def test_a_copy_that_learns_the_journal_equals_the_index_and_leaves_its_source()
     np.testing.assert_array_equal(copy.dense(np.array([2]), history, np.arange(1, 91)),
                                   index.dense(np.array([2]), history, np.arange(1, 91)))
 
+
+
+def test_learning_is_held_until_a_read_and_reads_see_all_of_it() -> None:
+    held = SessionIndex(sample_size=6, window=5, k=3)
+    each = SessionIndex(sample_size=6, window=5, k=3)
+    history = np.array([[5, 9, 1, 0, 0], [2, 0, 0, 0, 0]])
+    for batch in _stream(4, events=400, users=40):
+        users = np.array([u for u, _, _ in batch]) + 1
+        items = np.array([i for _, i, _ in batch]) + 1
+        held.learn(users, items)
+        each.learn(users, items)
+        each.flush()
+    assert held._pending_size == 400 and each._pending_size == 0
+    np.testing.assert_array_equal(held.dense(np.array([2, 99]), history, np.arange(1, 91)),
+                                  each.dense(np.array([2, 99]), history, np.arange(1, 91)))
+    assert held._pending_size == 0 and held.entries == each.entries
