@@ -199,12 +199,15 @@ class Holders:
             raise ValueError("session-kNN: item index or learning position out of range")
         return (items << self.POS_BITS) | recency
 
-    def move(self, old: tuple[np.ndarray, np.ndarray], new: tuple[np.ndarray, np.ndarray],
+    def move(self, moved: np.ndarray, n_users: int, new: tuple[np.ndarray, np.ndarray],
              users: np.ndarray) -> None:
-        """Drop the entries ``old`` (item, recency) and add ``new`` (item, recency) held by
-        ``users`` (new arrays: the old ones are never written)."""
-        gone = np.searchsorted(self.codes, self._codes(*old))
-        codes, holders = np.delete(self.codes, gone), np.delete(self.users, gone)
+        """Drop every entry of the users ``moved`` (of ``n_users``) and add ``new`` (item,
+        recency) held by ``users`` (new arrays: the old ones are never written). The drop is
+        one pass over the holders (a flag per user), not a search per entry."""
+        flag = np.zeros(n_users, bool)
+        flag[moved] = True
+        keep = ~flag[self.users]
+        codes, holders = self.codes[keep], self.users[keep]
         added = self._codes(*new)
         order = np.argsort(added, kind="stable")
         added, users = added[order], np.asarray(users, np.int64)[order]
@@ -261,16 +264,12 @@ class SessionNeighbours:
         if self.last.size < self.users:
             self.last = np.concatenate([self.last, np.full(self.last.size + self.users, -1)])
         moved = np.unique(u)
-        before = self.last[moved].copy()
-        where, lens = self.by_user.gather(moved)
-        old_items = self.by_user.second(where)
-        old_recency = np.repeat(before, lens)
         np.maximum.at(self.last, u, self.learned + np.arange(u.size))
         self.learned += u.size
         new = self.by_user.add(u, t)
         np.add.at(self.size, new >> _SHIFT, 1)
-        where, lens = self.by_user.gather(moved)
-        self.holders.move((old_items, old_recency),
+        where, lens = self.by_user.gather(moved)  # every entry of a moved user, at its recency
+        self.holders.move(moved, self.users,
                           (self.by_user.second(where), np.repeat(self.last[moved], lens)),
                           np.repeat(moved, lens))
 
@@ -496,9 +495,13 @@ class SessionIndex:
         padding, most recent first): distinct keys first, then indices (-1: an item no
         history holds, which still counts in the window's length)."""
         self.flush()
-        history = np.asarray(history, np.int64)[:, : self.window]
-        rows, keys = windows([h[h != 0] for h in history], self.window)
-        return rows, self.items.ids(keys)
+        h = np.asarray(history, np.int64)[:, : self.window]
+        # the distinct non-padding entries of the first ``window`` ones, first occurrence
+        # first: an entry equal to an earlier one of its row is a repeat (padding is last)
+        earlier = np.tril(np.ones((h.shape[1], h.shape[1]), bool), -1)
+        repeat = ((h[:, :, None] == h[:, None, :]) & earlier).any(axis=2)
+        rows, cols = np.nonzero((h != 0) & ~repeat)
+        return rows.astype(np.int64), self.items.ids(h[rows, cols])
 
     def sums(self, user_keys: np.ndarray, history: np.ndarray) -> Triples:
         """``(row, item index, s)``, by row then item, of the rows with a history (item
