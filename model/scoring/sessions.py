@@ -38,6 +38,9 @@ _MASK = (1 << _SHIFT) - 1
 DENSE_RATIO = 4
 #: The part's argument scale: ``log1p(SCALE * s)`` (``s`` sums weights below 1 per neighbour).
 SCALE = 20.0
+#: :func:`sparse_sums` counts densely while the cells are at most this many times the
+#: entries (a pass over a cell is far cheaper than a sort's over an entry).
+CELLS_RATIO = 16
 #: :meth:`SessionIndex.to_arrays`' derived arrays: the holders' codes and users.
 HOLDER_ARRAYS = ("sessions_holder_codes", "sessions_holder_users")
 #: Triples ``(row, item, value)`` of sparse per-row sums, by row.
@@ -162,10 +165,10 @@ def sparse_sums(rows: np.ndarray, cols: np.ndarray, weights: np.ndarray, b: int,
     """The non-empty cells of :func:`row_sums` (``b`` rows, ``n`` columns) as triples ``(row,
     col, sum)`` sorted by (row, col): each sum added in array order, as :func:`row_sums` adds
     it; every weight > 0. Over a dense ``b x n`` count while that is at most
-    ``DENSE_RATIO`` times the entries, else by sorting them (the same sums)."""
+    ``CELLS_RATIO`` times the entries, else by sorting them (the same sums)."""
     if not rows.size:
         return rows, cols, weights.astype(np.float64)
-    if b * n <= DENSE_RATIO * rows.size:
+    if b * n <= CELLS_RATIO * rows.size:
         cells = np.bincount(rows * n + cols, weights=weights, minlength=b * n)
         hit = np.flatnonzero(cells > 0)  # the weights are > 0 (a neighbour's)
         return hit // n, hit % n, cells[hit]
@@ -494,7 +497,6 @@ class SessionIndex:
         """Flat ``(row, item index)`` windows of a padded history matrix (item keys, 0 =
         padding, most recent first): distinct keys first, then indices (-1: an item no
         history holds, which still counts in the window's length)."""
-        self.flush()
         h = np.asarray(history, np.int64)[:, : self.window]
         # the distinct non-padding entries of the first ``window`` ones, first occurrence
         # first: an entry equal to an earlier one of its row is a repeat (padding is last)
@@ -503,9 +505,14 @@ class SessionIndex:
         rows, cols = np.nonzero((h != 0) & ~repeat)
         return rows.astype(np.int64), self.items.ids(h[rows, cols])
 
-    def sums(self, user_keys: np.ndarray, history: np.ndarray) -> Triples:
+    def sums(self, user_keys: np.ndarray, history: np.ndarray, held: bool = False) -> Triples:
         """``(row, item index, s)``, by row then item, of the rows with a history (item
-        keys, 0-padded, most recent first) of users ``user_keys``: the module doc's sums."""
+        keys, 0-padded, most recent first) of users ``user_keys``: the module doc's sums.
+        ``held``: as the index is, without the positives :meth:`learn` still holds (at most
+        :data:`LEARN_EVERY`; the live trainer's figures, which the delta stream's index lags
+        more than that)."""
+        if not held:
+            self.flush()
         qrows, qitems = self.windows_of(history)
         own = self.users.ids(np.asarray(user_keys, np.int64))
         neighbours = self.core.neighbours_of(own, qrows, qitems, len(history))
@@ -515,6 +522,7 @@ class SessionIndex:
     def dense(self, user_keys: np.ndarray, history: np.ndarray, item_keys: np.ndarray
               ) -> np.ndarray:
         """``[B, len(item_keys)]`` sums (float64; 0 where no neighbour holds the item)."""
+        self.flush()
         qrows, qitems = self.windows_of(history)
         own = self.users.ids(np.asarray(user_keys, np.int64))
         neighbours = self.core.neighbours_of(own, qrows, qitems, len(history))

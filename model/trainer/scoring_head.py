@@ -173,7 +173,8 @@ class ScoringHead(TrainerStep):
             item2item[flat[0]] = sparse[0][2]
             item2item = item2item.reshape(score.shape)
         if self.sessions is not None:
-            rows, ids, s = self.sessions.sums(head.user_keys, history)
+            # as the index is: what it holds back (a few batches) the served index lags more
+            rows, ids, s = self.sessions.sums(head.user_keys, history, held=True)
             col = self._sessions_columns(keys)[ids]
             ok = col >= 0
             sparse.append((rows[ok], col[ok], sknn_part(s[ok]).astype(np.float32)))

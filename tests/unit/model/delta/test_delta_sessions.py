@@ -62,7 +62,7 @@ def test_the_records_carry_the_index_then_its_positives(lineage: tuple[Run, list
     for d in deltas:
         assert d.sessions is None and d.sessions_positives is not None and d.sessions_weight > 0
         users, items, calls = d.sessions_positives
-        assert users.size == items.size == calls.sum() and calls.size > 1  # one per batch
+        assert users.size == items.size == calls.sum() and calls.size >= 1  # calls made
     # the wire keeps every array and the weight as they were
     for record in records:
         d = decode(record)

@@ -128,6 +128,8 @@ def test_learning_is_held_until_a_read_and_reads_see_all_of_it() -> None:
         each.learn(users, items)
         each.flush()
     assert held._pending_size == 400 and each._pending_size == 0
+    before = held.sums(np.array([2]), history[:1], held=True)  # as it is: nothing learnt yet
+    assert before[0].size == 0 and held._pending_size == 400
     np.testing.assert_array_equal(held.dense(np.array([2, 99]), history, np.arange(1, 91)),
                                   each.dense(np.array([2, 99]), history, np.arange(1, 91)))
     assert held._pending_size == 0 and held.entries == each.entries
