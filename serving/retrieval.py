@@ -82,8 +82,9 @@ def rank_with_model(
     if ann is None:
         ranked = top_k_batch(artifact.scores(user_ids, histories), ks, excludes)
     else:
-        queries = artifact.user_vectors(user_ids, histories)
-        sparse = artifact.sparse_scores(user_ids, histories)
+        keys = artifact.request_keys(user_ids, histories)  # hashed once for every part
+        queries = artifact.user_vectors_of_keys(*keys)
+        sparse = artifact.sparse_scores(histories, keys)
         wanted = max(ann.index.params.candidates,
                      max(ks, default=0) + max((len(e) for e in excludes), default=0))
         rows = candidate_rows(ann, queries, wanted, [at for part in sparse for at, _ in part])

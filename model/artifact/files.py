@@ -365,22 +365,22 @@ class ServingArtifact:
         plus the co-visitation term. ``rows`` (sorted, distinct): only those items,
         ``[len(rows), B]`` (two-stage retrieval, ``model.scoring.ann``); ``queries``: the
         users' vectors when the caller has them (:meth:`user_vectors`)."""
+        keys = self.request_keys(user_ids, histories)
         if queries is None:
-            queries = self.user_vectors(user_ids, histories)
-        return self.assemble(queries, self.sparse_scores(user_ids, histories), histories, rows)
+            queries = self.user_vectors_of_keys(*keys)
+        return self.assemble(queries, self.sparse_scores(histories, keys), histories, rows)
 
     def sparse_scores(
-        self, user_ids: Sequence[str], histories: Sequence[Sequence[str]]
+        self, histories: Sequence[Sequence[str]], keys: tuple[np.ndarray, list[np.ndarray]],
     ) -> list[list[tuple[np.ndarray, np.ndarray]]]:
         """The parts added at a few rows per user, each as :meth:`covisit_scores` gives it:
-        the co-visitation term, then the session-kNN part (those the version has)."""
+        the co-visitation term, then the session-kNN part (those the version has);
+        ``keys``: :meth:`request_keys` of the same users and histories."""
         out = []
         if self.covisit is not None:
             out.append(self.covisit_scores(histories))
         if self.sessions is not None:
-            out.append(self.session_scores_of_keys(
-                np.fromiter((user_key(u) for u in user_ids), np.int64, len(user_ids)),
-                [item_keys(list(h[: self.sessions.window])) for h in histories]))
+            out.append(self.session_scores_of_keys(*keys))
         return out
 
     def session_scores_of_keys(
@@ -451,13 +451,21 @@ class ServingArtifact:
         does not know are skipped and the known ones pooled (``model.scoring.pooling``:
         recency weights) and, in format 5, attended to (``model.scoring.attention``). With
         ``score_bias`` the last column is the constant 1 that adds each item's bias to its score."""
+        return self.user_vectors_of_keys(*self.request_keys(user_ids, histories))
+
+    def request_keys(
+        self, user_ids: Sequence[str], histories: Sequence[Sequence[str]]
+    ) -> tuple[np.ndarray, list[np.ndarray]]:
+        """The users' keys and their histories' item keys, as far back as any part reads
+        (the tower's window, the attention's, the session-kNN part's): hashed once per
+        request for every part."""
         if len(user_ids) != len(histories):
             raise ValueError("user_ids and histories differ in length")
         cut = None if self.history_len is None else max(
-            self.history_len, self.attention.length if self.attention else 0)
-        return self.user_vectors_of_keys(
-            np.fromiter((user_key(u) for u in user_ids), np.int64, len(user_ids)),
-            [item_keys(list(h[:cut])) for h in histories])
+            self.history_len, self.attention.length if self.attention else 0,
+            self.sessions.window if self.sessions is not None else 0)
+        return (np.fromiter((user_key(u) for u in user_ids), np.int64, len(user_ids)),
+                [item_keys(list(h[:cut])) for h in histories])
 
     def user_vectors_of_keys(self, keys: np.ndarray, histories: Sequence[np.ndarray]) -> np.ndarray:
         """:meth:`user_vectors` of users given by key, their histories as item keys."""

@@ -513,20 +513,20 @@ class SessionIndex:
         more than that)."""
         if not held:
             self.flush()
+        return sparse_sums(*self._triples(user_keys, history), len(history),
+                           int(self.items.keys.size))
+
+    def _triples(self, user_keys: np.ndarray, history: np.ndarray) -> Triples:
+        """``(row, item index, weight)`` of every item of every row's neighbours."""
         qrows, qitems = self.windows_of(history)
         own = self.users.ids(np.asarray(user_keys, np.int64))
-        neighbours = self.core.neighbours_of(own, qrows, qitems, len(history))
-        return sparse_sums(*self.core.item_triples(neighbours), len(history),
-                           int(self.items.keys.size))
+        return self.core.item_triples(self.core.neighbours_of(own, qrows, qitems, len(history)))
 
     def dense(self, user_keys: np.ndarray, history: np.ndarray, item_keys: np.ndarray
               ) -> np.ndarray:
         """``[B, len(item_keys)]`` sums (float64; 0 where no neighbour holds the item)."""
         self.flush()
-        qrows, qitems = self.windows_of(history)
-        own = self.users.ids(np.asarray(user_keys, np.int64))
-        neighbours = self.core.neighbours_of(own, qrows, qitems, len(history))
-        rows, ids, weight = self.core.item_triples(neighbours)
+        rows, ids, weight = self._triples(user_keys, history)
         col = self.columns(item_keys)[ids]
         ok = col >= 0
         return row_sums(rows[ok], col[ok], weight[ok], len(history), len(item_keys))

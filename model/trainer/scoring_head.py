@@ -39,9 +39,8 @@ class ScoringHead(TrainerStep):
     _eval_pending: deque[Future[None]]
     _since_refresh: int
     _full_batches: int
-    _columns: tuple[np.ndarray, int, int, np.ndarray] | None
-    #: (candidate keys, session index generation, column of each item index)
-    _sknn_columns: tuple[np.ndarray, int, np.ndarray] | None = None
+    #: Per counted part: (candidate keys, generation, column of each dense id)
+    _columns: dict[str, tuple[np.ndarray, int, np.ndarray]]
 
     # -- the score's parts and their learned weights (model.scoring.mixer) -------------------
     def score_weights(self) -> tuple[float, float, float]:
@@ -160,7 +159,8 @@ class ScoringHead(TrainerStep):
         sparse: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         item2item = None
         if self.covisit is not None:
-            where = self._covisit_columns(keys)
+            where = self._dense_columns("covisit", keys, self.covisit.keys,
+                                        self.covisit.generation)
             sparse.extend(self._covisit_sparse(history, where, "covisit_last" in w))
             # at flat positions: a third of the cost of indexing by (row, column) pairs
             flat = [r * n + c for r, c, _ in sparse]
@@ -175,7 +175,8 @@ class ScoringHead(TrainerStep):
         if self.sessions is not None:
             # as the index is: what it holds back (a few batches) the served index lags more
             rows, ids, s = self.sessions.sums(head.user_keys, history, held=True)
-            col = self._sessions_columns(keys)[ids]
+            col = self._dense_columns("sknn", keys, self.sessions.items.keys,
+                                      self.sessions.generation)[ids]
             ok = col >= 0
             sparse.append((rows[ok], col[ok], sknn_part(s[ok]).astype(np.float32)))
             score.reshape(-1)[rows[ok] * n + col[ok]] += np.float32(w["sknn"]) * sparse[-1][2]
@@ -210,34 +211,19 @@ class ScoringHead(TrainerStep):
             parts.append(part.reshape(len(tower), cols.size))
         self.mixer.update(parts, sub_target)
 
-    def _sessions_columns(self, keys: np.ndarray) -> np.ndarray:
-        """Candidate column of each session-kNN item index (-1: not a candidate), kept
-        between candidate refreshes and extended by the items added since."""
-        index = self.sessions
-        assert index is not None
-        cached = self._sknn_columns
-        held = index.items.keys.size
-        if cached is None or cached[0] is not keys or cached[1] != index.generation:
-            cached = (keys, index.generation, np.zeros(0, np.int64))
-        if cached[2].size < held:
-            new = self.evaluator.positions(index.items.keys[cached[2].size:])
-            cached = (keys, index.generation, np.concatenate([cached[2], new]))
-        self._sknn_columns = cached
+    def _dense_columns(self, part: str, keys: np.ndarray, dense_keys: np.ndarray,
+                       generation: int) -> np.ndarray:
+        """Candidate column of each dense id of a counted part (``dense_keys``: the item key
+        of each; -1: not a candidate), kept per part between candidate refreshes and
+        extended by the ids added since (ids only grow until ``generation`` moves)."""
+        cached = self._columns.get(part)
+        if cached is None or cached[0] is not keys or cached[1] != generation:
+            cached = (keys, generation, np.zeros(0, np.int64))
+        if cached[2].size < dense_keys.size:
+            new = self.evaluator.positions(dense_keys[cached[2].size:])
+            cached = (keys, generation, np.concatenate([cached[2], new]))
+        self._columns[part] = cached
         return cached[2]
-
-    def _covisit_columns(self, keys: np.ndarray) -> np.ndarray:
-        """Candidate column of each co-visitation dense id (-1: not a candidate), kept
-        between candidate refreshes and extended by the ids added since."""
-        cv = self.covisit
-        assert cv is not None
-        ids, cached = cv.keys, self._columns
-        if cached is None or cached[0] is not keys or cached[1] != cv.generation:
-            cached = (keys, cv.generation, 0, np.zeros(0, np.int64))
-        if cached[2] < ids.size:
-            new = self.evaluator.positions(ids[cached[2]:])
-            cached = (keys, cv.generation, ids.size, np.concatenate([cached[3], new]))
-        self._columns = cached
-        return cached[3]
 
     def _covisit_sparse(
         self, history: np.ndarray, where: np.ndarray, last: bool

@@ -68,7 +68,8 @@ def test_export_then_load_gives_identical_scores(trained: Trained, tmp_path: Pat
     # adds it (known users' own histories are not their neighbours)
     assert art.manifest["sessions"]["weight"] == pytest.approx(trainer.sknn_weight())
     served_sk = np.zeros_like(scores_served)
-    for r, (cols, added) in enumerate(art.sparse_scores(user_ids, histories)[1]):
+    keyed = art.request_keys(user_ids, histories)
+    for r, (cols, added) in enumerate(art.sparse_scores(histories, keyed)[1]):
         served_sk[r, cols] = added
     trained_sk = trainer.session_scores(ukeys, hist, vkeys[rows])
     assert (served_sk > 0).sum(axis=1).min() > 0
