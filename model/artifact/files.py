@@ -35,6 +35,7 @@ from model.artifact.manifest import (
     check_covisit_params,
     check_dims,
     format_version,
+    history_groups_entry,
     load_npy,
     read_manifest,
     sha256_file,
@@ -46,6 +47,7 @@ from model.artifact.sessions import index_of as index_of_sessions
 from model.artifact.sessions import session_scores
 from model.scoring.covisit import LOW32, accumulate, history_rows, position_weights, term
 from model.scoring.pooling import pool_history
+from model.scoring.selector import row_scales
 from model.scoring.sessions import SessionIndex
 from model.scoring.sorted_keys import find_sorted
 from streamrec.ids import item_keys, user_key
@@ -84,6 +86,7 @@ def write_artifact(
     item_popularity: np.ndarray | None = None,
     sessions: tuple[Mapping[str, np.ndarray], np.ndarray] | None = None,
     sessions_params: Mapping[str, Any] | None = None,
+    history_groups: Mapping[str, Any] | None = None,
     manifest_extra: Mapping[str, Any] | None = None,
     created_at: datetime | None = None,
 ) -> dict[str, Any]:
@@ -98,7 +101,11 @@ def write_artifact(
 
     ``sessions`` (format 9, with ``sessions_params``): the session-kNN index's arrays
     (``SessionIndex.to_arrays``) and the catalogue row of each of its items
-    (``model.artifact.sessions``)."""
+    (``model.artifact.sessions``).
+
+    ``history_groups`` (format 10, ``model.scoring.selector``): ``{"window", "starts",
+    "scales"}``, the (co-visitation, session-kNN) scales of those parts' weights per history
+    group; None, or every scale 1: the weights alone for every row (no entry)."""
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     extra = dict(manifest_extra or {})
@@ -113,6 +120,7 @@ def write_artifact(
     if (cold_start == "popular") != (item_popularity is not None):
         raise ArtifactError("item_popularity goes with cold_start 'popular', and only with it")
 
+    groups = history_groups_entry(history_groups)
     ids = np.asarray([str(i) for i in item_ids], dtype=np.str_)
     vectors = np.ascontiguousarray(item_vectors, dtype=np.float32)
     if vectors.ndim != 2 or vectors.shape[0] != ids.shape[0]:
@@ -189,7 +197,7 @@ def write_artifact(
         "format_version": format_version(
             score_bias, history_len, history_decay, covisit is not None, attention is not None,
             bool(covisit_params and covisit_params.get("last_weight", 0.0)),
-            cold_start, sessions is not None,
+            cold_start, sessions is not None, groups is not None,
         ),
         "version": version,
         "created_at": created_at.isoformat() if created_at else None,
@@ -228,6 +236,8 @@ def write_artifact(
             manifest["covisit"]["last_weight"] = float(covisit_params["last_weight"])
     if sessions_params is not None:
         manifest["sessions"] = dict(sessions_params)
+    if groups is not None:
+        manifest["history_groups"] = groups
     if attention_entry is not None:
         manifest["attention"] = attention_entry
         load_attention(manifest, arrays)  # shapes and values, as the reader checks them
@@ -377,11 +387,22 @@ class ServingArtifact:
         the co-visitation term, then the session-kNN part (those the version has);
         ``keys``: :meth:`request_keys` of the same users and histories."""
         out = []
+        scales = self.group_scales(histories)
         if self.covisit is not None:
-            out.append(self.covisit_scores(histories))
+            out.append(_scaled(self.covisit_scores(histories), scales, 0))
         if self.sessions is not None:
-            out.append(self.session_scores_of_keys(*keys))
+            out.append(_scaled(self.session_scores_of_keys(*keys), scales, 1))
         return out
+
+    def group_scales(self, histories: Sequence[Any]) -> np.ndarray | None:
+        """``[B, 2]``: the (co-visitation, session-kNN) scales of each history's group
+        (format 10, ``history_groups``: ``model.scoring.selector``); None without groups."""
+        entry = self.manifest.get("history_groups")
+        if entry is None:
+            return None
+        window = int(entry["window"])
+        counts = np.fromiter((min(len(h), window) for h in histories), np.int64, len(histories))
+        return row_scales(np.asarray(entry["scales"], np.float64), counts, entry["starts"])
 
     def session_scores_of_keys(
         self, user_keys: np.ndarray, histories: Sequence[np.ndarray]
@@ -402,9 +423,11 @@ class ServingArtifact:
         """:meth:`scores` of users given by key, their histories as item keys and as item rows
         of this version (-1: not one of its items), most recent first: the trainer scores its
         rows (keys only) as serving would."""
-        sparse = [self.covisit_scores_of_rows(history_rows)] if self.covisit is not None else []
+        scales = self.group_scales(histories)
+        sparse = ([_scaled(self.covisit_scores_of_rows(history_rows), scales, 0)]
+                  if self.covisit is not None else [])
         if self.sessions is not None:
-            sparse.append(self.session_scores_of_keys(user_keys, histories))
+            sparse.append(_scaled(self.session_scores_of_keys(user_keys, histories), scales, 1))
         return self.assemble(self.user_vectors_of_keys(user_keys, histories), sparse,
                              histories, None)
 
@@ -593,3 +616,14 @@ def load_artifact(directory: str | Path, *, verify: bool = True,
         sessions=sessions,
         sessions_rows=sessions_rows,
     )
+
+
+def _scaled(part: list[tuple[np.ndarray, np.ndarray]], scales: np.ndarray | None, column: int
+            ) -> list[tuple[np.ndarray, np.ndarray]]:
+    """A part added at a few rows per user (:meth:`ServingArtifact.sparse_scores`), each
+    user's times its scale in ``column`` of ``scales`` (:meth:`ServingArtifact.group_scales`;
+    None: as it is)."""
+    if scales is None:
+        return part
+    return [(at, added if scales[i, column] == 1.0 else added * np.float32(scales[i, column]))
+            for i, (at, added) in enumerate(part)]

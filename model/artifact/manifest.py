@@ -17,9 +17,9 @@ import numpy as np
 from model.errors import ModelError
 
 FORMAT = "streamrec-artifact"
-FORMAT_VERSION = 9
+FORMAT_VERSION = 10
 #: Versions the reader accepts (see the module doc).
-READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9)
+READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10)
 MANIFEST = "manifest.json"
 _CHUNK = 1 << 20
 ACTIVATIONS = ("relu", "linear")
@@ -27,7 +27,7 @@ RESERVED = frozenset(
     {
         "format", "format_version", "version", "created_at", "normalize", "score_bias",
         "history_len", "history_decay", "covisit", "attention", "dims", "layers", "files",
-        "cold_start", "sessions",
+        "cold_start", "sessions", "history_groups",
     }
 )
 
@@ -52,7 +52,10 @@ def format_version(
     covisit_last: bool = False,
     cold_start: str = "mix",
     sessions: bool = False,
+    history_groups: bool = False,
 ) -> int:
+    if history_groups:
+        return 10
     if sessions:
         return 9
     if cold_start == "popular":
@@ -121,10 +124,49 @@ def read_manifest(directory: str | Path) -> dict[str, Any]:
                             + ("" if bias or cold != "prior" else " without score_bias"))
     if "sessions" in manifest and version < 9:
         raise ArtifactError(f"{path}: sessions is not valid in format {version}")
+    if "history_groups" in manifest:
+        if version < 10:
+            raise ArtifactError(f"{path}: history_groups is not valid in format {version}")
+        check_history_groups(manifest["history_groups"], f"{path}: ")
     for key in ("version", "dims", "layers", "files"):
         if key not in manifest:
             raise ArtifactError(f"{path}: missing {key!r}")
     return manifest
+
+
+def check_history_groups(entry: Any, where: str = "") -> None:
+    """Raise unless ``entry`` is a valid ``history_groups`` manifest entry (format 10,
+    ``model.scoring.selector``): ``window`` (int >= 1), ``starts`` (increasing ints >= 1) and
+    one ``[co-visitation, session-kNN]`` pair of scales > 0 per start."""
+    if not isinstance(entry, dict) or set(entry) != {"window", "starts", "scales"}:
+        raise ArtifactError(f"{where}history_groups must hold window, starts and scales")
+    window, starts, scales = entry["window"], entry["starts"], entry["scales"]
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise ArtifactError(f"{where}history_groups window {window!r} is not an int >= 1")
+    if (not isinstance(starts, list) or not starts
+            or not all(isinstance(s, int) and not isinstance(s, bool) for s in starts)
+            or starts[0] < 1 or starts != sorted(set(starts))):
+        raise ArtifactError(f"{where}history_groups starts {starts!r} are not increasing ints >= 1")
+    if (not isinstance(scales, list) or len(scales) != len(starts)
+            or not all(isinstance(p, list) and len(p) == 2 and all(
+                isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0 for x in p)
+                for p in scales)):
+        raise ArtifactError(f"{where}history_groups scales {scales!r} are not one pair of "
+                            "numbers > 0 per start")
+
+
+def history_groups_entry(groups: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The manifest's ``history_groups`` entry of ``groups`` (checked), or None when there
+    are none or every scale is 1 (the same scores without the entry)."""
+    if groups is None:
+        return None
+    scales = [[float(x) for x in pair] for pair in np.asarray(groups["scales"]).tolist()]
+    entry = {"window": int(groups["window"]), "starts": [int(s) for s in groups["starts"]],
+             "scales": scales}
+    check_history_groups(entry)
+    if all(x == 1.0 for pair in scales for x in pair):
+        return None
+    return entry
 
 
 #: Files of the co-visitation term (format 4; ``model.scoring.covisit``).

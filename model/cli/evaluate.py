@@ -129,6 +129,10 @@ def register(sub: Any) -> None:
     )
     g.add_argument("--mix-lr", type=float, default=None,
                    help="Adagrad step of the learned mix (default: ModelConfig)")
+    g.add_argument("--mix-select", action=argparse.BooleanOptionalAction, default=None,
+                   help="per history size (1-4, 5+ items), serve the scales of the neighbour "
+                   "parts' learnt weights that have hit most (model.scoring.selector; "
+                   "default: ModelConfig, on)")
     g.add_argument("--covisit-window", type=int, default=None, help="default: ModelConfig")
     g.add_argument("--covisit-decay", type=float, default=None, help="default: ModelConfig")
     g.add_argument(
@@ -150,6 +154,8 @@ def register(sub: Any) -> None:
     g.add_argument("--sknn-part-k", type=int, default=None,
                    help="the part's most similar of them that count (0 = all; default: "
                    "ModelConfig)")
+    g.add_argument("--sknn-part-window", type=int, default=None,
+                   help="the row's most recent items the part compares (default: ModelConfig)")
     g.add_argument(
         "--history-grad", type=int, choices=(0, 1), default=None,
         help="0: history rows learn only as targets/negatives (default: ModelConfig.train_history)",
@@ -263,6 +269,7 @@ def _handle(args: argparse.Namespace) -> int:
     doc["exclude"] = args.exclude
     doc["config"] = run_config(args, settings)
     doc["score_weights"] = args.score_weights
+    doc["history_groups"] = args.history_groups
     if args.retrieval == "ann":
         # how much of the catalogue the two stages scored per event (the rest: left out)
         doc["retrieval_share"] = round(args.retrieval_share, 4)
@@ -271,6 +278,14 @@ def _handle(args: argparse.Namespace) -> int:
     print(table(doc))
     print("score weights (" + doc["config"]["mix"] + "): "
           + ", ".join(f"{k} {v:.3f}" for k, v in args.score_weights.items()))
+    if args.history_groups:
+        starts = args.history_groups["starts"]
+        names = [f"{s}-{e - 1}" if e - 1 > s else f"{s}" for s, e in zip(starts, starts[1:],
+                                                                            strict=False)]
+        names.append(f"{starts[-1]}+")
+        print("scales of the learned weights per history size (co-visitation, session-kNN): "
+              + ", ".join(f"{name} items {a:g}, {b:g}" for name, (a, b) in
+                          zip(names, args.history_groups["scales"], strict=True)))
     if args.retrieval == "ann":
         print(f"retrieval ann: each event ranked over {100 * args.retrieval_share:.1f}% of the "
               "items the model has a row for, on average")
@@ -355,6 +370,7 @@ def _run_in(args: argparse.Namespace, settings: Any, stream: Any, stack: Any) ->
             covisit_weight=cfg["covisit_weight"],
             mix=cfg["mix"],
             mix_lr=cfg["mix_lr"],
+            mix_select=cfg["mix_select"],
             covisit_window=cfg["covisit_window"],
             covisit_decay=cfg["covisit_decay"],
             covisit_half_life=cfg["covisit_half_life"],
@@ -362,6 +378,7 @@ def _run_in(args: argparse.Namespace, settings: Any, stream: Any, stack: Any) ->
             sknn_weight=cfg["sknn_weight"],
             sknn_sample=cfg["sknn_part_sample"],
             sknn_k=cfg["sknn_part_k"],
+            sknn_window=cfg["sknn_part_window"],
             train_history=cfg["train_history"],
             **{k: v for k, v in cfg.items() if k.startswith(("user_tower", "attention_"))},
             temperature=cfg["temperature"],
@@ -440,6 +457,7 @@ def _run_in(args: argparse.Namespace, settings: Any, stream: Any, stack: Any) ->
     try:
         result = evaluate(stream, learners, options, progress)
         args.score_weights = trainer.mixer.as_dict()
+        args.history_groups = trainer.history_groups()
         args.retrieval_share = model.retrieval_share
         if args.codecs:
             args.codec_bytes, args.codec_deltas = rows.bytes, rows.deltas

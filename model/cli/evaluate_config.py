@@ -27,6 +27,7 @@ def run_config(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
         "mix": _default(args.mix, "mix"),
         "retrieval": getattr(args, "retrieval", "exact"),
         "mix_lr": _default(args.mix_lr, "mix_lr"),
+        "mix_select": bool(_default(args.mix_select, "mix_select")),
         "covisit_window": _default(args.covisit_window, "covisit_window"),
         "covisit_decay": _default(args.covisit_decay, "covisit_decay"),
         "covisit_half_life": _default(args.covisit_half_life, "covisit_half_life"),
@@ -34,6 +35,7 @@ def run_config(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
         "sknn_weight": _default(args.sknn_weight, "sknn_weight"),
         "sknn_part_sample": _default(args.sknn_part_sample, "sknn_sample"),
         "sknn_part_k": _default(args.sknn_part_k, "sknn_k"),
+        "sknn_part_window": _default(args.sknn_part_window, "sknn_window"),
         "train_history": bool(_default(args.history_grad, "train_history")),
         "user_tower": _default(args.user_tower, "user_tower"),
         **{

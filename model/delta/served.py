@@ -96,6 +96,8 @@ def servable(
         }
     if sessions is not None:
         manifest["sessions"] = params_of(sessions, state.sessions_weight)
+    if state.history_groups is not None:
+        manifest["history_groups"] = dict(state.history_groups)
     return ServingArtifact(
         path=Path(f"delta:{state.base_version}+{state.seq}"),
         manifest=manifest,

@@ -105,6 +105,8 @@ def write_shared(f: BinaryIO, state: ModelState, artifact: ServingArtifact,
     }
     if state.sessions is not None:
         meta["sessions_weight"] = float(state.sessions_weight)
+    if state.history_groups is not None:
+        meta["history_groups"] = dict(state.history_groups)
     specs: list[dict[str, Any]] = []
     contiguous: dict[str, np.ndarray] = {}
     at = 0
@@ -189,6 +191,7 @@ def read_shared(buf: Any, gen: int, previous: ServingArtifact | None = None,
             samples_trained=int(meta["samples_trained"]), created_at=meta["created_at"],
             cold_start=str(meta.get("cold_start", "mix")),
             sessions=sessions, sessions_weight=float(meta.get("sessions_weight", 0.0)),
+            history_groups=meta.get("history_groups"),
             **{name: arrays[name] for name in STATE_ARRAYS},
         )
         covisit = tuple(arrays[name] for name in _COVISIT) if _COVISIT[0] in arrays else None

@@ -15,6 +15,7 @@ that applied the same deltas hash equal). Each part in detail: docs/internals.md
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -120,6 +121,9 @@ class ModelState:
     sessions: SessionIndex | None = None
     #: The mix weight of the session-kNN part (served only when > 0, as a full version's).
     sessions_weight: float = 0.0
+    #: Per history group, the neighbour parts' scales (the artifact's ``history_groups``
+    #: entry, ``model.scoring.selector``; None: the weights alone).
+    history_groups: Mapping[str, Any] | None = None
 
     @property
     def serves_sessions(self) -> bool:
@@ -217,6 +221,7 @@ class ModelState:
             "default_user_row": self.default_user_row,
             "layers": list(self.layers),
             "cold_start": self.cold_start,
+            "history_groups": self.history_groups,
         }
         if self.cold_start == POPULAR:
             out["item_popularity"] = self.item_popularity()
@@ -261,6 +266,8 @@ def state_checksum(state: ModelState) -> str:
         h.update(state.cold_start.encode())
     if state.cold_start == POPULAR:
         put(state.item_popularity()[order])
+    if state.history_groups is not None:
+        h.update(json.dumps(state.history_groups, sort_keys=True).encode())
     if state.sessions is not None:
         # replicas that replayed the same positives hold the same dense ids: the arrays as
         # they are, by name

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from model.artifact.manifest import ArtifactError, check_history_groups
 from model.artifact.sessions import ARRAY_NAMES as SESSION_ARRAYS
 from model.delta.state import Constants, Layer
 from model.errors import ModelError
@@ -181,6 +182,10 @@ class Delta:
     sessions_positives: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
     #: The session-kNN part's mix weight (read only from a record that carries the part).
     sessions_weight: float = 0.0
+    #: Per history group, the neighbour parts' scales (the artifact's ``history_groups``
+    #: entry, ``model.scoring.selector``; None: the weights alone). Every record carries the
+    #: trainer's current entry.
+    history_groups: Mapping[str, Any] | None = None
 
     @property
     def rows_changed(self) -> int:
@@ -215,6 +220,8 @@ def encode(delta: Delta, codec: str = "float32", *, compress: bool = False) -> b
         arrays[name] = getattr(delta, name)
     for i, (w, b, _) in enumerate(delta.layers):
         arrays[f"layer_{i}_w"], arrays[f"layer_{i}_b"] = w, b
+    if delta.history_groups is not None:
+        meta["history_groups"] = dict(delta.history_groups)
     if delta.carries_sessions:
         meta["sessions_weight"] = float(delta.sessions_weight)
         if delta.sessions is not None:
@@ -262,9 +269,10 @@ def decode(record: bytes) -> Delta:
             layers=layers, constants=constants, created_at=meta.get("created_at"),
             state_checksum=str(meta.get("state_checksum", "")), extra=meta.get("extra", {}),
             cold_start=_cold_start(meta.get("cold_start", MIX)),
+            history_groups=_history_groups(meta.get("history_groups")),
             **_sessions(meta, arrays),
         )
-    except (KeyError, TypeError, ValueError) as exc:
+    except (KeyError, TypeError, ValueError, ArtifactError) as exc:
         raise DeltaError(f"delta record lacks or garbles {exc}") from exc
 
 
@@ -301,6 +309,14 @@ def _prior_count(arrays: Mapping[str, np.ndarray]) -> np.ndarray:
     if count.shape != buckets.shape:
         raise ValueError(f"prior_count {count.shape} does not match prior_buckets {buckets.shape}")
     return np.asarray(count, np.float64)
+
+
+def _history_groups(entry: Any) -> dict[str, Any] | None:
+    """The record's ``history_groups`` entry, checked as the artifact reader checks it."""
+    if entry is None:
+        return None
+    check_history_groups(entry, "delta: ")
+    return dict(entry)
 
 
 def _cold_start(value: Any) -> str:

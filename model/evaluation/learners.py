@@ -179,7 +179,7 @@ class TwoTowerLearner:
         users = trainer.tower_users(train_batch.user_keys, train_batch.history)
         parts = trainer.score_parts(users, tower, log_q, train_batch.history, keys,
                                     train_batch.user_keys)
-        mixed = trainer.mixer.score(parts)
+        mixed = trainer.mixer.score(trainer.selected_parts(parts, train_batch.history))
         at = np.full(out.shape[1], -1, np.int64)
         at[cols] = np.arange(cols.size)
         target = np.array([at[p.item] if p.item < at.size else -1 for p in batch])
@@ -199,6 +199,7 @@ class TwoTowerLearner:
         out[:, cols] = mixed
         self._parts = (batch, dict(zip(trainer.mixer.names, parts, strict=True)), cols,
                        out.shape[1])
+        trainer.learn_selection(learn, target, train_batch.history)
         trainer.learn_mix(learn, target)
         return out
 

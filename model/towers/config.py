@@ -90,6 +90,8 @@ class ModelConfig:
     #: of them count (V-SKNN's sample and k, 0 = all; the panel's ``sknn`` baseline's).
     sknn_sample: int = 300
     sknn_k: int = 75
+    #: Most recent history items of the row the session-kNN part compares (V-SKNN's window).
+    sknn_window: int = 10
     #: Most recent histories the session-kNN index keeps (the least recent go first).
     sknn_max_sessions: int = 200_000
     #: Whether history rows get gradients through the user tower. False: they learn only as
@@ -104,6 +106,10 @@ class ModelConfig:
     #: Adagrad step of the learned mix (why 0.15: docs/decisions.md#score-mix — at 0.05 the
     #: weights were still on their way from the constants after 100k samples).
     mix_lr: float = 0.15
+    #: Per history size (1-4, 5+ items in the window), serve the scales of the neighbour
+    #: parts' learnt weights that have hit most (``model.scoring.selector``; learned mix
+    #: only). Why: the real-log panel, docs/decisions.md#mix-selector.
+    mix_select: bool = True
     #: "pool": the user tower reads the history through its recency pool alone. "attention":
     #: it also reads the output of a small causal Transformer over the last ``attention_len``
     #: items (``model.towers.attention``; MLP input ``concat(user row, attention, pool)``, the
@@ -142,9 +148,15 @@ class ModelConfig:
         return self.user_tower == "attention"
 
     @property
-    def window(self) -> int:
-        """Most recent history items the model reads (the pool's and the attention's)."""
+    def tower_window(self) -> int:
+        """Most recent history items the user tower reads (the pool's and the attention's)."""
         return max(self.history_len, self.attention_len) if self.attention else self.history_len
+
+    @property
+    def window(self) -> int:
+        """Most recent history items the model reads: the tower's, and the session-kNN
+        part's (``sknn_window``) when the score has it."""
+        return max(self.tower_window, self.sknn_window if self.sknn_weight else 0)
 
     def __post_init__(self) -> None:
         if self.mix not in ("learned", "fixed") or self.mix_lr <= 0.0:
@@ -157,9 +169,10 @@ class ModelConfig:
             raise ValueError("admit_after and user_admit_after must be >= 1")
         if self.covisit_weight < 0.0 or self.covisit_window < 1 or self.covisit_max_pairs < 1:
             raise ValueError("covisit_weight >= 0, covisit_window and covisit_max_pairs >= 1")
-        if self.sknn_weight < 0.0 or self.sknn_k < 0 or min(self.sknn_sample,
-                                                            self.sknn_max_sessions) < 1:
-            raise ValueError("sknn_weight, sknn_k >= 0; sknn_sample, sknn_max_sessions >= 1")
+        if self.sknn_weight < 0.0 or self.sknn_k < 0 or min(
+                self.sknn_sample, self.sknn_max_sessions, self.sknn_window) < 1:
+            raise ValueError("sknn_weight, sknn_k >= 0; sknn_sample, sknn_max_sessions, "
+                             "sknn_window >= 1")
         if self.covisit_reverse < 0.0:
             raise ValueError("covisit_reverse must be >= 0")
         if not 0.0 < self.covisit_decay <= 1.0 or self.covisit_half_life < 0.0:

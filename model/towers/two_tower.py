@@ -260,7 +260,7 @@ class TwoTower(tf.Module):
         """The entries of the window the pool reads: its first ``history_len`` (all of it
         unless the attention's window is longer); ``keep_shape``: as a mask of the window."""
         hl = self.config.history_len
-        if self.config.window <= hl:
+        if self.config.tower_window <= hl:
             return known
         if not keep_shape:
             return known[:, :hl]
@@ -269,7 +269,7 @@ class TwoTower(tf.Module):
     def history_pool(self, h_rows: tf.Tensor, known: tf.Tensor) -> tf.Tensor:
         """The (recency-weighted) pool of dense ``[B, L, d]`` history rows: ``[B, d]``."""
         known = self.pool_mask(known)
-        h_rows = h_rows[:, : self.config.history_len] if self.config.window > self.config.history_len else h_rows
+        h_rows = h_rows[:, : self.config.history_len] if self.config.tower_window > self.config.history_len else h_rows
         weights = pool_weights(known, self.config.history_decay)[..., None]
         return tf.reduce_sum(h_rows * weights, axis=1)
 

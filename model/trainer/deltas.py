@@ -79,7 +79,7 @@ class DeltaBuilder:
     # -- tracking ------------------------------------------------------------------------------
     def record(self, batch: Batch, negatives: np.ndarray) -> None:
         """``Trainer.on_step``: remember the keys of one step."""
-        window = self.trainer.config.window
+        window = self.trainer.config.tower_window  # the rows the step moved
         self._users.append(batch.user_keys)
         self._targets.append(batch.item_keys)
         self._items.extend((batch.item_keys, batch.history[:, :window], negatives))
@@ -143,6 +143,7 @@ class DeltaBuilder:
             "layers": tuple(tower["layers"]),
             "default_user_row": tr.default_row(tr.model.users),
             "sessions_weight": tr.sknn_weight(),
+            "history_groups": tr.history_groups(),
         }
 
     def _constants(self) -> Constants:

@@ -67,7 +67,8 @@ def artifact_arrays(trainer: Trainer, item_ids: Mapping[int, str]) -> dict[str, 
             "sessions": (trainer.sessions.to_arrays(), np.where(found, order[pos], -1)),
             "sessions_params": sessions_params(trainer.sessions, trainer.sknn_weight()),
         }
-    cold: dict[str, Any] = {"cold_start": trainer.cold_start()}
+    cold: dict[str, Any] = {"cold_start": trainer.cold_start(),
+                            "history_groups": trainer.history_groups()}
     if cold["cold_start"] == POPULAR:
         cold["item_popularity"] = trainer.cold.counts.scores(vkeys[named])
     attention: dict[str, Any] = {}

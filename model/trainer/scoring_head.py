@@ -15,10 +15,12 @@ from typing import Any
 
 import numpy as np
 
+from model.artifact.manifest import history_groups_entry
 from model.scoring.cold import MIX, POPULAR, PRIOR, ColdStart, no_history
 from model.scoring.covisit import term as covisit_term
 from model.scoring.mixer import ScoreMixer
 from model.scoring.prior import served_item_vectors
+from model.scoring.selector import MixSelector, dense_cells, history_counts, join_cells
 from model.scoring.sessions import part as sknn_part
 from model.trainer.rolling import Evaluator
 from model.trainer.samples import Batch
@@ -26,6 +28,9 @@ from model.trainer.step import HeadVectors, Prepared, TrainerStep
 
 #: Candidate columns a live step of the learned mix samples (plus the batch's targets).
 MIX_SAMPLE = 2048
+#: The mix's parts whose weights the selector scales, by its scale column
+#: (``model.scoring.selector``: co-visitation 0, session-kNN 1).
+SCALED = {"covisit": 0, "covisit_last": 0, "sknn": 1}
 
 
 class ScoringHead(TrainerStep):
@@ -34,6 +39,7 @@ class ScoringHead(TrainerStep):
     evaluator: Evaluator
     mixer: ScoreMixer
     cold: ColdStart
+    selector: MixSelector | None
     _mix_rng: np.random.Generator
     _eval_pool: ThreadPoolExecutor | None
     _eval_pending: deque[Future[None]]
@@ -56,6 +62,21 @@ class ScoringHead(TrainerStep):
     def sknn_weight(self) -> float:
         """Weight of the session-kNN part (``model.scoring.sessions``; 0: none)."""
         return self.mixer.as_dict().get("sknn", 0.0)
+
+    def group_scales(self) -> np.ndarray | None:
+        """``[G, 2]``: per history group (``model.scoring.selector.GROUP_STARTS``) the
+        (co-visitation, session-kNN) scales of those parts' weights served now; None: the
+        weights alone for every row."""
+        return None if self.selector is None else self.selector.scales()
+
+    def history_groups(self) -> dict[str, Any] | None:
+        """The served :meth:`group_scales` as the artifact's ``history_groups`` entry (None:
+        none, or every scale 1)."""
+        if self.selector is None:
+            return None
+        return history_groups_entry({"window": self.config.window,
+                                     "starts": list(self.selector.starts),
+                                     "scales": self.selector.scales()})
 
     def item_parts(self) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """(keys, item side of the towers' part, log q or None) of every known item."""
@@ -118,6 +139,36 @@ class ScoringHead(TrainerStep):
         return rows, {PRIOR: np.where(candidate, prior, -np.inf),
                       POPULAR: np.where(candidate, popular, -np.inf)}
 
+    def selected_parts(self, parts: list[np.ndarray], history: np.ndarray) -> list[np.ndarray]:
+        """``[B, N]`` parts (:meth:`score_parts`) with the neighbour parts times each row's
+        scales of the selector's leaders (``model.scoring.selector``): the mix of these is
+        the served score; ``parts`` themselves without a selector."""
+        if self.selector is None:
+            return parts
+        scale = self.selector.row_scales(history_counts(history))
+        return [np.asarray(f) * scale[:, SCALED[name]:SCALED[name] + 1] if name in SCALED
+                else f for name, f in zip(self.mixer.names, parts, strict=True)]
+
+    def learn_selection(self, parts: list[np.ndarray], target_pos: np.ndarray,
+                        history: np.ndarray) -> None:
+        """Count the selector's variants' hits on scored rows (dense ``parts`` in
+        :attr:`mixer` order, before the model learns them; ``-inf`` in the first: not a
+        candidate); a no-op without a selector."""
+        if self.selector is None:
+            return
+        names, weights = self.mixer.names, self.mixer.weights
+        first = np.asarray(parts[0])
+        base = np.zeros(first.shape, np.float64)
+        cells: dict[int, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {0: [], 1: []}
+        for name, w, f in zip(names, weights, parts, strict=True):
+            if name in SCALED:
+                cells[SCALED[name]].append(dense_cells(f, float(w)))
+            else:
+                base += w * np.where(np.isfinite(f), f, 0.0)
+        base[~np.isfinite(first)] = -np.inf
+        self.selector.observe(base, join_cells(cells[0]), join_cells(cells[1]), target_pos,
+                              history_counts(history))
+
     def learn_mix(self, parts: list[np.ndarray], target_pos: np.ndarray) -> None:
         """One step of the learned mix on scored rows (before the model learns them)."""
         if self.config.mix == "learned":
@@ -156,7 +207,15 @@ class ScoringHead(TrainerStep):
         score = tower * np.float32(w["tower"])
         if "prior" in w and ev.candidate_log_q is not None:
             score += np.float32(w["prior"]) * ev.candidate_log_q[None, :]
+        # per history group, the neighbour parts' weights scaled (model.scoring.selector)
+        select = self.selector
+        counts = history_counts(history)
+        base = score.copy() if select is not None else None
+        scale = (np.ones((len(history), 2), np.float32) if select is None
+                 else select.row_scales(counts).astype(np.float32))
         sparse: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        weighted: dict[str, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {
+            "item2item": [], "sknn": []}
         item2item = None
         if self.covisit is not None:
             where = self._dense_columns("covisit", keys, self.covisit.keys,
@@ -166,9 +225,11 @@ class ScoringHead(TrainerStep):
             flat = [r * n + c for r, c, _ in sparse]
             cells = score.reshape(-1)
             assert cells.base is score  # a view: the additions land in ``score``
-            for at, (_, _, v), name in zip(flat, sparse, ("covisit", "covisit_last"),
+            for at, (r, c, v), name in zip(flat, sparse, ("covisit", "covisit_last"),
                                            strict=False):
-                cells[at] += np.float32(w[name]) * v
+                added = np.float32(w[name]) * v
+                weighted["item2item"].append((r, c, added))
+                cells[at] += added * scale[r, 0]
             item2item = np.zeros(score.size, np.float32)
             item2item[flat[0]] = sparse[0][2]
             item2item = item2item.reshape(score.shape)
@@ -179,7 +240,12 @@ class ScoringHead(TrainerStep):
                                       self.sessions.generation)[ids]
             ok = col >= 0
             sparse.append((rows[ok], col[ok], sknn_part(s[ok]).astype(np.float32)))
-            score.reshape(-1)[rows[ok] * n + col[ok]] += np.float32(w["sknn"]) * sparse[-1][2]
+            added = np.float32(w["sknn"]) * sparse[-1][2]
+            weighted["sknn"].append((rows[ok], col[ok], added))
+            score.reshape(-1)[rows[ok] * n + col[ok]] += added * scale[rows[ok], 1]
+        if select is not None and base is not None:
+            select.observe(base, join_cells(weighted["item2item"]), join_cells(weighted["sknn"]),
+                           target_pos, counts)
         log_q = ev.candidate_log_q
         cold = np.zeros(0, np.int64)
         if self._cold_applies and log_q is not None:

@@ -124,6 +124,10 @@ class TrainerService:
         cold = {k[len("cold_"):]: v for k, v in restored.arrays.items() if k.startswith("cold_")}
         if cold:
             self.trainer.cold.load_state(cold)
+        select = {k[len("select_"):]: v for k, v in restored.arrays.items()
+                  if k.startswith("select_")}
+        if select and self.trainer.selector is not None:
+            self.trainer.selector.load_state(select)
         self.metrics.samples_total.set(self.state.samples_trained)
         self.metrics.consumed_offsets.set(sum(self.state.offsets.values()))
         log.info(
@@ -150,6 +154,8 @@ class TrainerService:
                 **sessions,
                 **{f"mixer_{k}": v for k, v in self.trainer.mixer.state().items()},
                 **{f"cold_{k}": v for k, v in self.trainer.cold.state().items()},
+                **({f"select_{k}": v for k, v in self.trainer.selector.state().items()}
+                   if self.trainer.selector is not None else {}),
             },
         )
 

@@ -69,8 +69,9 @@ class TrainerTables:
         return keys, rows, self.freq.log_q(tf.constant(keys, tf.int64)).numpy()
 
     def _history(self, history: np.ndarray) -> np.ndarray:
-        """The model's window of a (most recent first) history: ``ModelConfig.window``."""
-        return history[:, : self.config.window]
+        """The user tower's window of a (most recent first) history:
+        ``ModelConfig.tower_window``."""
+        return history[:, : self.config.tower_window]
 
     def maybe_evict(self) -> int:
         every = self.options.evict_every_steps

@@ -23,6 +23,7 @@ import numpy as np
 from model.scoring.cold import ColdStart
 from model.scoring.covisit import CoVisitation
 from model.scoring.mixer import ScoreMixer
+from model.scoring.selector import ITEM_SCALES, SKNN_SCALES, MixSelector
 from model.scoring.sessions import SessionIndex
 from model.towers.frequency import CountFrequencyEstimator
 from model.towers.loss import FrequencyEstimator
@@ -62,6 +63,15 @@ def _mixer(config: ModelConfig, covisit: bool) -> ScoreMixer:
         names.append("sknn")
         initial.append(config.sknn_weight)
     return ScoreMixer(names, initial, lr=config.mix_lr)
+
+
+def _selector(config: ModelConfig, covisit: bool, sessions: bool) -> MixSelector | None:
+    """The mix selector over the neighbour parts the model has (None: a fixed mix, no
+    neighbour part, or ``config.mix_select`` off)."""
+    if config.mix != "learned" or not config.mix_select or not (covisit or sessions):
+        return None
+    return MixSelector(item_scales=ITEM_SCALES if covisit else (1.0,),
+                       sknn_scales=SKNN_SCALES if sessions else (1.0,))
 
 
 def _adagrad(lr: float) -> Any:
@@ -116,7 +126,7 @@ class Trainer(ScoringHead):
         )
         #: The session-kNN index of the score's ``sknn`` part (``model.scoring.sessions``).
         self.sessions = (
-            SessionIndex(config.sknn_sample, config.window, config.sknn_k or None,
+            SessionIndex(config.sknn_sample, config.sknn_window, config.sknn_k or None,
                          config.sknn_max_sessions)
             if config.sknn_weight
             else None
@@ -124,6 +134,9 @@ class Trainer(ScoringHead):
         self.mixer = _mixer(config, self.covisit is not None)
         #: What a row with no history is ranked by (``model.scoring.cold``; learned mix only).
         self.cold = ColdStart(buckets=int(self.freq.buckets))
+        #: Per history size, the scales of the neighbour parts' weights served
+        #: (``model.scoring.selector``); None: the learnt weights for every row.
+        self.selector = _selector(config, self.covisit is not None, self.sessions is not None)
         self._mix_rng = np.random.default_rng(config.seed)
         single = self._dedup_step if opts.dedup_lookups else self._single_step
         self._step_fn = tf.function(single, input_signature=STEP_SIGNATURE)

@@ -228,7 +228,14 @@ def test_format_versions(tmp_path: Path) -> None:
     cv = {"weight": 1.0, "window": 3, "decay": 0.9}
     att = {"blocks": 1, "heads": 2, "len": 4, "pool": True}
     sk = {"weight": 1.0, "sample_size": 5, "window": 3, "k": 0, "max_sessions": 10}
-    bad_cases = [(1, {"score_bias": True}), (10, {}), (2, {"score_bias": "yes"}),
+    hg = {"window": 10, "starts": [1, 5], "scales": [[2.0, 4.0], [1.0, 8.0]]}
+    bad_cases = [(1, {"score_bias": True}), (11, {}), (2, {"score_bias": "yes"}),
+                 (9, {"history_groups": hg}),  # history_groups is format 10
+                 (10, {"history_groups": {**hg, "starts": [5, 1]}}),
+                 (10, {"history_groups": {**hg, "scales": [[2.0, 0.0], [1.0, 8.0]]}}),
+                 (10, {"history_groups": {**hg, "scales": [[2.0, 4.0]]}}),
+                 (10, {"history_groups": {**hg, "window": 0}}),
+                 (10, {"history_groups": {"starts": [1]}}),
                  (8, {"sessions": sk}),  # sessions is format 9
                  (9, {"sessions": sk}),  # without its files
                  (9, {"sessions": {**sk, "k": -1}}), (9, {"sessions": {"weight": 1.0}}),

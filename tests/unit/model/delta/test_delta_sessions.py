@@ -56,7 +56,8 @@ def test_the_records_carry_the_index_then_its_positives(lineage: tuple[Run, list
     index = run.trainer.sessions
     assert index is not None
     assert snap.constants is not None and snap.constants.sknn == {
-        "sample_size": 300, "window": run.trainer.config.window, "k": 75, "max_sessions": 150}
+        "sample_size": 300, "window": run.trainer.config.sknn_window, "k": 75,
+        "max_sessions": 150}
     assert snap.sessions is not None and snap.sessions_positives is None
     assert snap.sessions["sessions_codes"].size > 0
     for d in deltas:

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from model.artifact.files import load_artifact
+from model.scoring.selector import history_counts
 from model.scoring.topk import top_k_rows
 from model.towers.tf_env import tf
 from model.towers.two_tower import DEFAULT_KEY, ModelConfig, TwoTower
@@ -26,7 +27,14 @@ def trained() -> Trained:
 
 def test_export_then_load_gives_identical_scores(trained: Trained, tmp_path: Path) -> None:
     trainer = trained.trainer
-    manifest = write_version(tmp_path / "v1", trainer, trained.item_ids, "v1")
+    assert trainer.selector is not None
+    trainer.wait_evaluation()  # every scored head counted before the hits are set
+    hits = trainer.selector.hits.copy()
+    trainer.selector.hits[:] = 0  # the learnt weights for every row (scales: the next test)
+    try:
+        manifest = write_version(tmp_path / "v1", trainer, trained.item_ids, "v1")
+    finally:
+        trainer.selector.hits[:] = hits
     art = load_artifact(tmp_path / "v1")
     assert manifest["dims"]["items"] == len(set(trained.item_ids.values()))
 
@@ -77,6 +85,46 @@ def test_export_then_load_gives_identical_scores(trained: Trained, tmp_path: Pat
     whole = art.scores(user_ids, histories).T
     np.testing.assert_allclose(whole, scores_served + served_cv + served_sk, rtol=1e-5,
                                atol=1e-5)
+
+
+def test_a_version_serves_the_selectors_scales_per_history_group(
+    trained: Trained, tmp_path: Path
+) -> None:
+    """Leaders other than the learnt weights (``model.scoring.selector``) reach the version:
+    its whole score is the towers plus each part times its row's group scale, as the trainer
+    scales them."""
+    trainer = trained.trainer
+    selector = trainer.selector
+    assert selector is not None and selector.rows.sum() > 0
+    trainer.wait_evaluation()  # every scored head counted before the hits are set
+    hits = selector.hits.copy()
+    try:
+        selector.hits[:] = 0
+        for group, lead in enumerate([(4.0, 2.0), (2.0, 16.0)]):
+            selector.hits[group, np.flatnonzero((selector.variants == lead).all(axis=1))] = 1
+        write_version(tmp_path / "v", trainer, trained.item_ids, "v")
+        art = load_artifact(tmp_path / "v")
+        assert art.manifest["format_version"] == 10
+        picked = trained.samples[-30:]
+        user_ids = [s.user_id for s in picked]
+        histories = [list(s.history)[: 1 + i % 8] for i, s in enumerate(picked)]
+        keys = KeyCache()
+        hist = np.zeros((len(user_ids), HISTORY_LEN), np.int64)
+        for i, h in enumerate(histories):
+            hist[i, : len(h)] = [keys.item(x) for x in h]
+        ukeys = np.array([user_key(u) for u in user_ids], np.int64)
+        scale = selector.row_scales(history_counts(hist))
+        assert sorted({tuple(r) for r in scale.tolist()}) == [(2.0, 16.0), (4.0, 2.0)]
+        vkeys, vecs = trainer.item_vectors()
+        order = {int(k): i for i, k in enumerate(vkeys)}
+        rows = [order[item_key(i)] for i in art.item_ids.tolist()]
+        expected = (trainer.user_vectors(ukeys, hist) @ vecs[rows].T
+                    + scale[:, :1] * trainer.covisit_scores(hist, vkeys[rows])
+                    + scale[:, 1:] * trainer.session_scores(ukeys, hist, vkeys[rows]))
+        np.testing.assert_allclose(art.scores(user_ids, histories).T, expected, rtol=1e-5,
+                                   atol=5e-5)
+    finally:
+        selector.hits[:] = hits
 
 
 def test_model_beats_popularity_on_planted_preferences(trained: Trained) -> None:
