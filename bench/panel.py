@@ -114,6 +114,7 @@ def summarise(log: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
         "cpu_seconds": [r["cpu_seconds"] for r in runs],
         "peak_rss_mb": max(r["peak_rss_mb"] for r in runs),
         "score_weights": [r["doc"].get("score_weights") for r in runs],
+        "history_groups": [r["doc"].get("history_groups") for r in runs],
     }
 
 

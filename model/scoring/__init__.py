@@ -8,7 +8,10 @@
   vectors, followed through the version's deltas; the union ranked by the exact score.
 * ``attention`` — the attention user tower in numpy (the served twin of the TF one).
 * ``mixer`` — the learned weights of the score's parts.
-* ``cold`` — what a row with no history is ranked by: the mix or the prior alone.
+* ``selector`` — per history size, the scales of the neighbour parts' weights that hit most.
+* ``sessions`` — the session-kNN part and its index of recent histories.
+* ``cold`` — what a row with no history is ranked by: the mix, the prior or all-time
+  popularity alone.
 
 Numpy only: never imports TensorFlow (a test checks it).
 """

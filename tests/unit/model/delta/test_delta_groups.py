@@ -31,21 +31,21 @@ def test_the_trainers_leaders_reach_its_records_and_versions(
 ) -> None:
     run, _ = lineage
     selector = run.trainer.selector
-    run.trainer.wait_evaluation()  # every scored head counted before the hits are set
+    run.trainer.wait_evaluation()  # every scored head counted before the gains are set
     assert selector is not None and selector.rows.sum() > 0  # the live head counted rows
-    hits = selector.hits.copy()
+    gains = selector.gains.copy()
     try:
-        selector.hits[:] = 0
+        selector.gains[:] = 0
         # every scale 1: no entry (the weights alone, as a trainer without a selector)
         assert run.builder._common()["history_groups"] is None
         lead = int(np.flatnonzero((selector.variants == (2.0, 8.0)).all(axis=1))[0])
-        selector.hits[0, lead] = 1
+        selector.gains[0, lead] = 1
         entry = run.builder._common()["history_groups"]
         assert entry == {"window": run.trainer.config.window, "starts": list(GROUP_STARTS),
                          "scales": [[2.0, 8.0], [1.0, 1.0]]}
         assert artifact_arrays(run.trainer, run.item_ids)["history_groups"] == entry
     finally:
-        selector.hits[:] = hits
+        selector.gains[:] = gains
 
 
 def test_a_record_carries_the_groups_to_the_served_score(

@@ -28,13 +28,13 @@ def trained() -> Trained:
 def test_export_then_load_gives_identical_scores(trained: Trained, tmp_path: Path) -> None:
     trainer = trained.trainer
     assert trainer.selector is not None
-    trainer.wait_evaluation()  # every scored head counted before the hits are set
-    hits = trainer.selector.hits.copy()
-    trainer.selector.hits[:] = 0  # the learnt weights for every row (scales: the next test)
+    trainer.wait_evaluation()  # every scored head counted before the gains are set
+    gains = trainer.selector.gains.copy()
+    trainer.selector.gains[:] = 0  # the learnt weights for every row (scales: the next test)
     try:
         manifest = write_version(tmp_path / "v1", trainer, trained.item_ids, "v1")
     finally:
-        trainer.selector.hits[:] = hits
+        trainer.selector.gains[:] = gains
     art = load_artifact(tmp_path / "v1")
     assert manifest["dims"]["items"] == len(set(trained.item_ids.values()))
 
@@ -96,12 +96,12 @@ def test_a_version_serves_the_selectors_scales_per_history_group(
     trainer = trained.trainer
     selector = trainer.selector
     assert selector is not None and selector.rows.sum() > 0
-    trainer.wait_evaluation()  # every scored head counted before the hits are set
-    hits = selector.hits.copy()
+    trainer.wait_evaluation()  # every scored head counted before the gains are set
+    gains = selector.gains.copy()
     try:
-        selector.hits[:] = 0
+        selector.gains[:] = 0
         for group, lead in enumerate([(4.0, 2.0), (2.0, 16.0)]):
-            selector.hits[group, np.flatnonzero((selector.variants == lead).all(axis=1))] = 1
+            selector.gains[group, np.flatnonzero((selector.variants == lead).all(axis=1))] = 1
         write_version(tmp_path / "v", trainer, trained.item_ids, "v")
         art = load_artifact(tmp_path / "v")
         assert art.manifest["format_version"] == 10
@@ -124,7 +124,7 @@ def test_a_version_serves_the_selectors_scales_per_history_group(
         np.testing.assert_allclose(art.scores(user_ids, histories).T, expected, rtol=1e-5,
                                    atol=5e-5)
     finally:
-        selector.hits[:] = hits
+        selector.gains[:] = gains
 
 
 def test_model_beats_popularity_on_planted_preferences(trained: Trained) -> None:
