@@ -133,7 +133,8 @@ def variant_ranks(base: np.ndarray, item2item: Cells, sknn: Cells, target: np.nd
         high = d_base + np.maximum.reduce(corners)
         low = d_base + np.minimum.reduce(corners)
     always = np.bincount(rows[low > 0], minlength=n_rows)
-    maybe = np.flatnonzero((high > 0) & ~(low > 0))
+    # a row with k cells above its target in every variant is a miss in all of them
+    maybe = np.flatnonzero((high > 0) & ~(low > 0) & (always[rows] < k))
     counts = np.broadcast_to(always, (len(v), n_rows)).copy()
     if maybe.size:
         above = (d_base[maybe][None, :] + v[:, :1] * d_a[maybe] + v[:, 1:] * d_b[maybe]) > 0

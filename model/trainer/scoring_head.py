@@ -28,6 +28,10 @@ from model.trainer.step import HeadVectors, Prepared, TrainerStep
 
 #: Candidate columns a live step of the learned mix samples (plus the batch's targets).
 MIX_SAMPLE = 2048
+#: The live head ranks every this-many-th scored head under the selector's variants (a head
+#: of 32 rows costs it ~10 ms over 20k-100k candidates, a sixth of the trainer's examples/s
+#: when every head paid it; ``streamrec evaluate`` ranks every batch).
+SELECT_EVERY = 4
 #: The mix's parts whose weights the selector scales, by its scale column
 #: (``model.scoring.selector``: co-visitation 0, session-kNN 1).
 SCALED = {"covisit": 0, "covisit_last": 0, "sknn": 1}
@@ -45,6 +49,7 @@ class ScoringHead(TrainerStep):
     _eval_pending: deque[Future[None]]
     _since_refresh: int
     _full_batches: int
+    _heads_scored: int
     #: Per counted part: (candidate keys, generation, column of each dense id)
     _columns: dict[str, tuple[np.ndarray, int, np.ndarray]]
 
@@ -151,7 +156,7 @@ class ScoringHead(TrainerStep):
 
     def learn_selection(self, parts: list[np.ndarray], target_pos: np.ndarray,
                         history: np.ndarray) -> None:
-        """Count the selector's variants' hits on scored rows (dense ``parts`` in
+        """Sum the selector's variants' gains on scored rows (dense ``parts`` in
         :attr:`mixer` order, before the model learns them; ``-inf`` in the first: not a
         candidate); a no-op without a selector."""
         if self.selector is None:
@@ -207,10 +212,13 @@ class ScoringHead(TrainerStep):
         score = tower * np.float32(w["tower"])
         if "prior" in w and ev.candidate_log_q is not None:
             score += np.float32(w["prior"]) * ev.candidate_log_q[None, :]
-        # per history group, the neighbour parts' weights scaled (model.scoring.selector)
+        # per history group, the neighbour parts' weights scaled (model.scoring.selector),
+        # the variants ranked on every SELECT_EVERY-th head
         select = self.selector
         counts = history_counts(history)
-        base = score.copy() if select is not None else None
+        observe = select is not None and self._heads_scored % SELECT_EVERY == 0
+        self._heads_scored += 1
+        base = score.copy() if observe else None
         scale = (np.ones((len(history), 2), np.float32) if select is None
                  else select.row_scales(counts).astype(np.float32))
         sparse: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
@@ -243,7 +251,7 @@ class ScoringHead(TrainerStep):
             added = np.float32(w["sknn"]) * sparse[-1][2]
             weighted["sknn"].append((rows[ok], col[ok], added))
             score.reshape(-1)[rows[ok] * n + col[ok]] += added * scale[rows[ok], 1]
-        if select is not None and base is not None:
+        if observe and select is not None and base is not None:
             select.observe(base, join_cells(weighted["item2item"]), join_cells(weighted["sknn"]),
                            target_pos, counts)
         log_q = ev.candidate_log_q

@@ -108,6 +108,7 @@ class Trainer(ScoringHead):
         self._eval_pending: deque[Future[None]] = deque()
         self._since_refresh = opts.eval_refresh_steps
         self._full_batches = 0
+        self._heads_scored = 0
         self._columns: dict[str, tuple[np.ndarray, int, np.ndarray]] = {}
         #: The last step's head vectors (test-then-train), or a callable that returns them
         #: once the step ran (a cluster step in flight; called on the evaluation thread).
