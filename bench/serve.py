@@ -213,6 +213,7 @@ def _sessions(rng: np.random.Generator, n_items: int, n_sessions: int, items: li
 def _publish(reg: Any, version: str, n_items: int, seed: int, catalogue: str = "gaussian",
              sessions: int = 0) -> None:
     from model.artifact.files import write_artifact
+    from model.scoring.selector import GROUP_STARTS
     from model.towers.config import ModelConfig
     from streamrec.ids import item_keys, user_key
 
@@ -242,7 +243,15 @@ def _publish(reg: Any, version: str, n_items: int, seed: int, catalogue: str = "
                         "last_weight": 1.0},
         sessions=None if index is None else index[:2],
         sessions_params=None if index is None else index[2],
+        # the neighbour parts scaled per history size, as the panel's trainers serve them
+        history_groups={"window": cfg.window, "starts": list(GROUP_STARTS),
+                        "scales": HISTORY_SCALES},
     ))
+
+
+#: Per history group, the (co-visitation, session-kNN) scales the benchmark's version serves
+#: (``model.scoring.selector``; DIGINETICA's leaders on the real-log panel, seed 1).
+HISTORY_SCALES = [[1.0, 4.0], [4.0, 16.0]]
 
 
 def _seed_store(settings: Any, n_items: int) -> None:
