@@ -127,7 +127,10 @@ class TrainerService:
         select = {k[len("select_"):]: v for k, v in restored.arrays.items()
                   if k.startswith("select_")}
         if select and self.trainer.selector is not None:
-            self.trainer.selector.load_state(select)
+            try:
+                self.trainer.selector.load_state(select)
+            except ValueError as exc:  # other parts or scales since: counts begin again
+                log.warning("mix selector state not restored (%s); counting afresh", exc)
         self.metrics.samples_total.set(self.state.samples_trained)
         self.metrics.consumed_offsets.set(sum(self.state.offsets.values()))
         log.info(
