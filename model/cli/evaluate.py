@@ -131,7 +131,7 @@ def register(sub: Any) -> None:
                    help="Adagrad step of the learned mix (default: ModelConfig)")
     g.add_argument("--mix-select", action=argparse.BooleanOptionalAction, default=None,
                    help="per history size (1-4, 5+ items), serve the scales of the neighbour "
-                   "parts' learnt weights that have hit most (model.scoring.selector; "
+                   "parts' learnt weights that have ranked best (model.scoring.selector; "
                    "default: ModelConfig, on)")
     g.add_argument("--covisit-window", type=int, default=None, help="default: ModelConfig")
     g.add_argument("--covisit-decay", type=float, default=None, help="default: ModelConfig")

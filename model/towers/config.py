@@ -107,7 +107,7 @@ class ModelConfig:
     #: weights were still on their way from the constants after 100k samples).
     mix_lr: float = 0.15
     #: Per history size (1-4, 5+ items in the window), serve the scales of the neighbour
-    #: parts' learnt weights that have hit most (``model.scoring.selector``; learned mix
+    #: parts' learnt weights that have ranked best (``model.scoring.selector``; learned mix
     #: only). Why: the real-log panel, docs/decisions.md#mix-selector.
     mix_select: bool = True
     #: "pool": the user tower reads the history through its recency pool alone. "attention":
