@@ -219,11 +219,18 @@ class ScoringHead(TrainerStep):
         observe = select is not None and self._heads_scored % SELECT_EVERY == 0
         self._heads_scored += 1
         base = score.copy() if observe else None
-        scale = (np.ones((len(history), 2), np.float32) if select is None
-                 else select.row_scales(counts).astype(np.float32))
+        scale = None if select is None else select.row_scales(counts).astype(np.float32)
+
+        def served(added: np.ndarray, rows: np.ndarray, name: str) -> np.ndarray:
+            """A part's weighted cells as served: times their rows' scales (none at 1)."""
+            column = None if scale is None else scale[:, SCALED[name]]
+            if column is None or (column == 1.0).all():
+                return added
+            return added * column[rows]
+
         sparse: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
-        weighted: dict[str, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {
-            "item2item": [], "sknn": []}
+        # per scale column (SCALED), the parts' cells with their learnt weights, unscaled
+        weighted: dict[int, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {0: [], 1: []}
         item2item = None
         if self.covisit is not None:
             where = self._dense_columns("covisit", keys, self.covisit.keys,
@@ -236,8 +243,8 @@ class ScoringHead(TrainerStep):
             for at, (r, c, v), name in zip(flat, sparse, ("covisit", "covisit_last"),
                                            strict=False):
                 added = np.float32(w[name]) * v
-                weighted["item2item"].append((r, c, added))
-                cells[at] += added * scale[r, 0]
+                weighted[SCALED[name]].append((r, c, added))
+                cells[at] += served(added, r, name)
             item2item = np.zeros(score.size, np.float32)
             item2item[flat[0]] = sparse[0][2]
             item2item = item2item.reshape(score.shape)
@@ -249,11 +256,11 @@ class ScoringHead(TrainerStep):
             ok = col >= 0
             sparse.append((rows[ok], col[ok], sknn_part(s[ok]).astype(np.float32)))
             added = np.float32(w["sknn"]) * sparse[-1][2]
-            weighted["sknn"].append((rows[ok], col[ok], added))
-            score.reshape(-1)[rows[ok] * n + col[ok]] += added * scale[rows[ok], 1]
+            weighted[SCALED["sknn"]].append((rows[ok], col[ok], added))
+            score.reshape(-1)[rows[ok] * n + col[ok]] += served(added, rows[ok], "sknn")
         if observe and select is not None and base is not None:
-            select.observe(base, join_cells(weighted["item2item"]), join_cells(weighted["sknn"]),
-                           target_pos, counts)
+            select.observe(base, join_cells(weighted[0]), join_cells(weighted[1]), target_pos,
+                           counts)
         log_q = ev.candidate_log_q
         cold = np.zeros(0, np.int64)
         if self._cold_applies and log_q is not None:
