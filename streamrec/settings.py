@@ -60,6 +60,9 @@ class KafkaSettings(BaseModel):
         "events.dlq", description="Dead-letter topic: records that failed downstream, with why."
     )
     samples_topic: str = Field("samples", description="Training samples (feature job -> trainer).")
+    items_topic: str = Field(
+        "items", description="Item catalogue upserts (ingest, replay --items; stream/items.py)."
+    )
     updates_topic: str = Field(
         "model.updates",
         description="The trainer's deltas between full versions (one partition; model/delta/FORMAT.md).",
@@ -164,6 +167,11 @@ class FeatureSettings(BaseModel):
     )
     user_ttl_s: int = Field(30 * 86400, description="TTL of user feature keys (0 = none).")
     item_ttl_s: int = Field(30 * 86400, description="TTL of item feature keys (0 = none).")
+    spec_file: Path | None = Field(
+        None,
+        description="JSON feature spec: the slots items, event context and time are described "
+        "by (feature_store/catalogue.py); unset = the default slots.",
+    )
 
 
 class IngestSettings(BaseModel):
