@@ -38,6 +38,7 @@ __all__ = [
     "SOURCES",
     "AttributeProblem",
     "FeatureSpec",
+    "attribute_row",
     "Slot",
     "check_attributes",
     "item_slot_keys",
@@ -266,6 +267,24 @@ def item_slot_keys(spec: FeatureSpec, attributes: Mapping[str, Any]) -> dict[str
         s.name: np.asarray(slot_keys(s, slot_tokens(s, attributes.get(s.name))), np.int64)
         for s in spec.item_slots
     }
+
+
+def attribute_row(
+    spec: FeatureSpec, attributes: Mapping[str, Any], width: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """An item's attribute keys and weights as the model composes them: per item slot with
+    values, each of its ``n`` tokens weighs ``1 / n`` (a slot counts once however many values
+    it has); slots in spec order, ``width`` entries at most, 0-padded (key 0, weight 0)."""
+    keys = np.zeros(width, np.int64)
+    weights = np.zeros(width, np.float32)
+    at = 0
+    for slot in spec.item_slots:
+        toks = slot_keys(slot, slot_tokens(slot, attributes.get(slot.name)))[: width - at]
+        if toks:
+            keys[at : at + len(toks)] = toks
+            weights[at : at + len(toks)] = 1.0 / len(toks)
+            at += len(toks)
+    return keys, weights
 
 
 def token_lists(spec: FeatureSpec, items: Sequence[Mapping[str, Any]]) -> dict[str, list[list[str]]]:

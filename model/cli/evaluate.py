@@ -222,6 +222,21 @@ def register(sub: Any) -> None:
     c.add_argument("--workers", type=int, default=0, help="workers of the cluster (with --ps)")
     c.add_argument("--wire-dtype", choices=("float32", "bfloat16"), default=None,
                    help="rows and updates on the cluster's wire (default: trainer.wire_dtype)")
+    it = p.add_argument_group("item catalogue (feature_store/catalogue.py slots)")
+    it.add_argument("--items", type=Path, default=None, metavar="FILE",
+                    help="catalogue file (NDJSON item records or MovieLens movies.csv): its "
+                    "items are candidates from the start, the model composes their "
+                    "attributes (--slots), the content baseline ranks by them, and the "
+                    "figures are also given by the item's earlier positives")
+    it.add_argument("--slots", action=argparse.BooleanOptionalAction, default=True,
+                    help="with --items: the model's item rows compose the attribute slots "
+                    "(--no-slots: ids only, over the same candidates)")
+    it.add_argument("--attr-tokens", type=int, default=32,
+                    help="most attribute tokens an item's row composes")
+    it.add_argument("--content-window", type=int, default=20,
+                    help="content: the user's last items whose categories count")
+    it.add_argument("--content-gamma", type=float, default=1.0,
+                    help="content: popularity damping exponent, (count + 1) ** gamma")
     p.add_argument("--json", type=Path, default=None, help="write the figures as JSON")
     p.add_argument("--plot", type=Path, default=None, help="draw the figures over time (PNG)")
     p.add_argument("--progress", action="store_true", help="show a progress bar")
@@ -239,6 +254,7 @@ def _handle(args: argparse.Namespace) -> int:
     try:
         from model.evaluation.replay import load_stream
 
+        args.catalogue = _catalogue(args, settings, now_ms)
         stream, replay_report = load_stream(
             args.paths,
             args.format,
@@ -248,8 +264,9 @@ def _handle(args: argparse.Namespace) -> int:
             like_threshold=args.like_threshold,
             event_type=args.event_type,
             limit=args.limit,
+            catalogue=[item["item_id"] for item in args.catalogue],
         )
-    except (ReplayError, ReplayFormatError) as exc:
+    except (ReplayError, ReplayFormatError, ValueError) as exc:
         print(f"evaluate: {exc}")
         return 2
     if not stream.positives:
@@ -257,6 +274,12 @@ def _handle(args: argparse.Namespace) -> int:
         return 1
     if (args.ps > 0) != (args.workers > 0):
         print("evaluate: a cluster needs --ps and --workers both >= 1")
+        return 2
+    if args.ps and args.items is not None and args.slots:
+        print("evaluate: item attributes (--items with --slots) train in one process; not with --ps")
+        return 2
+    if args.row_codec and args.items is not None and args.slots:
+        print("evaluate: --row-codec plays rows without item attributes; use --no-slots")
         return 2
     if args.ps and args.row_codec:
         # the cluster's rows reach the chief's tables only at a cut: no delta stream to play
@@ -388,6 +411,7 @@ def _run_in(args: argparse.Namespace, settings: Any, stream: Any, stack: Any) ->
             normalize_user=cfg["normalize_user"],
             prior_weight=cfg["prior_weight"],
             seed=cfg["seed"],
+            attr_tokens=cfg["attr_tokens"],
         ),
         TrainOptions(
             batch_size=args.batch_size,
@@ -405,6 +429,9 @@ def _run_in(args: argparse.Namespace, settings: Any, stream: Any, stack: Any) ->
         ),
         tag="eval",
     )
+    if cfg["attr_tokens"]:
+        trainer.set_catalogue(args.spec, ((it["item_id"], it["attributes"])
+                                          for it in args.catalogue))
     args.codecs = _codecs(args.row_codec)
     if args.retrieval == "ann" and cfg["mix"] != "learned":
         raise SystemExit("evaluate: --retrieval ann ranks the learned mix (--mix learned)")
@@ -437,6 +464,13 @@ def _run_in(args: argparse.Namespace, settings: Any, stream: Any, stack: Any) ->
             stream.item_index,
         ),
     ]
+    if args.catalogue:
+        from model.evaluation.content import ContentBaseline
+
+        learners.append(HistoryLearner(
+            ContentBaseline(_category_tokens(args, stream.item_ids), args.content_window,
+                            args.content_gamma),
+            stream.item_index))
     options = EvalOptions(
         batch_size=args.batch_size,
         warmup_fraction=args.warmup,
@@ -465,6 +499,35 @@ def _run_in(args: argparse.Namespace, settings: Any, stream: Any, stack: Any) ->
     finally:
         if bar is not None:
             bar.close()
+
+
+def _catalogue(args: argparse.Namespace, settings: Any, now_ms: int) -> list[dict[str, Any]]:
+    """The items of ``--items`` (wire records, deletions dropped); [] without it. Sets
+    ``args.spec``, the feature spec they are read with."""
+    from feature_store.catalogue import FeatureSpec
+    from stream.items import read_catalogue
+
+    args.spec = FeatureSpec.load(settings.features.spec_file)
+    if args.items is None:
+        return []
+    return [item for item in read_catalogue(args.items, spec=args.spec, now_ms=now_ms)
+            if not item.get("deleted")]
+
+
+def _category_tokens(args: argparse.Namespace, item_ids: list[str]) -> list[list[int]]:
+    """Per candidate, the ids of its category tokens (``ContentBaseline``)."""
+    from feature_store.catalogue import slot_tokens
+    from model.evaluation.content import CATEGORY_KINDS
+
+    slots = [s for s in args.spec.item_slots if s.kind in CATEGORY_KINDS]
+    attrs = {item["item_id"]: item["attributes"] for item in args.catalogue}
+    vocab: dict[tuple[str, str], int] = {}
+    out = []
+    for item_id in item_ids:
+        a = attrs.get(item_id, {})
+        out.append([vocab.setdefault((s.name, t), len(vocab))
+                    for s in slots for t in slot_tokens(s, a.get(s.name))])
+    return out
 
 
 def _cluster(stack: Any, settings: Any, ps: int, workers: int, wire: str, config: Any,

@@ -65,6 +65,11 @@ def run_config(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
         "logq_estimator": _default(args.logq, "logq_estimator"),
         "logq_half_life": _default(args.logq_half_life, "logq_half_life"),
         "aux_weight": _default(args.aux_weight, "aux_weight"),
+        "items": None if getattr(args, "items", None) is None else str(args.items),
+        "attr_tokens": (args.attr_tokens if getattr(args, "items", None) is not None
+                        and args.slots else 0),
+        "content_window": getattr(args, "content_window", 20),
+        "content_gamma": getattr(args, "content_gamma", 1.0),
         "cluster": {"ps": args.ps, "workers": args.workers,
                     "wire_dtype": args.wire_dtype or settings.trainer.wire_dtype},
     }

@@ -23,6 +23,7 @@ from model.evaluation.baselines import (
     SequentialRulesBaseline,
     SessionKNNBaseline,
 )
+from model.evaluation.content import ContentBaseline
 from model.evaluation.replay import Positive
 
 
@@ -45,7 +46,7 @@ class BaselineLearner:
 
 class HistoryLearner:
     """Adapts the per-user baselines (co-occurrence and its subclass item-kNN, sequential
-    rules, session-kNN) to :class:`Learner`.
+    rules, session-kNN, content) to :class:`Learner`.
 
     Each positive's point-in-time history (item ids, most recent first) becomes candidate
     indices; items the stream has not seen yet cannot occur (histories hold earlier items).
@@ -53,7 +54,8 @@ class HistoryLearner:
 
     def __init__(
         self,
-        baseline: CooccurrenceBaseline | SequentialRulesBaseline | SessionKNNBaseline,
+        baseline: (CooccurrenceBaseline | SequentialRulesBaseline | SessionKNNBaseline
+                   | ContentBaseline),
         item_index: Mapping[str, int],
     ) -> None:
         self.baseline = baseline

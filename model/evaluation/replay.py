@@ -7,7 +7,8 @@ every method ranks the candidates for its user, the event counts a hit at K if i
 among the first K; then every method learns from it, in micro-batches (:class:`EvalOptions`).
 Methods: the two-tower model (the live ``Trainer``) and the baselines of
 ``model.evaluation.baselines``, on the same stream, batches and candidates. Figures: overall,
-per chunk in time order, and per history size (0, 1-4, 5+ earlier items). The protocol step by
+per chunk in time order, per history size (0, 1-4, 5+ earlier items) and by the target
+item's earlier positives (the same groups). The protocol step by
 step: docs/internals.md; why B = 128: ``docs/decisions.md#evaluation-batch``.
 """
 
@@ -65,6 +66,8 @@ class Positive:
     n_items: int
     #: Items of the user's positive events before this one: ``user_positives[user][:n]``.
     seen_positives: int = 0
+    #: Positive events of the target item before this one (its history as a target).
+    item_positives: int = 0
 
 
 @dataclass
@@ -97,10 +100,20 @@ def evaluation_weights(weights: Mapping[str, float], fmt: str) -> dict[str, floa
     return out
 
 
-def build_stream(wire_events: Iterable[Mapping[str, Any]], params: FeatureParams) -> EvalStream:
-    """Run ordered wire-format events through the feature definitions (see the module doc)."""
+def build_stream(
+    wire_events: Iterable[Mapping[str, Any]], params: FeatureParams, catalogue: Sequence[str] = ()
+) -> EvalStream:
+    """Run ordered wire-format events through the feature definitions (see the module doc).
+
+    ``catalogue``: item ids that are candidates from the start (a catalogue's items, in its
+    order), whether or not an event has named them yet."""
     stream = EvalStream()
     item_index = stream.item_index
+    for item_id in catalogue:
+        if item_id not in item_index:
+            item_index[item_id] = len(stream.item_ids)
+            stream.item_ids.append(item_id)
+    item_positives: list[int] = [0] * len(stream.item_ids)
     user_index: dict[str, int] = {}
     states: list[UserState] = []
     user_lists: list[list[int]] = []
@@ -135,10 +148,13 @@ def build_stream(wire_events: Iterable[Mapping[str, Any]], params: FeatureParams
         if i is None:
             i = item_index[event.item_id] = n_items
             stream.item_ids.append(event.item_id)
+            item_positives.append(0)
         if outcome.sample is not None:
             stream.positives.append(
-                Positive(outcome.sample, u, i, len(user_lists[u]), n_items, len(pos_lists[u]))
+                Positive(outcome.sample, u, i, len(user_lists[u]), n_items, len(pos_lists[u]),
+                         item_positives[i])
             )
+            item_positives[i] += 1
             if i not in pos_sets[u]:
                 pos_sets[u].add(i)
                 pos_lists[u].append(i)
@@ -150,9 +166,11 @@ def build_stream(wire_events: Iterable[Mapping[str, Any]], params: FeatureParams
     return stream
 
 
-def stream_from_plan(rows: Sequence[tuple[Any, ...]], params: FeatureParams) -> EvalStream:
+def stream_from_plan(
+    rows: Sequence[tuple[Any, ...]], params: FeatureParams, catalogue: Sequence[str] = ()
+) -> EvalStream:
     """:func:`build_stream` over the rows of ``stream.replay.runner.build_plan`` (value = wire JSON)."""
-    return build_stream((orjson.loads(row[4]) for row in rows), params)
+    return build_stream((orjson.loads(row[4]) for row in rows), params, catalogue)
 
 
 class Learner(Protocol):
@@ -253,6 +271,8 @@ class EvalResult:
     values: dict[str, dict[str, np.ndarray]]
     #: Distinct items the user had before each scored event (``Positive.seen``).
     seen: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    #: Earlier positives of each scored event's item (``Positive.item_positives``).
+    item_seen: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
 
     @property
     def scored(self) -> int:
@@ -279,11 +299,19 @@ class EvalResult:
     def by_history(self) -> dict[str, dict[str, Any]]:
         """Per history-size group (``HISTORY_GROUPS``): its scored events and every method's
         figures on them."""
+        return self._groups(self.seen)
+
+    def by_item(self) -> dict[str, dict[str, Any]]:
+        """The same groups by the target item's earlier positives (0: an item nobody chose
+        before, reachable only through what the catalogue says of it)."""
+        return self._groups(self.item_seen)
+
+    def _groups(self, sizes: np.ndarray) -> dict[str, dict[str, Any]]:
         out: dict[str, dict[str, Any]] = {}
         for name, lo, hi in HISTORY_GROUPS:
-            pick = self.seen >= lo
+            pick = sizes >= lo
             if hi is not None:
-                pick &= self.seen <= hi
+                pick &= sizes <= hi
             row: dict[str, Any] = {"scored": int(pick.sum())}
             for method, values in self.values.items():
                 row[method] = {k: float(v[pick].mean()) if pick.any() else 0.0
@@ -315,6 +343,8 @@ class EvalResult:
             doc["ratio_to_popularity"] = _ratio(doc[key], doc["baselines"]["popularity"][key])
         if self.seen.size == self.scored:
             doc["by_history"] = self.by_history()
+        if self.item_seen.size == self.scored:
+            doc["by_item"] = self.by_item()
         doc["over_time"] = {name: self.chunks(name, chunks) for name in self.values}
         return doc
 
@@ -343,6 +373,7 @@ def evaluate(
     }
     ts: list[int] = []
     seen: list[int] = []
+    item_seen: list[int] = []
     starts = list(range(0, warmup, options.batch_size)) + list(
         range(warmup, len(positives), options.batch_size)
     )
@@ -363,6 +394,7 @@ def evaluate(
                     parts[method.name][f"ndcg@{k}"].append(ndcg)
             ts.extend(p.sample.ts_ms for p in batch)
             seen.extend(p.seen for p in batch)
+            item_seen.extend(p.item_positives for p in batch)
         for method in learners:
             method.learn(batch)
         if progress is not None:
@@ -377,6 +409,7 @@ def evaluate(
             for method, figs in parts.items()
         },
         seen=np.asarray(seen, np.int64),
+        item_seen=np.asarray(item_seen, np.int64),
     )
 
 
@@ -390,11 +423,13 @@ def load_stream(
     like_threshold: float = 4.0,
     event_type: str | None = None,
     limit: int | None = None,
+    catalogue: Sequence[str] = (),
 ) -> tuple[EvalStream, dict[str, Any]]:
     """Read and order ``paths`` like ``streamrec replay`` and build the :class:`EvalStream`.
 
     ``features`` is the ``settings.features`` section; ``now_ms`` bounds "future" event
-    times (the schema rule). Returns the stream and the replay report (rejected rows).
+    times (the schema rule); ``catalogue``: item ids that are candidates from the start.
+    Returns the stream and the replay report (rejected rows).
     """
     from pathlib import Path
 
@@ -413,7 +448,7 @@ def load_stream(
     for source in sources:
         weights = evaluation_weights(weights, source.fmt)
     params = FeatureParams.from_settings(features, event_weights=weights)
-    stream = stream_from_plan(rows, params)
+    stream = stream_from_plan(rows, params, catalogue)
     log.info(
         "%d events, %d positives, %d items, %d rejected rows",
         stream.events,

@@ -98,6 +98,11 @@ class ModelConfig:
     #: targets (and sampled negatives), and the item optimizer touches ~B rows per step,
     #: not every distinct history item of the batch (bench/train.py times both steps).
     train_history: bool = trainer_default("train_history")
+    #: Most attribute keys an item's row composes (``TwoTower.set_attributes``: the tokens of
+    #: its catalogue slots, ``feature_store.catalogue``); 0: ids only. With them an item's row
+    #: is its id row plus, per slot, the mean of the slot's token rows (a TFRA table of its
+    #: own), so an item nobody chose yet has a vector from what the catalogue says of it.
+    attr_tokens: int = 0
     #: How the parts of the score (towers, prior, co-visitation, session-kNN) are weighted:
     #: "learned" — weights start at 1, ``prior_weight``, ``covisit_weight`` and
     #: ``sknn_weight`` and are learnt from the stream by softmax cross-entropy on
@@ -189,3 +194,5 @@ class ModelConfig:
             raise ValueError("attention_heads must divide embedding_dim")
         if self.attention_ffn < 1:
             raise ValueError("attention_ffn must be >= 1")
+        if not 0 <= self.attr_tokens <= 256:
+            raise ValueError("attr_tokens must be in 0-256")

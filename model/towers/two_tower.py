@@ -83,6 +83,19 @@ class TwoTower(tf.Module):
         self.items = EmbeddingTable(
             f"item{sfx}", e, config.init_stddev, config.seed + 1, config.init_capacity
         )
+        #: The attribute table and each item's attribute keys and weights (``attr_tokens``).
+        self.attrs: EmbeddingTable | None = None
+        if config.attr_tokens:
+            t = config.attr_tokens
+            self.attrs = EmbeddingTable(
+                f"attr{sfx}", e, config.init_stddev, config.seed + 3, config.init_capacity
+            )
+            self.attr_keys = tf.lookup.experimental.MutableHashTable(
+                tf.int64, tf.int64, tf.zeros([t], tf.int64), name=f"item_attr_keys{sfx}"
+            )
+            self.attr_weights = tf.lookup.experimental.MutableHashTable(
+                tf.int64, tf.float32, tf.zeros([t], tf.float32), name=f"item_attr_weights{sfx}"
+            )
         init = tf_keras.initializers.GlorotUniform(seed=config.seed + 2)
         self.kernels: list[tf.Variable] = []
         self.biases: list[tf.Variable] = []
@@ -242,7 +255,7 @@ class TwoTower(tf.Module):
         if self.config.train_history:
             h_uniq = i_uniq
         else:
-            h_uniq = tf.stop_gradient(self.items.params.lookup(plan.hist_keys))
+            h_uniq = tf.stop_gradient(self.item_rows(plan.hist_keys))
         pooled = tf.sparse.sparse_dense_matmul(plan.pool, h_uniq)
         attended = None
         if self.attention is not None:
@@ -250,6 +263,58 @@ class TwoTower(tf.Module):
                 raise ValueError("the attention tower needs the plan's hist_pos and known")
             attended = self.attend(tf.gather(h_uniq, plan.hist_pos), known)
         return tf.gather(u_uniq, plan.user_idx), pooled, attended
+
+    # -- item attributes ---------------------------------------------------------------------
+    def set_attributes(self, item_keys: np.ndarray, keys: np.ndarray, weights: np.ndarray) -> None:
+        """Items' attribute keys ``[n, attr_tokens]`` (0-padded) and their weights (0 on the
+        padding): an item's row is its id row plus ``sum(weights * attribute rows)``."""
+        if self.attrs is None:
+            raise ValueError("the model has no attribute table (ModelConfig.attr_tokens = 0)")
+        self.attr_keys.insert(tf.constant(item_keys, tf.int64), tf.constant(keys, tf.int64))
+        self.attr_weights.insert(tf.constant(item_keys, tf.int64), tf.constant(weights, tf.float32))
+
+    def attr_plan(self, item_keys: tf.Tensor) -> tuple[tf.Tensor, ...]:
+        """``(distinct attribute keys, entry -> distinct key, entry weights, entry -> item)``
+        of ``item_keys`` (a vector): what :meth:`attr_compose` sums."""
+        ak = tf.reshape(self.attr_keys.lookup(item_keys), [-1])
+        aw = tf.reshape(self.attr_weights.lookup(item_keys), [-1])
+        owner = tf.repeat(tf.range(tf.size(item_keys)), self.config.attr_tokens)
+        keep = aw > 0.0
+        uniq, idx = tf.unique(tf.boolean_mask(ak, keep))
+        return uniq, idx, tf.boolean_mask(aw, keep), tf.boolean_mask(owner, keep)
+
+    def attr_compose(self, rows: tf.Tensor, plan: tuple[tf.Tensor, ...], a_rows: tf.Tensor) -> tf.Tensor:
+        """``rows`` (the id rows of the plan's items) plus their attribute parts; ``a_rows``
+        are the rows of the plan's distinct attribute keys."""
+        _, idx, w, owner = plan
+        part = tf.math.unsorted_segment_sum(
+            tf.gather(a_rows, idx) * w[:, None], owner, tf.shape(rows)[0]
+        )
+        return rows + tf.cast(part, rows.dtype)
+
+    def item_rows(self, keys: tf.Tensor) -> tf.Tensor:
+        """Inference rows of distinct item ``keys`` (id row, plus the attribute part): what
+        the towers read of an item outside a training step. Keys must have a row of their
+        own or be ``DEFAULT_KEY`` (as :meth:`known_history` leaves them)."""
+        rows = self.items.params.lookup(keys)
+        if self.attrs is None:
+            return rows
+        plan = self.attr_plan(keys)
+        return self.attr_compose(rows, plan, self.attrs.params.lookup(plan[0]))
+
+    def attr_part(self, keys: tf.Tensor) -> tf.Tensor:
+        """``[n, d]``: the attribute parts of item ``keys`` (zeros without attributes)."""
+        zeros = tf.zeros([tf.size(keys), self.config.embedding_dim])
+        if self.attrs is None:
+            return zeros
+        plan = self.attr_plan(keys)
+        return self.attr_compose(zeros, plan, self.attrs.params.lookup(plan[0]))
+
+    def attributed_items(self) -> np.ndarray:
+        """Keys of the items with attributes (candidates before anybody chose them)."""
+        if self.attrs is None:
+            return np.zeros(0, np.int64)
+        return self.attr_keys.export()[0].numpy()
 
     # -- math -----------------------------------------------------------------------------------
     def user_tower(self, u_rows: tf.Tensor, h_rows: tf.Tensor, known: tf.Tensor) -> tf.Tensor:
@@ -321,7 +386,12 @@ class TwoTower(tf.Module):
         u_eff = self.admit(self.users, user_keys, None)
         h_eff, known = self.known_history(history)
         u_rows = self.read_rows(self.users, u_eff)
-        h_rows = self.read_rows(self.items, h_eff)
+        if self.attrs is None:
+            h_rows = self.read_rows(self.items, h_eff)
+        else:
+            uniq, idx = tf.unique(tf.reshape(h_eff, [-1]))
+            h_rows = tf.reshape(tf.gather(self.item_rows(uniq), idx),
+                                tf.concat([tf.shape(h_eff), [self.config.embedding_dim]], 0))
         return tf.cast(self.user_tower(u_rows, h_rows, known), tf.float32)
 
     # -- table maintenance ---------------------------------------------------------------------

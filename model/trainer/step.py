@@ -185,15 +185,28 @@ class TrainerStep(TrainerTables):
         # first): no slice of them, whose gradient would be a dense copy.
         plan = model.widen_pool(plan, tf.size(all_keys))
         dense = model.dense_variables
+        attrs = model.attrs
+        a_plan = model.attr_plan(all_keys) if attrs is not None else None
         with tf.GradientTape() as tape:
             u_uniq = model.shadow_rows(model.users, plan.user_keys)
             i_all = model.shadow_rows(model.items, all_keys)
-            loss, uv = self._planned_loss(model, plan, (u_uniq, i_all, neg_idx), known,
+            watched = [u_uniq, i_all]
+            i_rows = i_all
+            if attrs is not None and a_plan is not None:
+                # an item's row is its id row plus its attributes' rows (attr_tokens)
+                a_uniq = model.shadow_rows(attrs, a_plan[0])
+                watched.append(a_uniq)
+                i_rows = model.attr_compose(i_all, a_plan, a_uniq)
+            loss, uv = self._planned_loss(model, plan, (u_uniq, i_rows, neg_idx), known,
                                           (ik, log_q, w), negs, uk)
-        g_user, g_item, *g_dense = tape.gradient(loss, [u_uniq, i_all, *dense])
+        grads = tape.gradient(loss, [*watched, *dense])
+        g_user, g_item = grads[0], grads[1]
+        g_dense = grads[len(watched):]
         # Gradients w.r.t. the distinct rows, summed per key: dense [U, d] / [I, d] updates
         # of the shadow buffers, which hold exactly those keys in that order.
         self._apply(tf.convert_to_tensor(g_user), tf.convert_to_tensor(g_item), g_dense)
+        if attrs is not None:
+            self.opt_attr.apply_gradients([(tf.convert_to_tensor(grads[2]), attrs.shadow)])
         return loss, tf.cast(uv[: max(self.options.eval_rows, 0)], tf.float32)
 
     def _planned_loss(

@@ -7,11 +7,12 @@ the trainer builds it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import numpy as np
 
+from feature_store.catalogue import FeatureSpec, attribute_row
 from model.scoring.prior import user_scoring_vectors
 from model.towers.frequency import CountFrequencyEstimator
 from model.towers.loss import FrequencyEstimator
@@ -19,6 +20,7 @@ from model.towers.tf_env import tf
 from model.towers.two_tower import ModelConfig, TwoTower
 from model.trainer.negatives import NegativeSampler
 from model.trainer.options import TrainOptions
+from streamrec.ids import item_key
 
 
 class TrainerTables:
@@ -30,6 +32,7 @@ class TrainerTables:
     freq: FrequencyEstimator | CountFrequencyEstimator
     opt_user: Any
     opt_item: Any
+    opt_attr: Any
     opt_dense: Any
     step: tf.Variable
     negatives: NegativeSampler
@@ -64,9 +67,42 @@ class TrainerTables:
     def _item_rows(self) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """What :meth:`item_vectors` reads of the model now: (keys, rows, log q or None)."""
         keys, rows = self.known_rows(self.model.items)
+        if self.model.attrs is not None:
+            keys, rows = self.attributed_rows(keys, rows)
         if not self.config.prior_weight:
             return keys, rows, None
         return keys, rows, self.freq.log_q(tf.constant(keys, tf.int64)).numpy()
+
+    def set_catalogue(
+        self, spec: FeatureSpec, items: Iterable[tuple[str, Mapping[str, Any]]]
+    ) -> int:
+        """Give items their attributes (checked ``attributes`` of ``spec``'s item slots;
+        ``feature_store.catalogue.attribute_row``); returns how many items were set."""
+        width = self.config.attr_tokens
+        keys: list[int] = []
+        a_keys: list[np.ndarray] = []
+        a_weights: list[np.ndarray] = []
+        for item_id, attributes in items:
+            k, w = attribute_row(spec, attributes, width)
+            keys.append(item_key(item_id))
+            a_keys.append(k)
+            a_weights.append(w)
+        if keys:
+            self.model.set_attributes(np.asarray(keys, np.int64), np.stack(a_keys),
+                                      np.stack(a_weights))
+        return len(keys)
+
+    def attributed_rows(self, keys: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The items of ``keys`` (their id ``rows``) and every other item with attributes
+        (the default row): each row plus its attribute part (``ModelConfig.attr_tokens``)."""
+        model = self.model
+        extra = np.setdiff1d(model.attributed_items(), keys)
+        keys = np.concatenate([keys, extra])
+        base = np.broadcast_to(model.default_row(model.items), (extra.size, rows.shape[1]))
+        rows = np.concatenate([rows, base]).astype(np.float32)
+        if keys.size:
+            rows = rows + model.attr_part(tf.constant(keys, tf.int64)).numpy()
+        return keys, rows
 
     def _history(self, history: np.ndarray) -> np.ndarray:
         """The user tower's window of a (most recent first) history:

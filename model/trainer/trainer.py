@@ -100,6 +100,13 @@ class Trainer(ScoringHead):
         self.opt_user = de.DynamicEmbeddingOptimizer(_adagrad(_pick(opts.user_lr, lr)))
         self.opt_item = de.DynamicEmbeddingOptimizer(_adagrad(_pick(opts.item_lr, lr)))
         self.opt_dense = _adagrad(_pick(opts.dense_lr, lr))
+        #: The attribute table's optimizer (``ModelConfig.attr_tokens``; its rows learn as
+        #: the item rows do).
+        self.opt_attr = (de.DynamicEmbeddingOptimizer(_adagrad(_pick(opts.item_lr, lr)))
+                         if self.model.attrs is not None else None)
+        if self.model.attrs is not None and (not opts.dedup_lookups or opts.grad_accum_steps > 1):
+            raise ValueError("item attributes (attr_tokens) train with one read per distinct "
+                             "key (dedup_lookups) and no gradient accumulation")
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
         self.model.init_default_rows()
         self.evaluator = Evaluator(opts.eval_k, opts.eval_window)
@@ -166,6 +173,7 @@ class Trainer(ScoringHead):
             "opt_item": self.opt_item,
             "opt_dense": self.opt_dense,
             "step": self.step,
+            **({"opt_attr": self.opt_attr} if self.opt_attr is not None else {}),
         }
 
     def restored(self, prefix: str) -> None:

@@ -264,3 +264,22 @@ def test_report_splits_scored_events_by_the_users_earlier_items() -> None:
     assert groups["1-4"]["popularity"]["recall@1"] == pytest.approx(2 / 3)
     assert groups["0"]["oracle"]["recall@1"] == pytest.approx(1 / 2)  # e3's B is new
     assert groups["5+"]["oracle"] == {k: 0.0 for k in result.values["oracle"]}
+
+
+def test_catalogue_items_are_candidates_from_the_start_and_item_history_is_counted() -> None:
+    stream = build_stream(EVENTS, PARAMS, catalogue=["Z", "B", "A"])
+    assert stream.item_ids[:3] == ["Z", "B", "A"] and stream.item_ids[3] == "C"
+    by_id = {p.sample.sample_id: p for p in stream.positives}
+    assert by_id["e1"].n_items == 3  # the whole catalogue is there before any event
+    # earlier positives of the target item: A (e1, e2, e7), B (e3, e4, e6), C (e8)
+    assert [by_id[e].item_positives for e in ("e1", "e2", "e7")] == [0, 1, 2]
+    assert [by_id[e].item_positives for e in ("e3", "e4", "e6")] == [0, 1, 2]
+    assert by_id["e8"].item_positives == 0  # C's impression (e5) is no positive
+    result = evaluate(stream, [BaselineLearner(PopularityBaseline())], OPTIONS)
+    assert result.item_seen.tolist() == [0, 1, 2, 2, 0]  # e3 e4 e6 e7 e8
+    groups = result.by_item()
+    assert groups["0"]["scored"] == 2 and groups["1-4"]["scored"] == 3
+    assert groups["5+"]["scored"] == 0
+    doc = result.report("popularity", 2)
+    assert doc["by_item"]["1-4"]["popularity"]["recall@1"] == pytest.approx(
+        result.values["popularity"]["recall@1"][1:4].mean())

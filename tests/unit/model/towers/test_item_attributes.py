@@ -1,0 +1,70 @@
+"""Item rows composed of id and attribute rows (ModelConfig.attr_tokens)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from feature_store.catalogue import FeatureSpec, attribute_row, slot_keys
+from model.evaluation.synthetic import SyntheticConfig, SyntheticStream
+from model.towers.tf_env import tf
+from model.towers.two_tower import ModelConfig
+from model.trainer.samples import KeyCache, to_batch
+from model.trainer.trainer import Trainer, TrainOptions
+from streamrec.ids import item_key
+
+SPEC = FeatureSpec()
+
+
+def test_attribute_row_weighs_each_slot_once() -> None:
+    keys, weights = attribute_row(SPEC, {"genres": ["A", "B"], "title": "Heat"}, 5)
+    genres = slot_keys(SPEC.by_name["genres"], ["A", "B"])
+    title = slot_keys(SPEC.by_name["title"], ["heat"])
+    assert keys.tolist() == [*genres, *title, 0, 0]
+    assert weights.tolist() == pytest.approx([0.5, 0.5, 1.0, 0.0, 0.0])
+    keys, weights = attribute_row(SPEC, {"genres": ["A", "B", "C"]}, 2)  # cut at the width
+    assert keys.tolist() == slot_keys(SPEC.by_name["genres"], ["A", "B"])
+    assert attribute_row(SPEC, {}, 3)[1].tolist() == [0.0, 0.0, 0.0]
+
+
+def test_items_compose_attributes_and_cold_items_are_candidates() -> None:
+    history_len, batch_size = 10, 128
+    stream = SyntheticStream(SyntheticConfig(users=200, items=80, clusters=4,
+                                             history_len=history_len))
+    samples = stream.take(12 * batch_size)
+    trainer = Trainer(
+        ModelConfig(history_len=history_len, attr_tokens=4, prior_weight=0.0),
+        TrainOptions(batch_size=batch_size, eval_rows=0), tag="attrs",
+    )
+    seen = sorted({s.item_id for s in samples})
+    catalogue = [(i, {"genres": [f"g{n % 4}"], "tags": ["x", f"t{n % 3}"]})
+                 for n, i in enumerate(seen)] + [("never-chosen", {"genres": ["g1"]})]
+    assert trainer.set_catalogue(SPEC, catalogue) == len(seen) + 1
+    keys = KeyCache()
+    for i in range(0, len(samples), batch_size):
+        trainer.train_step(to_batch(samples[i : i + batch_size], history_len, keys))
+    model = trainer.model
+    assert model.attrs is not None and model.attrs.size() == 4 + 3 + 1  # g0-3, t0-2, x
+    all_keys, tower, _ = trainer.item_parts()
+    cold = item_key("never-chosen")
+    assert cold in all_keys.tolist() and len(all_keys) == len(seen) + 1
+    # a row is the id row (the default row for an item nobody chose) plus the slots' means
+    g1 = model.attrs.params.lookup(tf.constant(slot_keys(SPEC.by_name["genres"], ["g1"]))).numpy()
+    row = model.default_row(model.items) + g1[0]
+    first = item_key(seen[1])
+    k, w = attribute_row(SPEC, catalogue[1][1], 4)
+    a_rows = model.attrs.params.lookup(tf.constant(k[w > 0])).numpy()
+    want = model.items.params.lookup(tf.constant([first])).numpy()[0] + (w[w > 0, None] * a_rows).sum(0)
+    np.testing.assert_allclose(model.item_rows(tf.constant([first])).numpy()[0], want, rtol=1e-5,
+                               atol=1e-6)
+    # the towers' part scores the composed rows (normalised)
+    at = all_keys.tolist().index(cold)
+    np.testing.assert_allclose(tower[at], row / np.linalg.norm(row), rtol=1e-4, atol=1e-6)
+    # the attribute rows are stored (a key without a row draws a fresh one at each lookup)
+    again = model.attrs.params.lookup(tf.constant(slot_keys(SPEC.by_name["genres"], ["g1"])))
+    np.testing.assert_array_equal(again.numpy(), g1)
+
+
+def test_attributes_need_the_dedup_step() -> None:
+    with pytest.raises(ValueError, match="dedup_lookups"):
+        Trainer(ModelConfig(attr_tokens=4), TrainOptions(dedup_lookups=False), tag="attrs_single")
