@@ -37,6 +37,7 @@ from pydantic import (
     field_validator,
 )
 
+from feature_store.catalogue import AttributeProblem
 from stream.errors import StreamError
 from stream.rules import (
     EVENT_FIELDS,
@@ -74,6 +75,7 @@ __all__ = [
     "FieldError",
     "SchemaError",
     "decode_events",
+    "field_errors",
     "loads_strict",
     "new_event_id",
     "parse_ts",
@@ -175,12 +177,14 @@ _UNION_HINTS = {
 }
 
 
-def _field_errors(exc: ValidationError) -> list[FieldError]:
-    """One :class:`FieldError` per (event index, field), from pydantic's error list.
+def field_errors(exc: ValidationError, record: str = "(event)") -> list[FieldError]:
+    """One :class:`FieldError` per (record index, field), from pydantic's error list.
 
-    The field is the top-level name, or ``context.<key>`` inside the context; pydantic's
-    union-branch tags in the location are dropped, and a value that matched no branch of a
-    union gets one plain message instead of one per branch.
+    The field is the top-level name, ``context.<key>`` inside the context, or the field an
+    :class:`~feature_store.catalogue.AttributeProblem` names (``attributes.genres[1]``);
+    pydantic's union-branch tags in the location are dropped, and a value that matched no
+    branch of a union gets one plain message instead of one per branch. ``record`` names a
+    problem of the whole record (e.g. not an object).
     """
     found: dict[tuple[int | None, str], list[str]] = {}
     for err in exc.errors(include_url=False, include_input=False):
@@ -188,10 +192,13 @@ def _field_errors(exc: ValidationError) -> list[FieldError]:
         index: int | None = None
         if loc and isinstance(loc[0], int):
             index = int(loc.pop(0))
-        field = str(loc[0]) if loc else "(event)"
+        field = str(loc[0]) if loc else record
         if field == "context" and len(loc) > 1:
             field = f"context.{loc[1]}"
         message = err["msg"].removeprefix("Value error, ")
+        cause = (err.get("ctx") or {}).get("error")
+        if isinstance(cause, AttributeProblem):
+            field, message = cause.field, cause.message
         found.setdefault((index, field), []).append(message)
     errors = []
     for (index, field), messages in found.items():
@@ -315,7 +322,7 @@ class EventNormalizer:
                 items, context={"event_types": self.event_types, "now_ms": now}
             )
         except ValidationError as exc:
-            raise EventValidationError(_field_errors(exc)) from exc
+            raise EventValidationError(field_errors(exc)) from exc
         return [self._wire(e, now) for e in events]
 
     def _wire(self, event: EventIn, now_ms: int) -> dict[str, Any]:
@@ -348,8 +355,9 @@ def loads_strict(text: bytes | str) -> Any:
     return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constants)
 
 
-def decode_events(body: bytes, ndjson: bool) -> list[Any]:
-    """Decoded events of a request body: one JSON object, a JSON array, or NDJSON lines.
+def decode_events(body: bytes, ndjson: bool, noun: str = "events") -> list[Any]:
+    """Decoded events (or other records: ``noun``) of a request body: one JSON object, a
+    JSON array, or NDJSON lines.
 
     Rejects (with :class:`EventValidationError`) bodies that are not UTF-8 JSON, objects with
     a duplicate key (at any depth), ``NaN``/``Infinity`` literals, and other top-level values.
@@ -369,7 +377,7 @@ def decode_events(body: bytes, ndjson: bool) -> list[Any]:
         if errors:
             raise EventValidationError(errors)
         if not items:
-            raise EventValidationError([FieldError(None, "(body)", "no events in the body")])
+            raise EventValidationError([FieldError(None, "(body)", f"no {noun} in the body")])
         return items
     try:
         doc = loads_strict(body)
