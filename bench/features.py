@@ -60,7 +60,8 @@ def _fresh(settings: Settings, tag: str) -> Settings:
             "redis": settings.redis.model_copy(update={"key_prefix": f"{uid}:"}),
         }
     )
-    ensure_topics(s.kafka, [s.kafka.events_topic, s.kafka.dlq_topic, s.kafka.samples_topic])
+    ensure_topics(s.kafka, [s.kafka.events_topic, s.kafka.dlq_topic, s.kafka.samples_topic,
+                           s.kafka.items_topic])
     return s
 
 

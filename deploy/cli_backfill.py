@@ -15,6 +15,7 @@ time of each stage):
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -191,6 +192,9 @@ def replay_and_follow(args: Any, replay_cmd: Callable[[Any], int]) -> int:
     """``streamrec replay``, then with ``--follow`` the downstream stages and the summary."""
     if not getattr(args, "follow", False):
         return replay_cmd(args)
+    if getattr(args, "items", None) is not None:
+        print("replay: --follow follows an events replay, not --items", file=sys.stderr)
+        return 2
     import json
     import tempfile
     from pathlib import Path

@@ -185,7 +185,9 @@ def _topics(args: argparse.Namespace) -> int:
 
     k = load_settings().kafka
     try:
-        created = ensure_topics(k, [k.events_topic, k.dlq_topic, k.samples_topic], k.partitions)
+        created = ensure_topics(
+            k, [k.events_topic, k.dlq_topic, k.samples_topic, k.items_topic], k.partitions
+        )
         created += ensure_updates_topic(k)
     except KafkaUnavailable as exc:
         return _fail(exc)

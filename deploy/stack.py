@@ -194,7 +194,9 @@ class Stack:
         from stream.kafka_client import ensure_topics, ensure_updates_topic
 
         k = self.settings.kafka
-        ensure_topics(k, [k.events_topic, k.dlq_topic, k.samples_topic], k.partitions)
+        ensure_topics(
+            k, [k.events_topic, k.dlq_topic, k.samples_topic, k.items_topic], k.partitions
+        )
         ensure_updates_topic(k)
 
     # ----------------------------------------------------------------- status

@@ -1,7 +1,9 @@
 """Feature definitions, the online store seam and its Redis backend (layout: FORMAT.md).
 
 * ``features`` (+ ``sample``) — every feature as a pure function of (state, event).
-* ``store`` — the :class:`OnlineStore` interface, its records, and :func:`open_store`, which
+* ``catalogue`` — the feature spec: item attribute slots, context and time slots, their checks.
+* ``store`` — the :class:`OnlineStore` interface, its records (features and the item
+  catalogue, :class:`CatalogueItem`), and :func:`open_store`, which
   every writer and reader builds its store with (backend: ``settings.store.backend``).
 * ``redis_store`` — the Redis backend (the only one for now).
 * ``errors`` — one root, :class:`FeatureStoreError`.
@@ -29,6 +31,7 @@ from feature_store.features import (
     user_features,
 )
 from feature_store.store import (
+    CatalogueItem,
     Generation,
     HistoryEntry,
     ItemFeatures,
@@ -41,6 +44,7 @@ from feature_store.store import (
 )
 
 __all__ = [
+    "CatalogueItem",
     "Event",
     "FeatureParams",
     "FeatureStoreError",

@@ -50,6 +50,8 @@ KINDS = ("categorical", "multi", "numeric", "text", "hour", "weekday")
 SOURCES = ("item", "context", "time")
 #: Longest categorical value or tag, in characters.
 MAX_VALUE_LEN = 128
+#: Largest integer (in magnitude) a numeric attribute may be: a float holds it exactly.
+MAX_EXACT_INT = 2**53
 _TOKEN = re.compile(r"[^\W_]+", re.UNICODE)
 _MS_PER_HOUR = 3_600_000
 _MS_PER_DAY = 24 * _MS_PER_HOUR
@@ -192,6 +194,11 @@ def _check_str(name: str, value: Any, limit: int) -> str:
         raise AttributeProblem(name, "should not be empty")
     if len(value) > limit:
         raise AttributeProblem(name, f"longer than {limit} characters")
+    if not value.isascii():
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            raise AttributeProblem(name, "should be valid Unicode text") from None
     return value
 
 
@@ -210,7 +217,10 @@ def check_value(slot: Slot, value: Any, where: str) -> Any:
             seen[_check_str(f"{where}[{i}]", v, MAX_VALUE_LEN)] = None
         return list(seen)
     if slot.kind == "numeric":
-        if type(value) not in (int, float) or not math.isfinite(value):
+        if type(value) is int:
+            if abs(value) > MAX_EXACT_INT:
+                raise AttributeProblem(where, "integers beyond ±2^53 are not exact numbers")
+        elif type(value) is not float or not math.isfinite(value):
             raise AttributeProblem(where, "should be a finite number")
         return value
     if slot.kind == "text":

@@ -24,6 +24,7 @@ import orjson
 
 from feature_store.errors import OnlineStoreError
 from feature_store.store import (
+    CatalogueItem,
     Generation,
     HistoryEntry,
     ItemFeatures,
@@ -114,6 +115,10 @@ def item_key_name(prefix: str, item_id: str) -> str:
     return f"{prefix}i:{item_id}"
 
 
+def catalogue_key_name(prefix: str, item_id: str) -> str:
+    return f"{prefix}c:{item_id}"
+
+
 def trending_key_name(prefix: str) -> str:
     return f"{prefix}trending"
 
@@ -190,6 +195,24 @@ def decode_item(item_id: str, as_of: bytes | str, payload: bytes | str) -> ItemF
         )
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise OnlineStoreError(f"corrupt item record {item_id!r}: {exc}") from exc
+
+
+def encode_catalogue(c: CatalogueItem) -> bytes:
+    """``{"a": attributes}``, or ``{"deleted": true}`` for a tombstone."""
+    return _dumps_bytes({"deleted": True} if c.deleted else {"a": c.attributes})
+
+
+def decode_catalogue(item_id: str, as_of: bytes | str, payload: bytes | str) -> CatalogueItem:
+    try:
+        data = json.loads(payload)
+        if data.get("deleted") is True:
+            return CatalogueItem(item_id, {}, int(as_of), deleted=True)
+        attributes = data["a"]
+        if not isinstance(attributes, dict):
+            raise TypeError("attributes are not an object")
+        return CatalogueItem(item_id, attributes, int(as_of))
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise OnlineStoreError(f"corrupt catalogue record {item_id!r}: {exc}") from exc
 
 
 def encode_trending(t: Trending) -> str:
@@ -295,6 +318,36 @@ class RedisOnlineStore(OnlineStore):
         except self._errors as exc:
             raise OnlineStoreError(f"redis write failed: {exc}") from exc
 
+    def write_catalogue(self, records: Sequence[CatalogueItem]) -> int:
+        """Catalogue records through the same only-if-newer script (``seq`` 0, no TTL)."""
+        if not records:
+            return 0
+        p = self._prefix
+        keys: list[str] = []
+        args: list[Any] = []
+        for c in records:
+            keys.append(catalogue_key_name(p, c.item_id))
+            args += (c.ts_ms, 0, encode_catalogue(c), 0)
+        named = [(c.item_id,) for c in records if not c.deleted]
+        try:
+            try:
+                results = self._run_pipeline(keys, args, named, None)
+            except self._no_script:
+                self._redis.script_load(WRITE_IF_NEWER)
+                results = self._run_pipeline(keys, args, named, None)
+        except self._errors as exc:
+            raise OnlineStoreError(f"redis write failed: {exc}") from exc
+        first = 1 if named else 0
+        return sum(int(n) for n in results[first : first + -(-len(keys) // SCRIPT_CHUNK)])
+
+    def read_catalogue(self, item_ids: Sequence[str]) -> list[CatalogueItem | None]:
+        rows = self._read_hashes([catalogue_key_name(self._prefix, i) for i in item_ids])
+        out: list[CatalogueItem | None] = []
+        for i, (as_of, v) in zip(item_ids, rows, strict=True):
+            record = decode_catalogue(i, as_of, v) if as_of is not None and v is not None else None
+            out.append(None if record is None or record.deleted else record)
+        return out
+
     def _write_encoded(
         self,
         users: Iterable[tuple[str, int, int, str | bytes]] = (),
@@ -337,12 +390,24 @@ class RedisOnlineStore(OnlineStore):
         self,
         keys: list[str],
         args: list[Any],
-        items: Sequence[tuple[str, int, int, Any]],
+        items: Sequence[tuple[Any, ...]],
         mark: Mark | None,
     ) -> bool:
+        results = self._run_pipeline(keys, args, items, mark)
+        return mark is None or bool(results[-1])
+
+    def _run_pipeline(
+        self,
+        keys: list[str],
+        args: list[Any],
+        items: Sequence[tuple[Any, ...]],
+        mark: Mark | None,
+    ) -> list[Any]:
         """One round trip: the script by its SHA (``EVALSHA``; a pipeline running a
         registered script would first ask ``SCRIPT EXISTS``, a second round trip per write).
-        Records are written only if newer, so a retry after ``NOSCRIPT`` rewrites nothing."""
+        Records are written only if newer, so a retry after ``NOSCRIPT`` rewrites nothing.
+        ``items`` (tuples led by an item id) enter the reverse map; returns the pipeline's
+        results: the ``HSET`` of the reverse map if any, one count per script chunk, ...."""
         p = self._prefix
         pipe = self._redis.pipeline(transaction=False)
         if items:
@@ -358,8 +423,7 @@ class RedisOnlineStore(OnlineStore):
             # after the records: a count the store holds implies the records before it
             pipe.evalsha(self._mark.sha, 1, generation_key_name(p), mark.part, str(mark.prev),
                          str(mark.new), self._token, str(time.time_ns() // 1_000_000))
-        results = pipe.execute()
-        return mark is None or bool(results[-1])
+        return list(pipe.execute())
 
     def _read_hashes(self, keys: list[str]) -> list[list[Any]]:
         try:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from feature_store.errors import FeatureStoreError as FeatureStoreError
 from feature_store.errors import OnlineStoreError as OnlineStoreError
@@ -62,6 +62,18 @@ class Trending:
     items: tuple[tuple[str, float], ...]
     as_of_ms: int
     extra: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class CatalogueItem:
+    """An item of the catalogue: its attributes (checked against the feature spec,
+    ``feature_store.catalogue``) as of ``ts_ms``; ``deleted`` marks a removal (a tombstone that
+    keeps older upserts out)."""
+
+    item_id: str
+    attributes: dict[str, Any]
+    ts_ms: int
+    deleted: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +146,16 @@ class OnlineStore(ABC):
         if users or mark is not None:
             return self.write_batch(users=users, user_seqs=seqs, mark=mark)
         return True
+
+    def write_catalogue(self, records: Sequence[CatalogueItem]) -> int:
+        """Write catalogue items (upserts and deletes) in one round trip, each only if its
+        ``ts_ms`` is not older than the stored one (an equal one is written again: the later
+        write wins); returns how many were written. Upserts also enter the reverse map."""
+        raise FeatureStoreError(f"{type(self).__name__} keeps no item catalogue")
+
+    def read_catalogue(self, item_ids: Sequence[str]) -> list[CatalogueItem | None]:
+        """Catalogue items; ``None`` for an id the store does not hold or that was deleted."""
+        raise FeatureStoreError(f"{type(self).__name__} keeps no item catalogue")
 
     def read_generation(self) -> Generation | None:
         """The store's generation marker (None: this backend keeps none)."""

@@ -1,7 +1,8 @@
 """The serving API and what runs beside it.
 
 * ``app`` builds one worker's FastAPI app from ``deps.ServingDeps``; ``service`` is what its
-  routes call, ``routes`` the API's own routes, ``features_api`` and ``dashboard`` the others,
+  routes call, ``routes`` the API's own routes, ``features_api`` (features and the catalogue,
+  ``GET /items/{id}``) and ``dashboard`` the others,
   ``middleware`` and ``fastpath`` the ASGI layers, ``errors`` the one error root.
 * ``loader``, ``deltas``, ``shared_state``, ``retrieval``, ``store_health``: the served model,
   its deltas, the answer and the store's health; ``metrics`` shared by the workers.

@@ -1,4 +1,5 @@
-"""Read side of the online store: ``GET /users/{user_id}/features``, ``GET /items/{item_id}/features``.
+"""Read side of the online store: ``GET /users/{user_id}/features``, ``GET /items/{item_id}/features``
+and the item catalogue, ``GET /items/{item_id}`` (``{"item_id", "attributes", "ts"}``).
 
 A router factory taking an :class:`~feature_store.store.OnlineStore`; the serving app mounts it
 (``app.include_router(features_router(store))``). Answers what the store holds, with the event
@@ -50,6 +51,15 @@ def features_router(store: OnlineStore, health: StoreHealth | None = None) -> AP
         if found is None:
             await _missing(f"unknown item_id {item_id!r}")
         return asdict(found)
+
+    # After the features route: an id ending in "/features" is read as that route.
+    @router.get("/items/{item_id:path}", tags=["catalogue"])
+    async def catalogue_item(item_id: str) -> dict[str, Any]:
+        """The item's catalogue attributes and the time they are current to (epoch ms)."""
+        found = await _read(store.read_catalogue, item_id)
+        if found is None:
+            await _missing(f"item_id {item_id!r} not in the catalogue")
+        return {"item_id": found.item_id, "attributes": found.attributes, "ts": found.ts_ms}
 
     return router
 

@@ -1,5 +1,5 @@
-"""The Python client of streamrec's HTTP APIs: ingest (``POST /events``) and serving
-(``GET /recommend``, ``GET /users/{id}/features``, ``GET /model``), sync and asyncio.
+"""The Python client of streamrec's HTTP APIs: ingest (``POST /events``, ``POST /items``) and
+serving (``GET /recommend``, ``GET /users/{id}/features``, ``GET /model``), sync and asyncio.
 
     from streamrec.client import Client
 
@@ -12,6 +12,9 @@
 first attempt, so a retry is deduplicated downstream; 503, 429 and connection errors are
 retried (``Retry-After``, else backoff with jitter), then :class:`Unavailable`; a 422 raises
 :class:`InvalidEvents` naming each bad field, other refusals :class:`RequestFailed`.
+:meth:`Client.upsert_items` sends catalogue items (``{"item_id", "attributes", "ts"?,
+"deleted"?}``) the same way, in batches, with the same retries (an upsert sent twice is
+harmless: the store keeps the newest version of an item).
 :class:`AsyncClient` has the same methods as coroutines.
 """
 
@@ -34,7 +37,7 @@ __all__ = [
     "AsyncClient", "Backoff", "Client", "Event", "HistoryEntry", "InvalidEvents", "NotFound",
     "Recommendation",
     "RecommendedItem", "RequestFailed", "SendResult", "StreamrecError", "Unavailable",
-    "UserFeatures",
+    "UpsertResult", "UserFeatures",
 ]
 
 #: Answers worth retrying: the ingest API's "Kafka unavailable" and "rate limited".
@@ -108,6 +111,13 @@ class Event:
 class SendResult:
     accepted: int
     event_ids: list[str]
+    retries: int = 0
+
+
+@dataclass(frozen=True)
+class UpsertResult:
+    accepted: int
+    item_ids: list[str]
     retries: int = 0
 
 
@@ -240,16 +250,18 @@ class _Base:
         return base + path
 
     def _batches(self, events: Iterable[Event | Mapping[str, Any]]) -> list[list[dict[str, Any]]]:
-        wire = _wire(events)
+        return self._split(_wire(events))
+
+    def _split(self, wire: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
         return [wire[i:i + self.batch_size] for i in range(0, len(wire), self.batch_size)]
 
     def _after(self, attempt: int, resp: httpx.Response | None, exc: Exception | None,
-               ids: list[str]) -> float | None:
-        """The outcome of one POST of a batch: None when accepted (its ids appended to
-        ``ids``), else the seconds to wait before the next attempt; raises when the batch is
-        refused or this was the last attempt."""
+               ids: list[str], ids_field: str = "event_ids") -> float | None:
+        """The outcome of one POST of a batch: None when accepted (its ids, the answer's
+        ``ids_field``, appended to ``ids``), else the seconds to wait before the next attempt;
+        raises when the batch is refused or this was the last attempt."""
         if resp is not None and resp.status_code == 202:
-            ids.extend(resp.json()["event_ids"])
+            ids.extend(resp.json()[ids_field])
             return None
         if resp is not None and resp.status_code not in RETRY_STATUSES:
             _raise_for(resp, len(ids))
@@ -280,10 +292,21 @@ class Client(_Base):
 
     def send(self, events: Iterable[Event | Mapping[str, Any]]) -> SendResult:
         """POST the events in batches; returns what was accepted (all of them, or raises)."""
-        url = self._url(self.ingest_url, "ingest", "/events")
+        ids, retries = self._post_batches("/events", self._batches(events), "event_ids")
+        return SendResult(len(ids), ids, retries)
+
+    def upsert_items(self, items: Iterable[Mapping[str, Any]]) -> UpsertResult:
+        """POST catalogue items in batches (``POST /items``); returns what was accepted."""
+        batches = self._split([dict(item) for item in items])
+        ids, retries = self._post_batches("/items", batches, "item_ids")
+        return UpsertResult(len(ids), ids, retries)
+
+    def _post_batches(self, path: str, batches: list[list[dict[str, Any]]],
+                      ids_field: str) -> tuple[list[str], int]:
+        url = self._url(self.ingest_url, "ingest", path)
         ids: list[str] = []
         retries = 0
-        for batch in self._batches(events):
+        for batch in batches:
             attempt = 0
             while True:
                 resp, exc = None, None
@@ -291,12 +314,12 @@ class Client(_Base):
                     resp = self.http.post(url, json=batch)
                 except httpx.TransportError as error:
                     exc = error
-                delay = self._after(attempt, resp, exc, ids)
+                delay = self._after(attempt, resp, exc, ids, ids_field)
                 if delay is None:
                     break
                 retries, attempt = retries + 1, attempt + 1
                 self.sleep(delay)
-        return SendResult(len(ids), ids, retries)
+        return ids, retries
 
     def recommend(self, user_id: str, k: int = 10, exclude_seen: bool = True) -> Recommendation:
         resp = self.http.get(self._url(self.serving_url, "serving", "/recommend"),
@@ -347,10 +370,20 @@ class AsyncClient(_Base):
                                       transport=transport)
 
     async def send(self, events: Iterable[Event | Mapping[str, Any]]) -> SendResult:
-        url = self._url(self.ingest_url, "ingest", "/events")
+        ids, retries = await self._post_batches("/events", self._batches(events), "event_ids")
+        return SendResult(len(ids), ids, retries)
+
+    async def upsert_items(self, items: Iterable[Mapping[str, Any]]) -> UpsertResult:
+        batches = self._split([dict(item) for item in items])
+        ids, retries = await self._post_batches("/items", batches, "item_ids")
+        return UpsertResult(len(ids), ids, retries)
+
+    async def _post_batches(self, path: str, batches: list[list[dict[str, Any]]],
+                            ids_field: str) -> tuple[list[str], int]:
+        url = self._url(self.ingest_url, "ingest", path)
         ids: list[str] = []
         retries = 0
-        for batch in self._batches(events):
+        for batch in batches:
             attempt = 0
             while True:
                 resp, exc = None, None
@@ -358,12 +391,12 @@ class AsyncClient(_Base):
                     resp = await self.http.post(url, json=batch)
                 except httpx.TransportError as error:
                     exc = error
-                delay = self._after(attempt, resp, exc, ids)
+                delay = self._after(attempt, resp, exc, ids, ids_field)
                 if delay is None:
                     break
                 retries, attempt = retries + 1, attempt + 1
                 await self.sleep(delay)
-        return SendResult(len(ids), ids, retries)
+        return ids, retries
 
     async def recommend(self, user_id: str, k: int = 10,
                         exclude_seen: bool = True) -> Recommendation:

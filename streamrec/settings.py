@@ -181,12 +181,17 @@ class IngestSettings(BaseModel):
     host: str = Field("127.0.0.1", description="Bind address of the ingest API.")
     port: int = Field(8001, description="Port of the ingest API.")
     max_batch: int = Field(10_000, description="Most events in one POST /events (413 beyond).")
+    max_item_batch: int = Field(1_000, description="Most items in one POST /items (413 beyond).")
     max_body_bytes: int = Field(10 * 1024 * 1024, description="Largest request body (413 beyond).")
     produce_timeout_s: float = Field(
         10.0, description="Deadline for Kafka to acknowledge a request's events (503 after it)."
     )
-    api_key: SecretStr | None = Field(None, description="If set, POST /events needs X-API-Key.")
-    rate_limit_per_s: float = Field(0.0, ge=0, description="POST /events per second (0 = off).")
+    api_key: SecretStr | None = Field(
+        None, description="If set, POST /events and POST /items need X-API-Key."
+    )
+    rate_limit_per_s: float = Field(
+        0.0, ge=0, description="POST /events and /items per second, together (0 = off)."
+    )
 
 
 class ServingSettings(BaseModel):

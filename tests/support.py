@@ -96,6 +96,7 @@ def isolated_settings(stack: Any, root: Path, prefix: str = "t") -> Any:
             "dlq_topic": f"{uid}.events.dlq",
             "samples_topic": f"{uid}.samples",
             "updates_topic": f"{uid}.updates",
+            "items_topic": f"{uid}.items",
         }),
         "redis": stack.redis.model_copy(update={"key_prefix": f"{uid}:"}),
         "trainer": stack.trainer.model_copy(update={
@@ -104,7 +105,8 @@ def isolated_settings(stack: Any, root: Path, prefix: str = "t") -> Any:
             "checkpoint_dir": root / "trainer",
         }),
     })
-    ensure_topics(s.kafka, [s.kafka.events_topic, s.kafka.dlq_topic, s.kafka.samples_topic])
+    ensure_topics(s.kafka, [s.kafka.events_topic, s.kafka.dlq_topic, s.kafka.samples_topic,
+                     s.kafka.items_topic])
     return s
 
 

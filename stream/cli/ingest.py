@@ -33,6 +33,9 @@ rules:
     downstream, and a replay that crashed continues where it stopped
   * timestamps: RFC 3339 with a zone, or epoch seconds (< 1e11) / milliseconds
   * malformed rows are counted and the first 10 shown with line numbers; --strict stops at one
+  * --items FILE sends a catalogue instead (NDJSON items, or MovieLens movies.csv with ids
+    "m" + movieId, genres and title; --tags tags.csv adds tags) to the items topic; --topic
+    then names the items topic
   * --no-ledger sends every row; then --resume continues after the last acknowledged row of
     the same files/options/topic (state in --state, default <run_dir>/replay/<plan>.json)
 
@@ -40,6 +43,7 @@ examples:
   streamrec replay ../shared/data/ml-latest-small/ratings.csv --speed max
   streamrec replay u.data --speed 3600 --since 1997-10-01T00:00:00Z --limit 10000
   streamrec replay clicks.csv --map user_id=uid,item_id=sku,ts=time --event-type click
+  streamrec replay --items ../shared/data/ml-latest-small/movies.csv --tags tags.csv
 """
 
 
@@ -67,7 +71,14 @@ def register(sub: Any) -> None:
         epilog=REPLAY_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    rp.add_argument("paths", nargs="+", type=Path, metavar="PATH", help="log files to replay")
+    rp.add_argument("paths", nargs="*", type=Path, metavar="PATH", help="log files to replay")
+    rp.add_argument("--items", type=Path, metavar="FILE",
+                    help="instead of logs: a catalogue file (NDJSON items, or MovieLens "
+                    "movies.csv) into the items topic")
+    rp.add_argument("--tags", type=Path, metavar="FILE",
+                    help="with --items movies.csv: MovieLens tags.csv, merged in as tags")
+    rp.add_argument("--items-format", choices=("ndjson", "movielens"),
+                    help="format of --items (default: detected from its name and header)")
     rp.add_argument(
         "--format",
         choices=("movielens", "ml-1m", "ml-100k", "ndjson", "csv"),
@@ -131,7 +142,49 @@ def _speed(text: str) -> float | None:
     return speed
 
 
+def run_item_replay_cmd(args: argparse.Namespace) -> int:
+    """``streamrec replay --items FILE [--tags FILE]``: exit 1 on a bad row or a failed send."""
+    from kafka.errors import KafkaError
+
+    from stream.kafka_client import KafkaUnavailable
+    from stream.replay.items import run_item_replay
+    from stream.replay.runner import ReplayError
+    from streamrec.settings import load_settings
+
+    settings = load_settings()
+    if args.topic:
+        settings = settings.model_copy(
+            update={"kafka": settings.kafka.model_copy(update={"items_topic": args.topic})}
+        )
+    try:
+        report = run_item_replay(
+            settings, args.items, args.items_format, tags=args.tags,
+            progress=not args.no_progress and sys.stderr.isatty(),
+        )
+    except (ReplayError, ValueError, OSError) as exc:  # CatalogueError is a ValueError
+        print(f"replay: {exc}", file=sys.stderr)
+        return 1
+    except (KafkaError, KafkaUnavailable) as exc:
+        print(f"replay: Kafka at {settings.kafka.bootstrap} failed: {exc}", file=sys.stderr)
+        return 1
+    print(report.summary())
+    if args.json_path:
+        args.json_path.write_text(json.dumps(report.as_dict(), indent=2) + "\n")
+    return 0
+
+
 def run_replay_cmd(args: argparse.Namespace) -> int:
+    if args.items is not None:
+        if args.paths:
+            print("replay: give log PATHs or --items FILE, not both", file=sys.stderr)
+            return 2
+        return run_item_replay_cmd(args)
+    if args.tags is not None or args.items_format is not None:
+        print("replay: --tags and --items-format go with --items", file=sys.stderr)
+        return 2
+    if not args.paths:
+        print("replay: give log files to replay (PATH ...) or --items FILE", file=sys.stderr)
+        return 2
     from kafka.errors import KafkaError
 
     from stream.kafka_client import KafkaUnavailable

@@ -6,5 +6,6 @@
 * ``rehydrate`` — the store generation: each part of the job re-writes its state into a store
   that lost writes (``feature_store/FORMAT.md``, "Generation").
 * ``parse`` — ``events`` records -> events or a DLQ reason.
+* ``catalogue`` — the catalogue stage: ``items`` records -> the store's catalogue, or the DLQ.
 * ``submit`` — submission and job management over the cluster's REST API.
 """

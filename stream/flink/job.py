@@ -1,8 +1,10 @@
-"""The Flink feature job: ``events`` -> user/item/trending features in Redis + ``samples``.
+"""The Flink feature job: ``events`` -> user/item/trending features in Redis + ``samples``;
+``items`` -> the item catalogue in Redis.
 
 SQL moves and keys records (user buckets, processing-time windows, ``ARRAY_AGG``); Python
 ``KeyedProcessFunction``s in ``thread`` mode run the feature definitions once per batch
-(``stream/flink/functions.py``): user stage -> samples, DLQ and item rows; item stage; trending.
+(``stream/flink/functions.py``): user stage -> samples, DLQ and item rows; item stage; trending;
+and, from a second source, the catalogue stage (``stream/flink/catalogue.py``) -> store, DLQ.
 All feature logic is ``feature_store.features``; this module only wires it. Run it submitted
 to a cluster (``streamrec features``), in-process (``python -m stream.flink.job --local``) or
 from a retained checkpoint (``--restore <chk dir>``). State and source offsets are
@@ -186,6 +188,43 @@ def kafka_source(t_env: Any, args: argparse.Namespace, settings: Any) -> Any:
     return t_env.to_append_stream(table, Types.ROW([Types.STRING(), BATCH_INPUT]))
 
 
+def catalogue_source(t_env: Any, args: argparse.Namespace, settings: Any) -> Any:
+    """``items`` as a stream of ``Row(partition, batch)`` for the catalogue stage
+    (``stream/flink/catalogue.py``): the same connector options, group and startup as the
+    events source (so its offsets are checkpointed with the job's state too), no watermarks
+    (nothing downstream uses event time)."""
+    from pyflink.common import Types
+
+    from stream.flink.catalogue import CATALOGUE_INPUT_SQL
+    from stream.flink.functions import BATCH_INPUT
+
+    kafka = settings.kafka
+    bounded = "'scan.bounded.mode' = 'latest-offset'," if args.bounded else ""
+    t_env.execute_sql(f"""
+        CREATE TEMPORARY TABLE kafka_items (
+            `value` STRING,
+            `partition` INT METADATA VIRTUAL,
+            `offset` BIGINT METADATA VIRTUAL,
+            `pt` AS PROCTIME()
+        ) WITH (
+            'connector' = 'kafka',
+            'topic' = '{kafka.items_topic}',
+            'properties.bootstrap.servers' = '{kafka.bootstrap}',
+            'properties.group.id' = '{args.group_id}',
+            'properties.auto.offset.reset' = 'earliest',
+            'scan.startup.mode' = 'group-offsets',
+            'scan.topic-partition-discovery.interval' = '10 s',
+            {bounded}
+            'format' = 'raw'
+        )""")
+    t_env.execute_sql(f"""
+        CREATE TEMPORARY VIEW catalogue_records AS
+        SELECT CAST(`partition` AS STRING) AS b, {CATALOGUE_INPUT_SQL} AS v, `pt`
+        FROM kafka_items""")
+    table = t_env.sql_query(window_batches("catalogue_records", args.window_ms))
+    return t_env.to_append_stream(table, Types.ROW([Types.STRING(), BATCH_INPUT]))
+
+
 def window_batches(view: str, window_ms: int) -> str:
     """SQL: the ``v`` column of ``view`` collected per bucket ``b`` and processing-time
     window of ``window_ms`` into one array, as rows ``(b, batch)``. ``ARRAY_AGG`` keeps
@@ -247,6 +286,7 @@ def build_job(env: Any, args: argparse.Namespace, settings: Any) -> None:
     from pyflink.common import Types
     from pyflink.table import Schema, StreamTableEnvironment
 
+    from stream.flink.catalogue import CATALOGUE_OUTPUT, CatalogueStage
     from stream.flink.functions import (
         BATCH_INPUT,
         ITEM_BATCH_OUTPUT,
@@ -288,9 +328,21 @@ def build_job(env: Any, args: argparse.Namespace, settings: Any) -> None:
         sinks.add_insert_sql(
             f"INSERT INTO {sink} SELECT v FROM user_out CROSS JOIN UNNEST({column}) AS t(v)"
         )
-    sinks.attach_as_datastream()
     if args.stages == "users":
+        sinks.attach_as_datastream()
         return
+    # The catalogue: items -> the store; its invalid records into the same DLQ.
+    catalogue = (
+        keyed_by_first_field(catalogue_source(t_env, args, settings), BATCH_INPUT)
+        .process(CatalogueStage(settings_json, kafka.items_topic), output_type=CATALOGUE_OUTPUT)
+        .name("catalogue")
+        .uid("catalogue-batched")
+    )
+    t_env.create_temporary_view("catalogue_out", t_env.from_data_stream(catalogue))
+    sinks.add_insert_sql(
+        "INSERT INTO dlq_sink SELECT v FROM catalogue_out CROSS JOIN UNNEST(dlq) AS t(v)"
+    )
+    sinks.attach_as_datastream()
     t_env.execute_sql("""
         CREATE TEMPORARY VIEW item_records AS
         SELECT SUBSTR(v, 1, 1) AS b, v, `pt` FROM user_out CROSS JOIN UNNEST(items) AS t(v)""")

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,6 +69,9 @@ class RetryingWrites:
     def write_user_rows(self, rows: Iterable[Any], mark: Mark | None = None) -> Any:
         rows = list(rows)  # a retry needs them again
         return self._retry(lambda: self.store.write_user_rows(rows, mark=mark))
+
+    def write_catalogue(self, records: Sequence[Any]) -> Any:
+        return self._retry(lambda: self.store.write_catalogue(records))
 
     def finish_rehydration(self, part: str, writes: int) -> None:
         self._retry(lambda: self.store.finish_rehydration(part, writes))

@@ -1,4 +1,5 @@
-"""The ingest API: ``POST /events`` into the Kafka ``events`` topic, acknowledged end to end.
+"""The ingest API: ``POST /events`` into the Kafka ``events`` topic and ``POST /items`` (the
+item catalogue, :mod:`stream.items`) into ``items``, acknowledged end to end.
 
 ``create_app(settings)`` builds the FastAPI app; its lifespan owns one long-lived Kafka
 producer (``acks=all``, idempotent) and closes it on shutdown. ``POST /events`` takes one JSON
@@ -10,7 +11,9 @@ each invalid field (nothing written); ``413`` over ``ingest.max_body_bytes`` or
 ``503`` with ``Retry-After`` when Kafka does not acknowledge within
 ``ingest.produce_timeout_s`` (the producer gives the record up by then; the client retries
 with the same ``event_id``s, and consumers dedupe: docs/design.md, "Wire formats").
-``GET /health``, ``GET /metrics`` (names in :mod:`stream.ingest.metrics`), ``/docs``.
+``POST /items`` takes the same bodies of item records and answers the same way (``202
+{"accepted", "item_ids"}``; ``413`` beyond ``ingest.max_item_batch``), behind the same API key
+and rate limit. ``GET /health``, ``GET /metrics`` (names in :mod:`stream.ingest.metrics`), ``/docs``.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from feature_store.catalogue import FeatureSpec
 from stream.errors import StreamError
 from stream.ingest.metrics import (
     REASON_INVALID,
@@ -40,6 +44,7 @@ from stream.ingest.metrics import (
     IngestMetrics,
 )
 from stream.ingest.ratelimit import TokenBucket
+from stream.items import ItemIn, ItemNormalizer, decode_items, item_record
 from stream.kafka_client import KafkaUnavailable, ingest_producer_options, make_producer
 from stream.schema import EventIn, EventNormalizer, EventValidationError, decode_events
 from streamrec.settings import Settings
@@ -156,8 +161,9 @@ class EventPublisher:
     def ready(self) -> bool:
         return self._producer is not None
 
-    async def publish(self, records: list[tuple[bytes, bytes]]) -> None:
-        """Send ``(key, value)`` records; return once every one is acknowledged."""
+    async def publish(self, records: list[tuple[bytes, bytes]], topic: str | None = None) -> None:
+        """Send ``(key, value)`` records to ``topic`` (default: the events topic); return once
+        every one is acknowledged."""
         producer = self._producer or await asyncio.to_thread(self.producer)
         loop = asyncio.get_running_loop()
         done: asyncio.Future[None] = loop.create_future()
@@ -177,7 +183,7 @@ class EventPublisher:
             failures.append(exc)
             on_ack(None)
 
-        send, topic = producer.send, self.topic
+        send, topic = producer.send, topic or self.topic
         try:
             for key, value in records:
                 future = send(topic, value=value, key=key)
@@ -275,6 +281,8 @@ def create_app(
     ingest = settings.ingest
     publisher = EventPublisher(settings, producer_factory)
     normalizer = EventNormalizer(settings.features.event_weights, clock_ms=clock_ms)
+    item_normalizer = ItemNormalizer(FeatureSpec.load(settings.features.spec_file), clock_ms)
+    items_topic = settings.kafka.items_topic
     metrics = IngestMetrics(CollectorRegistry())
     api_key = ingest.api_key.get_secret_value().encode() if ingest.api_key else None
     if rate_limit_per_s is None:
@@ -324,6 +332,41 @@ def create_app(
             headers = {"Retry-After": str(exc.retry_after_s)}
         return JSONResponse(body, status_code=status, headers=headers)
 
+    async def admitted_body(request: Request) -> tuple[bytes, bool]:
+        """The body of a write request that passed the rate limit, the API key and the
+        content type, and whether it is NDJSON (the same gate for events and items)."""
+        wait_s = limiter.acquire()
+        if wait_s > 0:
+            raise RateLimited("too many requests", TokenBucket.retry_after_s(wait_s))
+        if api_key is not None:
+            given = request.headers.get("x-api-key", "").encode()
+            if not hmac.compare_digest(given, api_key):
+                raise Unauthorized("missing or wrong X-API-Key")
+        media = request.headers.get("content-type", "application/json").split(";")[0].strip()
+        ndjson = media.lower() in NDJSON_TYPES
+        if (
+            not ndjson
+            and media.lower() not in ("application/json", "")
+            and not media.endswith("+json")
+        ):
+            raise UnsupportedMediaType(f"unsupported Content-Type {media!r}")
+        return await read_body(request, ingest.max_body_bytes), ndjson
+
+    def validated(decode: Callable[[], list[Any]], normalize: Callable[[list[Any]], list[Any]],
+                  limit: int, noun: str) -> list[dict[str, Any]]:
+        """Decoded and normalised records, or the 413 / 422 naming every bad field."""
+        try:
+            items = decode()
+            if len(items) > limit:
+                raise PayloadTooLarge(f"{len(items)} {noun} exceed the batch limit {limit}")
+            return normalize(items)
+        except EventValidationError as exc:
+            errors = [e.as_dict() for e in exc.errors]
+            raise InvalidEvents(f"{len(errors)} invalid field(s); nothing written", errors) from exc
+        except RecursionError as exc:  # json.loads on very deeply nested arrays/objects
+            error = {"index": None, "field": "(json)", "error": "JSON nested too deeply"}
+            raise InvalidEvents("JSON nested too deeply; nothing written", [error]) from exc
+
     @app.post(
         "/events",
         status_code=202,
@@ -358,35 +401,11 @@ def create_app(
     )
     async def post_events(request: Request) -> Response:
         """Validate a batch and write it to Kafka; answers only after every record is acked."""
-        wait_s = limiter.acquire()
-        if wait_s > 0:
-            raise RateLimited("too many requests", TokenBucket.retry_after_s(wait_s))
-        if api_key is not None:
-            given = request.headers.get("x-api-key", "").encode()
-            if not hmac.compare_digest(given, api_key):
-                raise Unauthorized("missing or wrong X-API-Key")
-        media = request.headers.get("content-type", "application/json").split(";")[0].strip()
-        ndjson = media.lower() in NDJSON_TYPES
-        if (
-            not ndjson
-            and media.lower() not in ("application/json", "")
-            and not media.endswith("+json")
-        ):
-            raise UnsupportedMediaType(f"unsupported Content-Type {media!r}")
-        body = await read_body(request, ingest.max_body_bytes)
-        try:
-            items = decode_events(body, ndjson=ndjson)
-            if len(items) > ingest.max_batch:
-                raise PayloadTooLarge(
-                    f"{len(items)} events exceed the batch limit {ingest.max_batch}"
-                )
-            wire = normalizer.normalize(items)
-        except EventValidationError as exc:
-            errors = [e.as_dict() for e in exc.errors]
-            raise InvalidEvents(f"{len(errors)} invalid field(s); nothing written", errors) from exc
-        except RecursionError as exc:  # json.loads on very deeply nested arrays/objects
-            error = {"index": None, "field": "(json)", "error": "JSON nested too deeply"}
-            raise InvalidEvents("JSON nested too deeply; nothing written", [error]) from exc
+        body, ndjson = await admitted_body(request)
+        wire = validated(
+            lambda: decode_events(body, ndjson=ndjson), normalizer.normalize,
+            ingest.max_batch, "events",
+        )
         dumps = orjson.dumps
         records = [(e["user_id"].encode(), dumps(e)) for e in wire]
         started = time.perf_counter()
@@ -396,6 +415,51 @@ def create_app(
         metrics.batch_size.observe(len(wire))
         metrics.requests.labels("202").inc()
         body_out = orjson.dumps({"accepted": len(wire), "event_ids": [e["event_id"] for e in wire]})
+        return Response(body_out, status_code=202, media_type="application/json")
+
+    @app.post(
+        "/items",
+        status_code=202,
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {
+                    "application/json": {
+                        "schema": {
+                            "oneOf": [
+                                {"$ref": "#/components/schemas/ItemIn"},
+                                {
+                                    "type": "array",
+                                    "items": {"$ref": "#/components/schemas/ItemIn"},
+                                    "minItems": 1,
+                                    "maxItems": ingest.max_item_batch,
+                                },
+                            ]
+                        }
+                    },
+                    "application/x-ndjson": {"schema": {"type": "string"}},
+                },
+            }
+        },
+        responses={
+            202: {"description": "Every item acknowledged by Kafka."},
+            413: {"description": "Body or batch too large."},
+            429: {"description": "Rate limit exceeded; retry after Retry-After seconds."},
+            422: {"description": "Invalid items; nothing written."},
+            503: {"description": "Kafka unavailable; retry after Retry-After seconds."},
+        },
+    )
+    async def post_items(request: Request) -> Response:
+        """Validate catalogue upserts/deletes and write them to the items topic; answers only
+        after every record is acked."""
+        body, ndjson = await admitted_body(request)
+        wire = validated(
+            lambda: decode_items(body, ndjson=ndjson), item_normalizer.normalize,
+            ingest.max_item_batch, "items",
+        )
+        await publisher.publish([item_record(w) for w in wire], topic=items_topic)
+        metrics.requests.labels("202").inc()
+        body_out = orjson.dumps({"accepted": len(wire), "item_ids": [w["item_id"] for w in wire]})
         return Response(body_out, status_code=202, media_type="application/json")
 
     @app.get("/health")
@@ -420,6 +484,9 @@ def create_app(
             # The accepted types are the configured ones, not any string.
             event_in["properties"]["event_type"]["enum"] = sorted(normalizer.event_types)
             components["EventIn"] = event_in
+            components["ItemIn"] = ItemIn.model_json_schema(
+                ref_template="#/components/schemas/{model}"
+            )
             app.openapi_schema = schema
         return app.openapi_schema
 

@@ -179,3 +179,29 @@ def test_read_api_503_when_redis_is_down(settings: Settings) -> None:
         resp = client.get("/users/u1/features")
         assert resp.status_code == 503
         assert resp.json()["error"] == "store_unavailable"
+
+
+def test_catalogue_only_if_newer_and_deletes(store: RedisOnlineStore) -> None:
+    from feature_store.store import CatalogueItem
+
+    a1 = CatalogueItem("a", {"genres": ["x"], "title": "A"}, 1000)
+    b = CatalogueItem("b", {"price": 3.5}, 0)
+    assert store.write_catalogue([a1, b]) == 2
+    assert store.read_catalogue(["a", "b", "zz"]) == [a1, b, None]
+    assert store.read_item_ids([item_key("a"), item_key("b")]) == ["a", "b"]
+    # an older upsert is refused; an equal ts is written again (idempotent replays)
+    assert store.write_catalogue([CatalogueItem("a", {"title": "old"}, 999)]) == 0
+    assert store.write_catalogue([a1]) == 1
+    assert store.read_catalogue(["a"]) == [a1]
+    # a delete is a tombstone: older upserts stay out, a newer one brings the item back
+    assert store.write_catalogue([CatalogueItem("a", {}, 1500, deleted=True)]) == 1
+    assert store.read_catalogue(["a"]) == [None]
+    assert store.write_catalogue([CatalogueItem("a", {"title": "late"}, 1200)]) == 0
+    assert store.read_catalogue(["a"]) == [None]
+    a2 = CatalogueItem("a", {"title": "back"}, 2000)
+    store.write_catalogue([a2])
+    assert store.read_catalogue(["a"]) == [a2]
+    # many records: several script chunks in one round trip
+    many = [CatalogueItem(f"m{n}", {"category": "c"}, 5) for n in range(1200)]
+    assert store.write_catalogue(many) == 1200
+    assert store.read_catalogue(["m0", "m1199"]) == [many[0], many[1199]]

@@ -92,6 +92,32 @@ def produce(settings: Settings, events: list[Event], extra: list[bytes] = ()) ->
         producer.close()
 
 
+def produce_items(settings: Settings, records: list[dict[str, Any] | bytes]) -> None:
+    """Item records (wire dicts, or raw bytes for bad ones) onto the items topic."""
+    producer = make_producer(settings.kafka)
+    try:
+        for r in records:
+            raw = r if isinstance(r, bytes) else json.dumps(r).encode()
+            key = r["item_id"].encode() if isinstance(r, dict) else b"bad"
+            producer.send(settings.kafka.items_topic, key=key, value=raw)
+        producer.flush(timeout=30)
+    finally:
+        producer.close()
+
+
+def catalogue_items(tag: str, n: int, ts: int = 0) -> list[dict[str, Any]]:
+    return [
+        {"item_id": f"{tag}{i}", "attributes": {"genres": [f"g{i % 3}"], "title": f"T {i}"},
+         "ts": ts, "deleted": False}
+        for i in range(n)
+    ]  # fmt: skip
+
+
+def catalogue_matches(store: RedisOnlineStore, expected: dict[str, dict[str, Any] | None]) -> bool:
+    got = store.read_catalogue(list(expected))
+    return [None if g is None else g.attributes for g in got] == list(expected.values())
+
+
 class Expected:
     """The reference result: the (unit-tested) feature functions over the events in order."""
 
@@ -217,9 +243,21 @@ def test_events_to_exact_features_and_samples(
     stream = [*events, *dupes]
     produce(settings, stream, extra=[b"not json", b'{"event_id": "x"}'])
     exp = Expected(stream, params)
+    # The catalogue beside the events: upserts, an older upsert (ignored), a delete, a bad
+    # record (to the DLQ with its reason).
+    items = catalogue_items("c", 5, ts=T0)
+    produce_items(settings, [
+        *items,
+        {**items[0], "attributes": {"title": "older"}, "ts": T0 - 1},
+        {"item_id": "c1", "attributes": {}, "ts": T0 + 1, "deleted": True},
+        b'{"item_id": "c9", "attributes": {"colour": "red"}, "ts": 0, "deleted": false}',
+    ])
+    want: dict[str, dict[str, Any] | None] = {i["item_id"]: i["attributes"] for i in items}
+    want["c1"] = None
 
     wait_until(lambda: store_matches(store, exp), 120, "the exact features in Redis")
     wait_until(lambda: trending_matches(store, exp), 60, "the trending list")
+    wait_until(lambda: catalogue_matches(store, want), 60, "the catalogue in Redis")
     # Hand-checked spot values: u1 has events 1, 5, 9, ... (15 events, types cycle by i % 5).
     (u1,) = store.read_users(["u1"])
     assert u1 is not None and u1.as_of_ms == T0 + 57 * 1_500
@@ -230,8 +268,11 @@ def test_events_to_exact_features_and_samples(
     assert positives == 48  # 60 events, every 5th an impression (weight 0)
     records = consume(settings.kafka.bootstrap, settings.kafka.samples_topic, positives, 60)
     check_samples(records, exp, events)
-    dlq = consume(settings.kafka.bootstrap, settings.kafka.dlq_topic, 2, 30)
-    bad = [json.loads(r.value) for r in dlq]
+    dlq = consume(settings.kafka.bootstrap, settings.kafka.dlq_topic, 3, 30)
+    bad_items = [json.loads(r.value) for r in dlq if json.loads(r.value)["stage"] == "features.items"]
+    assert len(bad_items) == 1 and bad_items[0]["topic"] == settings.kafka.items_topic
+    assert bad_items[0]["reason"].startswith("attributes.colour: unknown attribute")
+    bad = [json.loads(r.value) for r in dlq if json.loads(r.value)["stage"] != "features.items"]
     assert all(b["partition"] >= 0 and b["offset"] >= 0 for b in bad)
     assert sorted(b["raw"] for b in bad) == sorted(["not json", '{"event_id": "x"}'])
     reasons = sorted(b["reason"] for b in bad)
@@ -285,7 +326,9 @@ def test_kill9_and_restore_from_checkpoint(
     a, b, c = make_events("r", 40), make_events("r", 30, 40), make_events("r", 30, 70)
 
     proc = start_local(settings, args, log)
+    items = catalogue_items("k", 40)
     try:
+        produce_items(settings, items[:20])
         produce(settings, a)
         exp_a = Expected(a, params)
         wait_until(lambda: store_matches(store, exp_a), 180, "batch A in Redis")
@@ -299,6 +342,7 @@ def test_kill9_and_restore_from_checkpoint(
         b_visible = time.time()
         kill9(proc)
         produce(settings, c + a[:5])  # C while down, plus duplicates of old events
+        produce_items(settings, items[10:])  # catalogue records while down (some again)
         restore = latest_checkpoint(chk)
         assert restore is not None
         # The restored checkpoint predates B: B is processed again after the restart.
@@ -312,6 +356,10 @@ def test_kill9_and_restore_from_checkpoint(
         )
         exp = Expected(a + b + c + a[:5], params)
         wait_until(lambda: store_matches(store, exp), 180, "A+B+C exactly once in Redis")
+        wait_until(
+            lambda: catalogue_matches(store, {i["item_id"]: i["attributes"] for i in items}),
+            60, "every catalogue item after the restart",
+        )
         records = consume(
             settings.kafka.bootstrap, settings.kafka.samples_topic, len(exp.samples), 60
         )

@@ -11,6 +11,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from feature_store.store import (
+    CatalogueItem,
     HistoryEntry,
     ItemFeatures,
     OnlineStore,
@@ -33,6 +34,7 @@ class MemoryStore(OnlineStore):
     def __init__(self) -> None:
         self.users: dict[str, UserFeatures] = {}
         self.trending: Trending | None = None
+        self.catalogue: dict[str, CatalogueItem] = {}
         self.down = False
 
     def write_batch(self, users: Sequence[UserFeatures] = (), items: Sequence[ItemFeatures] = (),
@@ -61,6 +63,10 @@ class MemoryStore(OnlineStore):
     def read_item_ids(self, keys: Sequence[int]) -> list[str | None]:
         self._check()
         return [None for _ in keys]
+
+    def read_catalogue(self, item_ids: Sequence[str]) -> list[CatalogueItem | None]:
+        self._check()
+        return [self.catalogue.get(i) for i in item_ids]
 
 
 def user(uid: str, items: list[str]) -> UserFeatures:
@@ -284,6 +290,22 @@ def test_feature_routes_are_mounted(env) -> None:
         missing = client.get("/users/nobody/features")
         assert missing.status_code == 404  # through the app's one error handler
         assert missing.json() == {"error": "not_found", "detail": "unknown user_id 'nobody'"}
+
+
+def test_catalogue_item_route(env) -> None:
+    app, store, _ = env
+    store.catalogue["m/1"] = CatalogueItem("m/1", {"genres": ["Comedy"], "title": "A"}, 1234)
+    with TestClient(app) as client:
+        resp = client.get("/items/m/1")
+        assert resp.status_code == 200, resp.text
+        assert resp.json() == {
+            "item_id": "m/1", "attributes": {"genres": ["Comedy"], "title": "A"}, "ts": 1234
+        }
+        assert client.get("/items/m/1/features").status_code == 404  # the features route
+        missing = client.get("/items/nope")
+        assert missing.status_code == 404 and missing.json()["error"] == "not_found"
+        store.down = True
+        assert client.get("/items/m/1").status_code == 503
 
 
 def test_concurrent_requests_are_batched_with_equal_answers(env) -> None:

@@ -179,3 +179,52 @@ def test_async_client_same_contract() -> None:
     assert [len(b) for b in seen] == [3, 3, 1] and seen[0] == seen[1]
     assert sleeps == [1.0] and sent.accepted == 4
     assert rec.items[0].item_id == "a"
+
+
+def catalogue(script: Script, seen: list[list[dict[str, Any]]]) -> Callable[[httpx.Request], httpx.Response]:
+    """Answers POST /items from ``script`` (then 202), recording every body."""
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        assert request.url.path == "/items"
+        body = json.loads(request.content)
+        seen.append(body)
+        if script:
+            return script.pop(0)
+        return httpx.Response(202, json={"accepted": len(body),
+                                         "item_ids": [i["item_id"] for i in body]})
+    return handle
+
+
+def test_upsert_items_batches_and_retries() -> None:
+    seen: list[list[dict[str, Any]]] = []
+    sleeps: list[float] = []
+    items = [{"item_id": f"i{n}", "attributes": {"category": "c"}} for n in range(5)]
+    script = [httpx.Response(503, headers={"Retry-After": "1"})]
+    with sync_client(catalogue(script, seen), sleeps, batch_size=2) as sr:
+        result = sr.upsert_items(items)
+    assert [len(b) for b in seen] == [2, 2, 2, 1] and seen[0] == seen[1]
+    assert result.accepted == 5 and result.retries == 1 and sleeps == [1.0]
+    assert result.item_ids == [f"i{n}" for n in range(5)]
+    refused = [httpx.Response(422, json={"error": "invalid", "detail": "1 invalid field(s)",
+               "errors": [{"index": 0, "field": "attributes.colour", "error": "unknown"}]})]
+    with sync_client(catalogue(refused, []), []) as sr, pytest.raises(InvalidEvents) as info:
+        sr.upsert_items(items[:1])
+    assert info.value.errors[0]["field"] == "attributes.colour"
+    with sync_client(catalogue([httpx.Response(503)] * 3, []), [], retries=2) as sr:
+        with pytest.raises(Unavailable):
+            sr.upsert_items(items[:1])
+
+
+def test_async_upsert_items() -> None:
+    seen: list[list[dict[str, Any]]] = []
+
+    async def run() -> Any:
+        async def no_sleep(_s: float) -> None:
+            return None
+
+        async with AsyncClient("http://ingest", None, batch_size=3, sleep=no_sleep,
+                               transport=httpx.MockTransport(catalogue([], seen))) as sr:
+            return await sr.upsert_items([{"item_id": f"i{n}"} for n in range(4)])
+
+    result = asyncio.run(run())
+    assert result.accepted == 4 and [len(b) for b in seen] == [3, 1]
