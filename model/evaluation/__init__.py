@@ -8,6 +8,8 @@
 * ``neighbours`` — the per-user baselines co-occurrence, popularity-damped item-kNN and
   session-kNN, numpy only.
 * ``sequential`` — the per-user baseline sequential rules, numpy only.
+* ``content`` — the content baseline (popularity within the user's recent categories) of a
+  catalogue (``streamrec evaluate --items``), numpy only.
 * ``synthetic`` — a synthetic ``samples`` stream with planted preferences.
 * ``report`` — a report as the command's table and as a plot over time.
 """
