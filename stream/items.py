@@ -50,10 +50,11 @@ from feature_store.catalogue import (
     check_attributes,
 )
 from stream.errors import StreamError
-from stream.rules import MAX_FUTURE_MS, SchemaError, ok_id, parse_ts
+from stream.rules import MAX_FUTURE_MS, SchemaError, ok_id
 from stream.schema import (
     EventValidationError,
     Id,
+    context_ts,
     decode_events,
     field_errors,
     loads_strict,
@@ -106,12 +107,7 @@ class ItemIn(BaseModel):
     @field_validator("ts")
     @classmethod
     def _item_time(cls, value: int | float | str | None, info: ValidationInfo) -> int | None:
-        if value is None:
-            return None
-        now_ms = (info.context or {}).get("now_ms")
-        if now_ms is None:
-            raise SchemaError("internal: no receive time given to the validator")
-        return parse_ts(value, now_ms)
+        return context_ts(value, info)
 
 
 _BATCH = TypeAdapter(list[ItemIn])

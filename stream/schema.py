@@ -101,6 +101,17 @@ ContextValue = Union[  # noqa: UP007 - pydantic's smart union keeps bool/int/flo
 ]
 
 
+def context_ts(value: int | float | str | None, info: ValidationInfo) -> int | None:
+    """A record's ``ts`` (:func:`parse_ts`) against the receive time the validation was given
+    (``context={"now_ms": ...}``); None stays None (the receive time fills it in)."""
+    if value is None:
+        return None
+    now_ms = (info.context or {}).get("now_ms")
+    if now_ms is None:
+        raise SchemaError("internal: no receive time given to the validator")
+    return parse_ts(value, now_ms)
+
+
 class EventIn(BaseModel):
     """One event as clients send it (the body of ``POST /events``, or one element of a batch)."""
 
@@ -129,12 +140,7 @@ class EventIn(BaseModel):
     @field_validator("ts")
     @classmethod
     def _event_time(cls, value: int | float | str | None, info: ValidationInfo) -> int | None:
-        if value is None:
-            return None
-        now_ms = (info.context or {}).get("now_ms")
-        if now_ms is None:
-            raise SchemaError("internal: no receive time given to the validator")
-        return parse_ts(value, now_ms)
+        return context_ts(value, info)
 
     @field_validator("value")
     @classmethod

@@ -157,7 +157,6 @@ def kafka_source(t_env: Any, args: argparse.Namespace, settings: Any) -> Any:
     from stream.flink.functions import BATCH_INPUT, USER_BUCKET_SQL, USER_INPUT_SQL
 
     kafka = settings.kafka
-    bounded = "'scan.bounded.mode' = 'latest-offset'," if args.bounded else ""
     out_of_order = _seconds(settings.features.max_out_of_orderness_ms)
     ts = "TRY_CAST(JSON_VALUE(`value`, '$.ts') AS BIGINT)"
     t_env.execute_sql(f"""
@@ -170,9 +169,22 @@ def kafka_source(t_env: Any, args: argparse.Namespace, settings: Any) -> Any:
             `event_time` AS TO_TIMESTAMP_LTZ(
                 CASE WHEN {ts} BETWEEN 0 AND {MAX_TS_MS} THEN {ts} ELSE 0 END, 3),
             WATERMARK FOR `event_time` AS `event_time` - INTERVAL '{out_of_order}' SECOND
-        ) WITH (
+        ) WITH ({kafka_options(kafka, kafka.events_topic, args)})""")
+    t_env.execute_sql(f"""
+        CREATE TEMPORARY VIEW user_records AS
+        SELECT {USER_BUCKET_SQL} AS b, {USER_INPUT_SQL} AS v, `pt` FROM kafka_events""")
+    table = t_env.sql_query(window_batches("user_records", args.window_ms))
+    return t_env.to_append_stream(table, Types.ROW([Types.STRING(), BATCH_INPUT]))
+
+
+def kafka_options(kafka: Any, topic: str, args: argparse.Namespace) -> str:
+    """The Kafka connector options of a source of the job: the job's group, started from its
+    offsets (earliest without), read as raw bytes; bounded at the latest offset with
+    ``--bounded``."""
+    bounded = "'scan.bounded.mode' = 'latest-offset'," if args.bounded else ""
+    return f"""
             'connector' = 'kafka',
-            'topic' = '{kafka.events_topic}',
+            'topic' = '{topic}',
             'properties.bootstrap.servers' = '{kafka.bootstrap}',
             'properties.group.id' = '{args.group_id}',
             'properties.auto.offset.reset' = 'earliest',
@@ -180,12 +192,7 @@ def kafka_source(t_env: Any, args: argparse.Namespace, settings: Any) -> Any:
             'scan.topic-partition-discovery.interval' = '10 s',
             {bounded}
             'format' = 'raw'
-        )""")
-    t_env.execute_sql(f"""
-        CREATE TEMPORARY VIEW user_records AS
-        SELECT {USER_BUCKET_SQL} AS b, {USER_INPUT_SQL} AS v, `pt` FROM kafka_events""")
-    table = t_env.sql_query(window_batches("user_records", args.window_ms))
-    return t_env.to_append_stream(table, Types.ROW([Types.STRING(), BATCH_INPUT]))
+        """
 
 
 def catalogue_source(t_env: Any, args: argparse.Namespace, settings: Any) -> Any:
@@ -199,24 +206,13 @@ def catalogue_source(t_env: Any, args: argparse.Namespace, settings: Any) -> Any
     from stream.flink.functions import BATCH_INPUT
 
     kafka = settings.kafka
-    bounded = "'scan.bounded.mode' = 'latest-offset'," if args.bounded else ""
     t_env.execute_sql(f"""
         CREATE TEMPORARY TABLE kafka_items (
             `value` STRING,
             `partition` INT METADATA VIRTUAL,
             `offset` BIGINT METADATA VIRTUAL,
             `pt` AS PROCTIME()
-        ) WITH (
-            'connector' = 'kafka',
-            'topic' = '{kafka.items_topic}',
-            'properties.bootstrap.servers' = '{kafka.bootstrap}',
-            'properties.group.id' = '{args.group_id}',
-            'properties.auto.offset.reset' = 'earliest',
-            'scan.startup.mode' = 'group-offsets',
-            'scan.topic-partition-discovery.interval' = '10 s',
-            {bounded}
-            'format' = 'raw'
-        )""")
+        ) WITH ({kafka_options(kafka, kafka.items_topic, args)})""")
     t_env.execute_sql(f"""
         CREATE TEMPORARY VIEW catalogue_records AS
         SELECT CAST(`partition` AS STRING) AS b, {CATALOGUE_INPUT_SQL} AS v, `pt`

@@ -266,6 +266,33 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
+def _batch_body(schema: str, max_items: int) -> dict[str, Any]:
+    """OpenAPI request body of a batch endpoint: one ``schema`` object, an array of at most
+    ``max_items`` of them, or NDJSON."""
+    ref = {"$ref": f"#/components/schemas/{schema}"}
+    array = {"type": "array", "items": ref, "minItems": 1, "maxItems": max_items}
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/json": {"schema": {"oneOf": [ref, array]}},
+                "application/x-ndjson": {"schema": {"type": "string"}},
+            },
+        }
+    }
+
+
+def _batch_responses(noun: str) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI responses of a batch endpoint that writes ``noun`` records to Kafka."""
+    return {
+        202: {"description": f"Every {noun} acknowledged by Kafka."},
+        413: {"description": "Body or batch too large."},
+        429: {"description": "Rate limit exceeded; retry after Retry-After seconds."},
+        422: {"description": f"Invalid {noun}s; nothing written."},
+        503: {"description": "Kafka unavailable; retry after Retry-After seconds."},
+    }
+
+
 def create_app(
     settings: Settings,
     producer_factory: ProducerFactory = default_producer_factory,
@@ -370,34 +397,8 @@ def create_app(
     @app.post(
         "/events",
         status_code=202,
-        openapi_extra={
-            "requestBody": {
-                "required": True,
-                "content": {
-                    "application/json": {
-                        "schema": {
-                            "oneOf": [
-                                {"$ref": "#/components/schemas/EventIn"},
-                                {
-                                    "type": "array",
-                                    "items": {"$ref": "#/components/schemas/EventIn"},
-                                    "minItems": 1,
-                                    "maxItems": ingest.max_batch,
-                                },
-                            ]
-                        }
-                    },
-                    "application/x-ndjson": {"schema": {"type": "string"}},
-                },
-            }
-        },
-        responses={
-            202: {"description": "Every event acknowledged by Kafka."},
-            413: {"description": "Body or batch too large."},
-            429: {"description": "Rate limit exceeded; retry after Retry-After seconds."},
-            422: {"description": "Invalid events; nothing written."},
-            503: {"description": "Kafka unavailable; retry after Retry-After seconds."},
-        },
+        openapi_extra=_batch_body("EventIn", ingest.max_batch),
+        responses=_batch_responses("event"),
     )
     async def post_events(request: Request) -> Response:
         """Validate a batch and write it to Kafka; answers only after every record is acked."""
@@ -420,34 +421,8 @@ def create_app(
     @app.post(
         "/items",
         status_code=202,
-        openapi_extra={
-            "requestBody": {
-                "required": True,
-                "content": {
-                    "application/json": {
-                        "schema": {
-                            "oneOf": [
-                                {"$ref": "#/components/schemas/ItemIn"},
-                                {
-                                    "type": "array",
-                                    "items": {"$ref": "#/components/schemas/ItemIn"},
-                                    "minItems": 1,
-                                    "maxItems": ingest.max_item_batch,
-                                },
-                            ]
-                        }
-                    },
-                    "application/x-ndjson": {"schema": {"type": "string"}},
-                },
-            }
-        },
-        responses={
-            202: {"description": "Every item acknowledged by Kafka."},
-            413: {"description": "Body or batch too large."},
-            429: {"description": "Rate limit exceeded; retry after Retry-After seconds."},
-            422: {"description": "Invalid items; nothing written."},
-            503: {"description": "Kafka unavailable; retry after Retry-After seconds."},
-        },
+        openapi_extra=_batch_body("ItemIn", ingest.max_item_batch),
+        responses=_batch_responses("item"),
     )
     async def post_items(request: Request) -> Response:
         """Validate catalogue upserts/deletes and write them to the items topic; answers only
