@@ -3,12 +3,17 @@
 Rating mode (:class:`ClickSimulator`): users with slowly drifting latent tastes click items by
 a multinomial-logit choice of taste times Zipf popularity, among a slate of popular
 impressions, so clicks are predictable from earlier clicks and similar users, not from
-popularity alone (``docs/decisions.md#simulator``). Session mode (:class:`SessionSimulator`):
+popularity alone (``docs/decisions.md#simulator``). With ``SimConfig.categories`` items also
+have a category (their latent vectors lie around its centre) and tags that follow it; with
+``new_item_share`` part of the catalogue arrives along the stream, never shown or clicked
+before. Both off by default, which keeps every draw and event of earlier versions; the
+catalogue goes to ``POST /items`` live and to a file of item records (``stream/items.py``).
+Session mode (:class:`SessionSimulator`):
 anonymous short interleaved sessions that re-click, follow a sparse transition matrix from the
 last click, or jump to a popular item. Both are pure (seeded numpy, time passed in).
-:func:`run` posts to the ingest API at a target rate; :func:`simulated_log` and
-:func:`write_ndjson` produce a log for ``streamrec replay`` / ``streamrec evaluate``. The
-models in detail: docs/internals.md.
+:func:`run` posts to the ingest API at a target rate; :func:`simulated_log` (or
+:func:`rating_log` of a configured simulator) and :func:`write_ndjson` produce a log for
+``streamrec replay`` / ``streamrec evaluate``. The models in detail: docs/internals.md.
 """
 
 from __future__ import annotations
@@ -38,12 +43,39 @@ class SimConfig:
     clicks: float = 1.5
     drift: float = 0.02
     seed: int = 1
+    #: Item categories; 0: items have no attributes and the draws are those of a config
+    #: without any of the catalogue options (the same events as before they existed).
+    categories: int = 0
+    #: How far an item's latent vector lies from its category's centre (length of the offset).
+    category_spread: float = 0.5
+    #: Tag vocabulary (with categories): each item carries 1..``max_tags`` of them.
+    tags: int = 50
+    max_tags: int = 4
+    #: Share of the items not available at the start: introduced one by one along the stream.
+    new_item_share: float = 0.0
+    #: The new items arrive at evenly spaced visits over the first ``arrival_visits`` visits.
+    arrival_visits: int = 20_000
+
+    def __post_init__(self) -> None:
+        if self.categories < 0 or self.tags < 1 or self.max_tags < 1 or self.arrival_visits < 1:
+            raise ValueError("need categories >= 0, tags >= 1, max_tags >= 1, arrival_visits >= 1")
+        if not 0.0 <= self.new_item_share < 1.0:
+            raise ValueError("new_item_share must lie in [0, 1)")
+        if self.category_spread < 0:
+            raise ValueError("category_spread must be >= 0")
+
+    @property
+    def has_catalogue(self) -> bool:
+        """True when items carry attributes or arrive along the stream."""
+        return self.categories > 0 or self.new_item_share > 0
 
 
 @dataclass
 class SimStats:
     events: int = 0
     clicks: int = 0
+    #: Catalogue items posted to ``POST /items``.
+    items: int = 0
     batches: int = 0
     retries: int = 0
     failed: int = 0
@@ -51,16 +83,78 @@ class SimStats:
 
 
 class ClickSimulator:
+    """Rating mode (module doc); with ``categories`` or ``new_item_share`` also a catalogue."""
+
     def __init__(self, config: SimConfig) -> None:
-        self.config = config
+        c = self.config = config
         rng = np.random.default_rng(config.seed)
         self.rng = rng
-        self.tastes = _unit(rng.normal(size=(config.users, config.dim)))
-        self.item_vecs = _unit(rng.normal(size=(config.items, config.dim)))
-        popularity = 1.0 / np.arange(1, config.items + 1) ** config.popularity_exponent
+        self.tastes = _unit(rng.normal(size=(c.users, c.dim)))
+        #: Per item its category (-1: none) and tag indices; per category its centre.
+        self.item_category = np.full(c.items, -1, np.int64)
+        self.item_tags: list[list[int]] = [[] for _ in range(c.items)]
+        if c.categories:
+            self.centres = _unit(rng.normal(size=(c.categories, c.dim)))
+            self.item_category = rng.integers(c.categories, size=c.items)
+            offsets = rng.normal(size=(c.items, c.dim)) * (c.category_spread / np.sqrt(c.dim))
+            self.item_vecs = _unit(self.centres[self.item_category] + offsets)
+        else:
+            self.item_vecs = _unit(rng.normal(size=(c.items, c.dim)))
+        popularity = 1.0 / np.arange(1, c.items + 1) ** c.popularity_exponent
         rng.shuffle(popularity)
         self.popularity = popularity / popularity.sum()
         self._log_pop = np.log(self.popularity)
+        if c.categories:
+            self.item_tags = self._draw_tags(rng)
+        # New items: a random share, introduced in a random order at evenly spaced visits
+        # (no draw at all without them, so a config without new items keeps its events).
+        n_new = round(c.new_item_share * c.items)
+        arrivals = rng.permutation(c.items)[:n_new].tolist() if n_new else []
+        self._arrivals: list[int] = arrivals
+        self._arrival_visit = [(k + 1) * c.arrival_visits // (n_new + 1) for k in range(n_new)]
+        self._next_arrival = 0
+        self.available = np.ones(c.items, bool)
+        self.available[arrivals] = False
+        #: Event time each item became available: 0 from the start, absent while pending.
+        self.introduced: dict[int, int] = dict.fromkeys(np.flatnonzero(self.available).tolist(), 0)
+        self._fresh: list[int] = list(self.introduced) if c.has_catalogue else []
+        self._visits = 0
+        self._shown_p = self.popularity
+        self._mask: np.ndarray | None = None
+        if n_new:
+            self._refresh_available()
+
+    def _draw_tags(self, rng: np.random.Generator) -> list[list[int]]:
+        """1..max_tags distinct tags per item, each picked with probability proportional to
+        ``exp(4 <item, tag>)`` for latent tag directions: tags follow the category, and a
+        little of where the item lies inside it."""
+        c = self.config
+        tag_vecs = _unit(rng.normal(size=(c.tags, c.dim)))
+        logits = 4.0 * (self.item_vecs @ tag_vecs.T)
+        weights = np.exp(logits - logits.max(axis=1, keepdims=True))
+        weights /= weights.sum(axis=1, keepdims=True)
+        counts = rng.integers(1, min(c.max_tags, c.tags) + 1, size=c.items)
+        return [
+            sorted(int(t) for t in rng.choice(c.tags, size=int(n), replace=False, p=w))
+            for n, w in zip(counts, weights, strict=True)
+        ]
+
+    def _refresh_available(self) -> None:
+        shown = np.where(self.available, self.popularity, 0.0)
+        self._shown_p = shown / shown.sum()
+        self._mask = np.where(self.available, 0.0, -np.inf)
+
+    def _introduce(self, ts_ms: int) -> None:
+        """Make the items whose arrival visit has come clickable from ``ts_ms`` on."""
+        k = self._next_arrival
+        while k < len(self._arrivals) and self._arrival_visit[k] <= self._visits:
+            self.introduced[self._arrivals[k]] = ts_ms
+            self._fresh.append(self._arrivals[k])
+            self.available[self._arrivals[k]] = True
+            k += 1
+        if k > self._next_arrival:
+            self._next_arrival = k
+            self._refresh_available()
 
     def user_id(self, u: int) -> str:
         return f"sim-u{u}"
@@ -68,19 +162,55 @@ class ClickSimulator:
     def item_id(self, i: int) -> str:
         return f"sim-i{i}"
 
+    def category_name(self, k: int) -> str:
+        return f"cat-{k:02d}"
+
+    def tag_name(self, t: int) -> str:
+        return f"tag-{t:02d}"
+
+    def attributes(self, i: int) -> dict[str, Any]:
+        """Item ``i``'s catalogue attributes: ``category`` and ``tags`` (none without categories)."""
+        if self.item_category[i] < 0:
+            return {}
+        return {"category": self.category_name(int(self.item_category[i])),
+                "tags": [self.tag_name(t) for t in self.item_tags[i]]}
+
+    def item_record(self, i: int) -> dict[str, Any]:
+        """Item ``i`` in the wire format of ``stream/items.py`` (``ts``: its introduction)."""
+        return {"item_id": self.item_id(i), "attributes": self.attributes(i),
+                "ts": self.introduced[i], "deleted": False}
+
+    def catalogue(self) -> list[dict[str, Any]]:
+        """Wire records of the items introduced so far: those of the start (``ts`` 0) in id
+        order, then the new ones in order of arrival (``ts``: the visit that introduced them)."""
+        return [self.item_record(i) for i in self.introduced]
+
+    def take_new_items(self) -> list[dict[str, Any]]:
+        """Wire records of the items introduced since the last call (the start's on the first
+        call); empty without a catalogue (:attr:`SimConfig.has_catalogue`)."""
+        fresh, self._fresh = self._fresh, []
+        return [self.item_record(i) for i in fresh]
+
     def choice_probs(self, u: int) -> np.ndarray:
-        """Probability of each item to be user ``u``'s next click."""
+        """Probability of each item to be user ``u``'s next click (0 for items not introduced)."""
         logits = self.config.sharpness * (self.item_vecs @ self.tastes[u]) + self._log_pop
+        if self._mask is not None:
+            logits = logits + self._mask
         e = np.exp(logits - logits.max())
         return e / e.sum()
 
     def step(self, ts_ms: int) -> list[dict[str, Any]]:
-        """Events of one user visit at event time ``ts_ms``: impressions, then clicks."""
+        """Events of one user visit at event time ``ts_ms``: impressions, then clicks. New
+        items due at this visit are introduced first (at ``ts_ms``)."""
         c, rng = self.config, self.rng
+        if self._next_arrival < len(self._arrivals):
+            self._introduce(ts_ms)
+        self._visits += 1
         u = int(rng.integers(c.users))
-        n_clicks = min(1 + int(rng.poisson(max(c.clicks - 1.0, 0.0))), c.items)
+        n_available = c.items if self._mask is None else int(self.available.sum())
+        n_clicks = min(1 + int(rng.poisson(max(c.clicks - 1.0, 0.0))), n_available)
         clicked = rng.choice(c.items, size=n_clicks, replace=False, p=self.choice_probs(u))
-        shown = rng.choice(c.items, size=max(c.slate - n_clicks, 0), p=self.popularity)
+        shown = rng.choice(c.items, size=max(c.slate - n_clicks, 0), p=self._shown_p)
         slate = np.unique(np.concatenate([clicked, shown]))
         events = [self._event(u, int(i), "impression", ts_ms) for i in slate]
         events += [self._event(u, int(i), "click", ts_ms + 1) for i in clicked]
@@ -233,25 +363,46 @@ def simulated_log(
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}")
-    gaps = np.random.default_rng([seed, 7])  # event times apart from the simulator's draws
-    ts = start_ms
-    left = events
     if mode == "session":
-        sim = SessionSimulator(SessionConfig(items=items, seed=seed))
-        while left > 0:
-            yield sim.click(ts)
-            left -= 1
+        gaps = np.random.default_rng([seed, 7])  # event times apart from the simulator's draws
+        ts = start_ms
+        sessions = SessionSimulator(SessionConfig(items=items, seed=seed))
+        for _ in range(events):
+            yield sessions.click(ts)
             ts += max(2, round(gaps.exponential(gap_ms)))
         return
-    visits = ClickSimulator(SimConfig(users=users, items=items, seed=seed))
+    sim = ClickSimulator(SimConfig(users=users, items=items, seed=seed))
+    yield from rating_log(sim, events, start_ms=start_ms, gap_ms=gap_ms, impressions=impressions)
+
+
+def rating_log(
+    sim: ClickSimulator,
+    events: int,
+    *,
+    start_ms: int = LOG_START_MS,
+    gap_ms: float = 1_000.0,
+    impressions: bool = False,
+) -> Iterator[dict[str, Any]]:
+    """``events`` events of a rating-mode simulator (the times of :func:`simulated_log`);
+    afterwards ``sim.catalogue()`` holds the items introduced along the log."""
+    gaps = np.random.default_rng([sim.config.seed, 7])
+    ts = start_ms
+    left = events
     while left > 0:
-        for event in visits.step(ts):
+        for event in sim.step(ts):
             if impressions or event["event_type"] != "impression":
                 yield event
                 left -= 1
                 if left == 0:
                     return
         ts += max(2, round(gaps.exponential(gap_ms)))
+
+
+def log_visits(config: SimConfig, events: int, impressions: bool = False) -> int:
+    """About how many visits a rating-mode log of ``events`` events holds (an
+    ``arrival_visits`` that spreads the new items over the whole log)."""
+    per_visit = config.clicks + (config.slate if impressions else 0.0)
+    return max(1, round(events / per_visit))
 
 
 def write_ndjson(path: Path, events: Iterable[dict[str, Any]]) -> int:
@@ -276,33 +427,64 @@ def run(
     clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
     on_batch: Callable[[SimStats], None] | None = None,
     should_stop: Callable[[], bool] = lambda: False,
+    client: Any = None,
 ) -> SimStats:
     """POST simulated events to ``ingest_url`` at about ``rate`` events/s with
     :class:`streamrec.client.Client` (503/429 retried with the same event ids after
     ``Retry-After``); a batch refused or still unavailable after the retries is counted as
-    failed and logged."""
-    from streamrec.client import Client, StreamrecError
+    failed and logged. A simulator with a catalogue (:meth:`ClickSimulator.take_new_items`)
+    has its items posted to ``POST /items`` before the batch of events that introduced them:
+    the start's catalogue first, each new item before its first click. ``client``: one to
+    use instead (tests)."""
+    from streamrec.client import Client
+
+    if client is not None:
+        return _run(sim, client, rate, duration_s, batch, on_batch, should_stop, clock_ms)
+    with Client(ingest_url, None, api_key=api_key, timeout_s=30.0, batch_size=batch,
+                retries=30) as own:
+        return _run(sim, own, rate, duration_s, batch, on_batch, should_stop, clock_ms)
+
+
+def _run(
+    sim: Simulator,
+    client: Any,
+    rate: float,
+    duration_s: float | None,
+    batch: int,
+    on_batch: Callable[[SimStats], None] | None,
+    should_stop: Callable[[], bool],
+    clock_ms: Callable[[], int],
+) -> SimStats:
+    from streamrec.client import StreamrecError
 
     stats = SimStats()
     source = sim.events(clock_ms)
+    new_items = getattr(sim, "take_new_items", None)
     t0 = time.monotonic()
-    with Client(ingest_url, None, api_key=api_key, timeout_s=30.0, batch_size=batch,
-                retries=30) as client:
-        while not should_stop() and (duration_s is None or time.monotonic() - t0 < duration_s):
-            events = [next(source) for _ in range(batch)]
-            try:
-                stats.retries += client.send(events).retries
-            except StreamrecError as exc:
-                log.error("ingest refused a batch: %s", exc)
-                stats.failed += len(events)
-            stats.events += len(events)
-            stats.clicks += sum(e["event_type"] == "click" for e in events)
-            stats.batches += 1
-            if on_batch:
-                on_batch(stats)
-            ahead = stats.events / rate - (time.monotonic() - t0)
-            if ahead > 0:
-                time.sleep(ahead)  # pacing to the target rate, not waiting on a condition
+    while not should_stop() and (duration_s is None or time.monotonic() - t0 < duration_s):
+        events = [next(source) for _ in range(batch)]
+        items = new_items() if new_items else []
+        try:
+            if items:
+                client.upsert_items([catalogue_input(it) for it in items])
+                stats.items += len(items)
+            stats.retries += client.send(events).retries
+        except StreamrecError as exc:
+            log.error("ingest refused a batch: %s", exc)
+            stats.failed += len(events)
+        stats.events += len(events)
+        stats.clicks += sum(e["event_type"] == "click" for e in events)
+        stats.batches += 1
+        if on_batch:
+            on_batch(stats)
+        ahead = stats.events / rate - (time.monotonic() - t0)
+        if ahead > 0:
+            time.sleep(ahead)  # pacing to the target rate, not waiting on a condition
     return stats
-    stats.failed += len(events)
-    log.error("gave up on a batch of %d events after repeated retries", len(events))
+
+
+def catalogue_input(record: dict[str, Any]) -> dict[str, Any]:
+    """A wire item record as catalogue input (a ``POST /items`` body, a line of an NDJSON
+    catalogue file): without ``ts`` when it is 0, since input ``ts`` follows the event-time
+    rule; a missing ``ts`` is the receive time live and 0 when read from a file."""
+    return {k: v for k, v in record.items() if k != "ts" or v}
