@@ -8,8 +8,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import orjson
 import pytest
 
+from deploy.cli import main
 from feature_store.catalogue import FeatureSpec
 from stream.items import read_catalogue
 from stream.simulate import (
@@ -142,3 +144,22 @@ def test_live_run_without_a_catalogue_posts_no_items() -> None:
         on_batch=batches.append, should_stop=lambda: len(batches) >= 3)
     assert [kind for kind, _ in fake.calls] == ["events"] * 3
 
+
+def test_cli_writes_the_log_and_the_catalogue(tmp_path: Path) -> None:
+    log, items = tmp_path / "log.ndjson", tmp_path / "items.ndjson"
+    argv = ["simulate", "--to-file", str(log), "--items-file", str(items), "--events", "2000",
+            "--users", "80", "--items", "300", "--categories", "6", "--new-item-share", "0.2"]
+    assert main(argv) == 0
+    events = [orjson.loads(line) for line in log.read_bytes().splitlines()]
+    catalogue = {r["item_id"]: r for r in read_catalogue(items)}
+    assert len(events) == 2000 and len(catalogue) > 280
+    assert all(e["ts"] >= catalogue[e["item_id"]]["ts"] for e in events)
+    assert sum(r["ts"] > 0 for r in catalogue.values()) > 40
+
+
+def test_cli_refuses_catalogue_options_it_cannot_honour(tmp_path: Path) -> None:
+    log, items = str(tmp_path / "log.ndjson"), str(tmp_path / "items.ndjson")
+    assert main(["simulate", "--items-file", items]) == 2
+    assert main(["simulate", "--mode", "session", "--to-file", log, "--events", "5",
+                 "--items-file", items]) == 2
+    assert main(["simulate", "--to-file", log, "--events", "5", "--new-item-share", "1.5"]) == 2
