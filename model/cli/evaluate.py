@@ -233,6 +233,9 @@ def register(sub: Any) -> None:
                     "(--no-slots: ids only, over the same candidates)")
     it.add_argument("--attr-tokens", type=int, default=32,
                     help="most attribute tokens an item's row composes")
+    it.add_argument("--attr-lr", type=float, default=None,
+                    help="Adagrad step of the attribute table (default: 3 times the "
+                    "tables' step)")
     it.add_argument("--content-window", type=int, default=20,
                     help="content: the user's last items whose categories count")
     it.add_argument("--content-gamma", type=float, default=1.0,
@@ -264,7 +267,7 @@ def _handle(args: argparse.Namespace) -> int:
             like_threshold=args.like_threshold,
             event_type=args.event_type,
             limit=args.limit,
-            catalogue=[item["item_id"] for item in args.catalogue],
+            catalogue=[(item["item_id"], int(item["ts"])) for item in args.catalogue],
         )
     except (ReplayError, ReplayFormatError, ValueError) as exc:
         print(f"evaluate: {exc}")
@@ -426,6 +429,7 @@ def _run_in(args: argparse.Namespace, settings: Any, stream: Any, stack: Any) ->
             mask_same_user=cfg["mask_same_user"],
             logq_estimator=cfg["logq_estimator"],
             logq_half_life=cfg["logq_half_life"],
+            attr_lr=cfg["attr_lr"],
         ),
         tag="eval",
     )

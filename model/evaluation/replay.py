@@ -101,19 +101,31 @@ def evaluation_weights(weights: Mapping[str, float], fmt: str) -> dict[str, floa
 
 
 def build_stream(
-    wire_events: Iterable[Mapping[str, Any]], params: FeatureParams, catalogue: Sequence[str] = ()
+    wire_events: Iterable[Mapping[str, Any]],
+    params: FeatureParams,
+    catalogue: Sequence[tuple[str, int]] = (),
 ) -> EvalStream:
     """Run ordered wire-format events through the feature definitions (see the module doc).
 
-    ``catalogue``: item ids that are candidates from the start (a catalogue's items, in its
-    order), whether or not an event has named them yet."""
+    ``catalogue``: ``(item id, ts ms)`` of a catalogue's items; each is a candidate from its
+    ``ts`` on (0: from the start), whether or not an event has named it yet."""
     stream = EvalStream()
     item_index = stream.item_index
-    for item_id in catalogue:
-        if item_id not in item_index:
-            item_index[item_id] = len(stream.item_ids)
-            stream.item_ids.append(item_id)
-    item_positives: list[int] = [0] * len(stream.item_ids)
+    listed = sorted(catalogue, key=lambda entry: entry[1])  # stable: file order within a ts
+    at = 0
+    item_positives: list[int] = []
+
+    def list_until(ts_ms: int) -> None:
+        nonlocal at
+        while at < len(listed) and listed[at][1] <= ts_ms:
+            item_id = listed[at][0]
+            at += 1
+            if item_id not in item_index:
+                item_index[item_id] = len(stream.item_ids)
+                stream.item_ids.append(item_id)
+                item_positives.append(0)
+
+    list_until(0)
     user_index: dict[str, int] = {}
     states: list[UserState] = []
     user_lists: list[list[int]] = []
@@ -131,6 +143,7 @@ def build_stream(
             value=wire.get("value"),
             context=wire.get("context"),
         )
+        list_until(event.ts_ms)
         u = user_index.get(event.user_id)
         if u is None:
             u = user_index[event.user_id] = len(states)
@@ -167,7 +180,8 @@ def build_stream(
 
 
 def stream_from_plan(
-    rows: Sequence[tuple[Any, ...]], params: FeatureParams, catalogue: Sequence[str] = ()
+    rows: Sequence[tuple[Any, ...]], params: FeatureParams,
+    catalogue: Sequence[tuple[str, int]] = (),
 ) -> EvalStream:
     """:func:`build_stream` over the rows of ``stream.replay.runner.build_plan`` (value = wire JSON)."""
     return build_stream((orjson.loads(row[4]) for row in rows), params, catalogue)
@@ -423,12 +437,13 @@ def load_stream(
     like_threshold: float = 4.0,
     event_type: str | None = None,
     limit: int | None = None,
-    catalogue: Sequence[str] = (),
+    catalogue: Sequence[tuple[str, int]] = (),
 ) -> tuple[EvalStream, dict[str, Any]]:
     """Read and order ``paths`` like ``streamrec replay`` and build the :class:`EvalStream`.
 
     ``features`` is the ``settings.features`` section; ``now_ms`` bounds "future" event
-    times (the schema rule); ``catalogue``: item ids that are candidates from the start.
+    times (the schema rule); ``catalogue``: ``(item id, ts)`` of items that are candidates
+    from their ``ts`` on.
     Returns the stream and the replay report (rejected rows).
     """
     from pathlib import Path

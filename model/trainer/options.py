@@ -27,6 +27,10 @@ SETTINGS_KNOBS = (
 )
 
 
+#: The attribute table's step over the item table's when ``TrainOptions.attr_lr`` is None.
+ATTR_LR_SCALE = 3.0
+
+
 @dataclass(frozen=True)
 class TrainOptions:
     batch_size: int = trainer_default("batch_size")
@@ -34,6 +38,9 @@ class TrainOptions:
     user_lr: float | None = trainer_default("user_lr")
     item_lr: float | None = trainer_default("item_lr")
     dense_lr: float | None = trainer_default("dense_lr")
+    #: Adagrad step of the item attribute table (``ModelConfig.attr_tokens``; None:
+    #: ``ATTR_LR_SCALE`` times the item table's; why: docs/decisions.md#item-attributes).
+    attr_lr: float | None = None
     grad_accum_steps: int = trainer_default("grad_accum_steps")
     #: Negatives drawn per block of the batch (reference for accumulation); 1 = whole batch.
     loss_groups: int = 1

@@ -30,7 +30,7 @@ from model.towers.loss import FrequencyEstimator
 from model.towers.tf_env import de, tf, tf_keras
 from model.towers.two_tower import ModelConfig, TwoTower
 from model.trainer.negatives import NegativeSampler
-from model.trainer.options import TrainOptions
+from model.trainer.options import ATTR_LR_SCALE, TrainOptions
 from model.trainer.rolling import Evaluator
 from model.trainer.samples import Batch
 from model.trainer.scoring_head import ScoringHead
@@ -100,9 +100,10 @@ class Trainer(ScoringHead):
         self.opt_user = de.DynamicEmbeddingOptimizer(_adagrad(_pick(opts.user_lr, lr)))
         self.opt_item = de.DynamicEmbeddingOptimizer(_adagrad(_pick(opts.item_lr, lr)))
         self.opt_dense = _adagrad(_pick(opts.dense_lr, lr))
-        #: The attribute table's optimizer (``ModelConfig.attr_tokens``; its rows learn as
-        #: the item rows do).
-        self.opt_attr = (de.DynamicEmbeddingOptimizer(_adagrad(_pick(opts.item_lr, lr)))
+        #: The attribute table's optimizer (``ModelConfig.attr_tokens``; its step:
+        #: ``TrainOptions.attr_lr``).
+        attr_lr = _pick(opts.attr_lr, ATTR_LR_SCALE * _pick(opts.item_lr, lr))
+        self.opt_attr = (de.DynamicEmbeddingOptimizer(_adagrad(attr_lr))
                          if self.model.attrs is not None else None)
         if self.model.attrs is not None and (not opts.dedup_lookups or opts.grad_accum_steps > 1):
             raise ValueError("item attributes (attr_tokens) train with one read per distinct "

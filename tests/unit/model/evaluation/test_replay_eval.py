@@ -267,7 +267,7 @@ def test_report_splits_scored_events_by_the_users_earlier_items() -> None:
 
 
 def test_catalogue_items_are_candidates_from_the_start_and_item_history_is_counted() -> None:
-    stream = build_stream(EVENTS, PARAMS, catalogue=["Z", "B", "A"])
+    stream = build_stream(EVENTS, PARAMS, catalogue=[("Z", 0), ("B", 0), ("A", 0)])
     assert stream.item_ids[:3] == ["Z", "B", "A"] and stream.item_ids[3] == "C"
     by_id = {p.sample.sample_id: p for p in stream.positives}
     assert by_id["e1"].n_items == 3  # the whole catalogue is there before any event
@@ -283,3 +283,12 @@ def test_catalogue_items_are_candidates_from_the_start_and_item_history_is_count
     doc = result.report("popularity", 2)
     assert doc["by_item"]["1-4"]["popularity"]["recall@1"] == pytest.approx(
         result.values["popularity"]["recall@1"][1:4].mean())
+
+
+def test_a_catalogue_item_is_a_candidate_from_its_ts_on() -> None:
+    stream = build_stream(EVENTS, PARAMS, catalogue=[("late", 6), ("B", 0), ("early", 2)])
+    by_id = {p.sample.sample_id: p for p in stream.positives}
+    assert stream.item_ids[:2] == ["B", "A"]  # A: named by e1 before "early" is listed
+    assert stream.item_ids.index("early") == 2 and by_id["e2"].n_items == 3
+    assert by_id["e4"].n_items == 3 and by_id["e6"].n_items == 5  # C (e5), then "late" at 6
+    assert stream.item_ids[3:] == ["C", "late"]
