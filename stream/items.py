@@ -92,7 +92,9 @@ class ItemIn(BaseModel):
         default_factory=dict, description="Item attributes, one per item slot of the feature spec."
     )
     ts: StrictInt | StrictFloat | StrictStr | None = Field(
-        None, description="RFC 3339 with zone, or epoch seconds (<1e11) / milliseconds."
+        None,
+        description="RFC 3339 with zone, or epoch seconds (<1e11) / milliseconds; 0: a version "
+        "from before any event (what catalogue files carry without a ts).",
     )
     deleted: StrictBool = Field(False, description="True removes the item from the catalogue.")
 
@@ -107,6 +109,8 @@ class ItemIn(BaseModel):
     @field_validator("ts")
     @classmethod
     def _item_time(cls, value: int | float | str | None, info: ValidationInfo) -> int | None:
+        if type(value) is int and value == 0:
+            return 0  # the wire's "since always", so a file of wire records reads back
         return context_ts(value, info)
 
 

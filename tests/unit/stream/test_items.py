@@ -58,6 +58,8 @@ def test_ts_follows_the_event_rule_and_deleted_is_kept() -> None:
     )
     assert a["ts"] == NOW_MS - 3_600_000 and a["deleted"] is True and a["attributes"] == {}
     assert b["ts"] == 1_748_775_600_000
+    [c] = normalize({"item_id": "i3", "ts": 0})
+    assert c["ts"] == 0
 
 
 @pytest.mark.parametrize(
@@ -188,6 +190,10 @@ def test_ndjson_catalogue(tmp_path: Path) -> None:
         "deleted": False,
     }
     assert b["ts"] == 1_704_067_200_000 and b["deleted"] is True
+    # a file of wire records reads back: ts 0 is "since always", as a file without one
+    again = tmp_path / "again.ndjson"
+    again.write_text("\n".join(json.dumps(item) for item in (a, b)) + "\n")
+    assert list(read_catalogue(again)) == [a, b]
     # detected from the first line when the name says nothing
     other = tmp_path / "catalogue.txt"
     other.write_bytes(path.read_bytes())
