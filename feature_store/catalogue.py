@@ -1,14 +1,16 @@
 """The feature spec: the slots an item, a user's context and an event's time are described by.
 
 One spec serves the ingest API (what an item may carry), the feature job (what the catalogue
-keeps), the samples, the trainer, ``streamrec evaluate`` and serving: each slot turns a raw
+keeps) and the model's attribute slots (``streamrec evaluate --items`` for now; the live trainer
+and serving do not read the catalogue yet): each slot turns a raw
 value into tokens (:func:`slot_tokens`) and each token into an int64 key of its own key space
-(:func:`slot_keys`), the key a TFRA slot table holds a row for. Adding a slot is configuration:
+(:func:`slot_keys`), the key a TFRA slot table holds a row for (an item's, as the model
+composes them: :func:`attribute_row`). Adding a slot is configuration:
 a JSON file named by ``features.spec_file`` (``FeatureSpec.load``), else :data:`DEFAULT_SLOTS`.
 
 Kinds: ``categorical`` (one string), ``multi`` (a list of strings: tags, genres), ``numeric``
 (a finite number, bucketised by ascending ``buckets`` boundaries), ``text`` (a string: lower-cased
-word tokens, the first ``max_tokens``), and the derived time slots ``hour`` and ``weekday`` (from
+word tokens, the first ``max_values``), and the derived time slots ``hour`` and ``weekday`` (from
 the event time, UTC). Sources: ``item`` (catalogue attributes), ``context`` (an event's
 ``context`` entry of the same name) and ``time``.
 
@@ -23,7 +25,7 @@ import hashlib
 import json
 import math
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,7 +43,6 @@ __all__ = [
     "attribute_row",
     "Slot",
     "check_attributes",
-    "item_slot_keys",
     "slot_keys",
     "slot_tokens",
 ]
@@ -271,14 +272,6 @@ def slot_keys(slot: Slot, tokens: Iterable[str]) -> list[int]:
     return [hash_id(slot.key_kind, t) for t in tokens]
 
 
-def item_slot_keys(spec: FeatureSpec, attributes: Mapping[str, Any]) -> dict[str, np.ndarray]:
-    """Per item slot, the int64 keys of a (checked) item's attribute values (empty if absent)."""
-    return {
-        s.name: np.asarray(slot_keys(s, slot_tokens(s, attributes.get(s.name))), np.int64)
-        for s in spec.item_slots
-    }
-
-
 def attribute_row(
     spec: FeatureSpec, attributes: Mapping[str, Any], width: int
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -295,8 +288,3 @@ def attribute_row(
             weights[at : at + len(toks)] = 1.0 / len(toks)
             at += len(toks)
     return keys, weights
-
-
-def token_lists(spec: FeatureSpec, items: Sequence[Mapping[str, Any]]) -> dict[str, list[list[str]]]:
-    """Per item slot, each item's tokens (a helper for tables built over many items)."""
-    return {s.name: [slot_tokens(s, a.get(s.name)) for a in items] for s in spec.item_slots}

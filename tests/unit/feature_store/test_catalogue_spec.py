@@ -10,8 +10,8 @@ from feature_store.catalogue import (
     AttributeProblem,
     FeatureSpec,
     Slot,
+    attribute_row,
     check_attributes,
-    item_slot_keys,
     slot_keys,
     slot_tokens,
 )
@@ -87,6 +87,6 @@ def test_keys_are_per_slot_and_apart_from_item_ids() -> None:
     genres, tags = Slot("genres", "multi"), Slot("tags", "multi")
     assert slot_keys(genres, ["x"]) != slot_keys(tags, ["x"])
     assert slot_keys(genres, ["x"])[0] != item_key("x")
-    keys = item_slot_keys(FeatureSpec(), {"genres": ["Drama", "War"]})
-    assert keys["genres"].shape == (2,) and keys["brand"].shape == (0,)
-    assert keys["genres"].tolist() == slot_keys(genres, ["Drama", "War"])
+    keys, weights = attribute_row(FeatureSpec(), {"genres": ["Drama", "War"]}, 4)
+    assert keys.tolist() == [*slot_keys(genres, ["Drama", "War"]), 0, 0]
+    assert weights.tolist() == [0.5, 0.5, 0.0, 0.0]
