@@ -123,6 +123,11 @@ class TrainerSettings(BaseModel):
     dense_lr: float | None = Field(
         None, gt=0.0, description="Learning rate of the dense layers (None = learning_rate)."
     )
+    attr_tokens: int = Field(
+        0, ge=0, le=256, description="Attribute tokens per item in the towers (the catalogue's "
+        "item slots, features.spec_file; 0 = ids only). With slots the trainer reads the items "
+        "topic and a catalogued item is a candidate before its first click."
+    )
     train_history: bool = Field(
         True, description="History rows learn from the history pool too (False: only as "
         "targets; faster steps)."

@@ -43,6 +43,8 @@ KNOB_FLAGS: tuple[tuple[str, str, type, str], ...] = (
     ("--delta-every-s", "delta_every_s", float, "seconds between deltas, 0 = none"),
     ("--batch-timeout-s", "batch_timeout_s", float, "train a partial batch after this wait"),
     ("--admit-after", "admit_after", int, "sightings before an id gets its own row"),
+    ("--attr-tokens", "attr_tokens", int,
+     "attribute keys per item from the catalogue (items topic), 0 = ids only"),
     ("--max-user-rows", "max_user_rows", int, "eviction cap of users"),
     ("--max-item-rows", "max_item_rows", int, "eviction cap of items"),
     ("--evict-every", "evict_every_steps", int, "evict every N steps, 0 = never"),

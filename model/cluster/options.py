@@ -43,5 +43,7 @@ def check_supported(config: ModelConfig, options: TrainOptions) -> None:
         unsupported.append("bfloat16 compute (--mixed-precision)")
     if not options.dedup_lookups:
         unsupported.append("dedup_lookups=False")
+    if config.attr_tokens:
+        unsupported.append("item attribute slots (trainer.attr_tokens > 0)")
     if unsupported:
         raise ClusterError("the cluster trainer does not support " + ", ".join(unsupported))

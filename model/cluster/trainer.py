@@ -8,7 +8,8 @@ step; :meth:`sync` joins every step for a consistent cut (checkpoint: every PS w
 shards), and a lost server or a re-run step ends the chief, which resumes from the last cut.
 
 Not supported yet (refused by :func:`check_supported`): the attention user tower,
-``train_history=False``, gradient accumulation, bfloat16 compute, ``dedup_lookups=False``.
+``train_history=False``, gradient accumulation, bfloat16 compute, ``dedup_lookups=False``,
+item attribute slots.
 The split of a step, checkpoints, failures and metrics in detail: docs/internals.md.
 """
 

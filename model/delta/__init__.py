@@ -16,7 +16,7 @@ A delta goes through four stages, one module each, in this order:
 
 from model.delta.apply import DeltaGap, UnknownBase, apply, empty_state, from_snapshot
 from model.delta.served import Composer, compose
-from model.delta.state import Constants, ModelState, state_checksum
+from model.delta.state import Attributes, Constants, ModelState, state_checksum
 from model.delta.wire import (
     CODECS,
     SNAPSHOT_FILE,
@@ -30,7 +30,7 @@ from model.delta.wire import (
 )
 
 __all__ = [
-    "CODECS", "SNAPSHOT_FILE", "Composer", "Constants", "Delta", "DeltaError", "DeltaGap", "ModelState", "UnknownBase",
+    "CODECS", "SNAPSHOT_FILE", "Attributes", "Composer", "Constants", "Delta", "DeltaError", "DeltaGap", "ModelState", "UnknownBase",
     "apply", "compose", "decode", "decode_rows", "empty_state", "encode", "encode_rows",
     "from_snapshot", "peek", "state_checksum",
 ]

@@ -21,7 +21,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from model.delta.state import Constants, ModelState
+from model.delta.state import Attributes, Constants, ModelState
 from model.delta.wire import Delta, DeltaError
 from model.scoring.sessions import SessionIndex
 
@@ -90,7 +90,18 @@ def empty_state(constants: Constants, base_version: str, user_dim: int, hist_dim
         prior_buckets=_I64, prior_base=f64, prior_count=f64, prior_scalars=(0.0, -math.inf, 0.0),
         covisit_keys=_I64, covisit_codes=_I64, covisit_values=f64, covisit_scale=1.0,
         weights=(1.0, 0.0, 0.0, 0.0), layers=(), sessions=constants.session_index(),
+        attributes=_no_attributes(constants, hist_dim),
     )
+
+
+def _no_attributes(constants: Constants, dim: int) -> Attributes | None:
+    """The empty attribute parts of a lineage with attribute slots (None: without)."""
+    t = constants.attr_tokens
+    if not t:
+        return None
+    return Attributes(keys=_I64, rows=_empty_rows(dim), item_keys=_I64,
+                      tokens=np.zeros((0, t), np.int64), weights=np.zeros((0, t), np.float32),
+                      default_row=np.zeros(dim, np.float32))
 
 
 def from_snapshot(snapshot: Delta) -> ModelState:
@@ -131,11 +142,23 @@ def apply(state: ModelState, delta: Delta, pause: Callable[[], None] | None = No
         added = delta.new_item_keys[fresh]
         item_keys = np.concatenate([item_keys, added])
         item_ids = np.concatenate([item_ids, delta.new_item_ids[fresh]])
-    # every catalog item keeps a history row: the state's did, so only the items added and
-    # the rows removed can break it
-    if added.size and not _all_in(hist[0], added) or (
-            delta.removed_hist.size and np.isin(delta.removed_hist, item_keys).any()):
-        raise DeltaError(f"delta {delta.seq}: a catalog item has no history row")
+    constants = delta.constants or state.constants
+    attributes = _attributes(state, delta, constants)
+    # every catalog item keeps a history row or, with attribute slots, attributes: the
+    # state's did, so only the items added and the rows and attributes removed can break it
+    if attributes is None:
+        if added.size and not _all_in(hist[0], added) or (
+                delta.removed_hist.size and np.isin(delta.removed_hist, item_keys).any()):
+            raise DeltaError(f"delta {delta.seq}: a catalog item has no history row")
+    elif added.size or delta.removed_hist.size or delta.attributes.item_keys.size:  # type: ignore[union-attr]
+        check = np.union1d(added, np.intersect1d(
+            np.union1d(delta.removed_hist, delta.attributes.item_keys),  # type: ignore[union-attr]
+            item_keys))
+        pos = np.minimum(np.searchsorted(hist[0], check), max(hist[0].size - 1, 0))
+        own = hist[0][pos] == check if hist[0].size else np.zeros(check.size, bool)
+        if not (own | attributes.has(check)).all():
+            raise DeltaError(f"delta {delta.seq}: a catalog item has neither a history row "
+                             "nor attributes")
     pause()
     prior = upsert_sorted(state.prior_buckets, state.prior_base, delta.prior_buckets,
                     delta.prior_base, _I64)
@@ -152,7 +175,6 @@ def apply(state: ModelState, delta: Delta, pause: Callable[[], None] | None = No
     pause()
     codes = upsert_sorted(state.covisit_codes, state.covisit_values, delta.covisit_codes,
                     delta.covisit_values, delta.covisit_removed)
-    constants = delta.constants or state.constants
     sessions = _sessions(state, delta, constants)
     pause()
     new = replace(
@@ -172,11 +194,38 @@ def apply(state: ModelState, delta: Delta, pause: Callable[[], None] | None = No
         created_at=delta.created_at or state.created_at, cold_start=delta.cold_start,
         sessions=sessions,
         sessions_weight=delta.sessions_weight if delta.carries_sessions else state.sessions_weight,
-        history_groups=delta.history_groups,
+        history_groups=delta.history_groups, attributes=attributes,
     )
     if not removed:
         seed_catalog_index(new, state, added)
     return new
+
+
+def _attributes(state: ModelState, delta: Delta, constants: Constants) -> Attributes | None:
+    """The state's attribute parts after ``delta``: rows and entries upserted by key (an
+    entry of weights all 0 removed), the default row replaced."""
+    got = delta.attributes
+    if not constants.attr_tokens:
+        if got is not None:
+            raise DeltaError(f"delta {delta.seq}: attributes in a lineage without attribute slots")
+        return None
+    if got is None:
+        raise DeltaError(f"delta {delta.seq}: a lineage with attribute slots needs them in "
+                         "every record")
+    old = state.attributes or _no_attributes(constants, got.default_row.size)
+    assert old is not None
+    if got.tokens.shape[1] != constants.attr_tokens:
+        raise DeltaError(f"delta {delta.seq}: {got.tokens.shape[1]} attribute keys per item, "
+                         f"the lineage has {constants.attr_tokens}")
+    keys, rows = upsert_sorted(old.keys, old.rows, got.keys, got.rows, _I64)
+    held = (got.weights > 0).any(axis=1)
+    gone = got.item_keys[~held]
+    items, tokens = upsert_sorted(old.item_keys, old.tokens, got.item_keys[held],
+                                  got.tokens[held], gone)
+    _, weights = upsert_sorted(old.item_keys, old.weights, got.item_keys[held],
+                               got.weights[held], gone)
+    return Attributes(keys=keys, rows=rows, item_keys=items, tokens=tokens, weights=weights,
+                      default_row=np.asarray(got.default_row, np.float32))
 
 
 def _no_pause() -> None:

@@ -46,13 +46,15 @@ def servable(
     state: ModelState, vectors: np.ndarray,
     covisit: tuple[np.ndarray, np.ndarray, np.ndarray] | None, index: Mapping[str, int],
     popularity: np.ndarray | None = None, sessions_rows: np.ndarray | None = None,
+    hist_rows: np.ndarray | None = None,
 ) -> ServingArtifact:
     """The artifact of ``state`` with its item ``vectors``, CSR pairs and id -> row map
     (computed by the caller: from scratch or patched); the arrays are made read-only.
     ``popularity``: the catalog's all-time popularity scores when the state's cold start
     ranks by them (``ModelState.item_popularity``; computed here when not given).
     ``sessions_rows``: the catalog row of each session-kNN item (-1: none) when the state
-    serves that part (computed here when not given)."""
+    serves that part (computed here when not given). ``hist_rows``: the rows histories are
+    pooled from (``ModelState.served_hist_rows``; computed here when not given)."""
     c = state.constants
     if state.cold_start != POPULAR:
         popularity = None
@@ -63,7 +65,9 @@ def servable(
         sessions_rows = None
     elif sessions_rows is None:
         sessions_rows = state.catalog_rows(sessions.items.keys)
-    for arr in vectors, state.user_rows, state.hist_rows:
+    if hist_rows is None:
+        hist_rows = state.served_hist_rows
+    for arr in vectors, state.user_rows, state.hist_rows, hist_rows:
         arr.setflags(write=False)
     for extra in popularity, sessions_rows:
         if extra is not None:
@@ -104,7 +108,7 @@ def servable(
         item_ids=state.item_ids,
         item_vectors=vectors,
         item_hist_keys=state.hist_keys,
-        item_hist_rows=state.hist_rows,
+        item_hist_rows=hist_rows,
         user_keys=state.user_keys,
         user_rows=state.user_rows,
         default_user_row=state.default_user_row,
@@ -216,8 +220,11 @@ class Composer:
             self._buckets, self._bucket_rows = insert_sorted(
                 self._buckets, self._bucket_rows, at, buckets[order], added[order])
         pause()
-        touched = state.catalog_rows(delta.hist_keys)
-        touched = np.union1d(touched[touched >= 0], added)
+        if state.attributes is not None:  # attribute rows move many items' rows at once
+            touched = np.arange(n, dtype=np.int64)
+        else:
+            touched = state.catalog_rows(delta.hist_keys)
+            touched = np.union1d(touched[touched >= 0], added)
         self._rows = _grown(self._rows, n)
         if touched.size:
             rows = state.catalog_hist_rows(touched)

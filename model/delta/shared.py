@@ -32,7 +32,7 @@ from model.artifact.files import ServingArtifact
 from model.artifact.sessions import ARRAY_NAMES as SESSION_ARRAYS
 from model.artifact.sessions import ROWS as SESSION_ROWS
 from model.delta.served import item_index, servable
-from model.delta.state import Constants, ModelState
+from model.delta.state import Attributes, Constants, ModelState
 from model.delta.wire import DeltaError
 from model.scoring.sessions import HOLDER_ARRAYS
 
@@ -49,6 +49,9 @@ STATE_ARRAYS = (
 #: grow a little with most deltas; a reader maps a slot anew only when it grew).
 GROWTH = 8
 _COVISIT = ("covisit_indptr", "covisit_neighbours", "covisit_weights")
+#: A state's :class:`Attributes` (by field, prefixed), and the rows histories are pooled from.
+_ATTRIBUTES = ("keys", "rows", "item_keys", "tokens", "weights", "default_row")
+_SERVED_HIST = "served_hist_rows"
 _PREFIX = struct.Struct("<4sQI")  # magic, generation, header length
 
 
@@ -94,6 +97,9 @@ def write_shared(f: BinaryIO, state: ModelState, artifact: ServingArtifact,
         arrays.update(state.sessions.to_arrays(holders=True))
     if artifact.sessions_rows is not None:
         arrays[SESSION_ROWS] = artifact.sessions_rows
+    if state.attributes is not None:
+        arrays.update((f"attr_{name}", getattr(state.attributes, name)) for name in _ATTRIBUTES)
+        arrays[_SERVED_HIST] = artifact.item_hist_rows
     meta = {
         "constants": state.constants.to_json(), "base_version": state.base_version,
         "seq": state.seq, "prior_scalars": list(state.prior_scalars),
@@ -192,12 +198,15 @@ def read_shared(buf: Any, gen: int, previous: ServingArtifact | None = None,
             cold_start=str(meta.get("cold_start", "mix")),
             sessions=sessions, sessions_weight=float(meta.get("sessions_weight", 0.0)),
             history_groups=meta.get("history_groups"),
+            attributes=(Attributes(**{n: arrays[f"attr_{n}"] for n in _ATTRIBUTES})
+                        if constants.attr_tokens else None),
             **{name: arrays[name] for name in STATE_ARRAYS},
         )
         covisit = tuple(arrays[name] for name in _COVISIT) if _COVISIT[0] in arrays else None
         artifact = servable(state, arrays["item_vectors"], covisit,  # type: ignore[arg-type]
                             item_index(state.item_ids, previous, prefix_known),
-                            arrays.get("item_popularity"), arrays.get(SESSION_ROWS))
+                            arrays.get("item_popularity"), arrays.get(SESSION_ROWS),
+                            arrays.get(_SERVED_HIST))
     except (KeyError, TypeError, ValueError) as exc:
         raise DeltaError(f"shared state lacks or garbles {exc}") from exc
     if generation(buf) != gen:  # rewritten while read: the views are not of one state

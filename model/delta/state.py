@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from model.artifact.sessions import params_of
+from model.scoring.attributes import attribute_parts
 from model.scoring.cold import MIX, POPULAR, popularity_scores
 from model.scoring.covisit import LOW32, pairs_csr, row_pairs
 from model.scoring.prior import served_item_vectors
@@ -52,6 +53,9 @@ class Constants:
     #: The session-kNN index's parameters (:data:`SKNN_PARAMS`, the artifact's ``sessions``
     #: entry without its weight); None: the lineage has no session-kNN part.
     sknn: dict[str, int] | None = None
+    #: Attribute keys per item (``ModelConfig.attr_tokens``); 0: the lineage has no
+    #: attribute slots (its records carry no :class:`Attributes`).
+    attr_tokens: int = 0
 
     def __post_init__(self) -> None:
         if self.sknn is not None and (
@@ -65,6 +69,8 @@ class Constants:
         """The constants as the records hold them; ``sknn`` only when there is the part, so a
         lineage without it writes what readers before the part read."""
         out = dict(self.__dict__)
+        if not self.attr_tokens:
+            del out["attr_tokens"]
         if self.sknn is None:
             del out["sknn"]
         else:
@@ -77,6 +83,45 @@ class Constants:
             return None
         p = self.sknn
         return SessionIndex(p["sample_size"], p["window"], p["k"] or None, p["max_sessions"])
+
+
+@dataclass(frozen=True, eq=False)
+class Attributes:
+    """The item attribute parts of a lineage with attribute slots (``constants.attr_tokens``,
+    ``model.scoring.attributes``). In a state: the whole attribute table and every item's
+    entry. In a record: the attribute rows that changed or were added, the entries that
+    changed (all weights 0: the item lost its attributes) and, always, the default row."""
+
+    #: Attribute keys (sorted, distinct) and their rows ``[a, d]`` float32.
+    keys: np.ndarray
+    rows: np.ndarray
+    #: Items (sorted, distinct) and their attribute keys and weights ``[m, attr_tokens]``.
+    item_keys: np.ndarray
+    tokens: np.ndarray
+    weights: np.ndarray
+    #: The item table's shared row (an item without its own row), float32 ``[d]``.
+    default_row: np.ndarray
+
+    def entries(self, item_keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(tokens, weights)`` of items (zeros: no entry)."""
+        item_keys = np.asarray(item_keys, np.int64)
+        t = self.tokens.shape[1] if self.tokens.ndim == 2 else 0
+        tokens = np.zeros((item_keys.size, t), np.int64)
+        weights = np.zeros((item_keys.size, t), np.float32)
+        if self.item_keys.size and item_keys.size:
+            pos = np.minimum(np.searchsorted(self.item_keys, item_keys), self.item_keys.size - 1)
+            hit = self.item_keys[pos] == item_keys
+            tokens[hit], weights[hit] = self.tokens[pos[hit]], self.weights[pos[hit]]
+        return tokens, weights
+
+    def parts(self, item_keys: np.ndarray) -> np.ndarray:
+        """``[n, d]``: the attribute parts of items (zeros without an entry)."""
+        tokens, weights = self.entries(item_keys)
+        return attribute_parts(tokens, weights, self.keys, self.rows)
+
+    def has(self, item_keys: np.ndarray) -> np.ndarray:
+        """bool per item: whether it has attributes."""
+        return (self.entries(item_keys)[1] > 0).any(axis=1)
 
 
 @dataclass(frozen=True, eq=False)
@@ -124,6 +169,8 @@ class ModelState:
     #: Per history group, the neighbour parts' scales (the artifact's ``history_groups``
     #: entry, ``model.scoring.selector``; None: the weights alone).
     history_groups: Mapping[str, Any] | None = None
+    #: The item attribute parts (``constants.attr_tokens`` > 0; else None).
+    attributes: Attributes | None = None
 
     @property
     def serves_sessions(self) -> bool:
@@ -183,11 +230,30 @@ class ModelState:
         return out
 
     def catalog_hist_rows(self, rows: np.ndarray | None = None) -> np.ndarray:
-        """History (item table) rows of the catalog's ``rows`` (all: None), in that order."""
+        """Item rows of the catalog's ``rows`` (all: None), in that order: the history (item
+        table) row, with attribute slots plus the item's attribute part (an item without an
+        own row: the default row plus its part)."""
         keys = self.item_keys if rows is None else self.item_keys[rows]
         if not keys.size:
             return np.zeros((0, self.hist_rows.shape[1]), np.float32)
-        return self.hist_rows[np.searchsorted(self.hist_keys, keys)]
+        attrs = self.attributes
+        if attrs is None:
+            return self.hist_rows[np.searchsorted(self.hist_keys, keys)]
+        pos = np.minimum(np.searchsorted(self.hist_keys, keys), max(self.hist_keys.size - 1, 0))
+        own = (self.hist_keys[pos] == keys) if self.hist_keys.size else np.zeros(keys.size, bool)
+        out = np.empty((keys.size, self.hist_rows.shape[1]), np.float32)
+        out[own] = self.hist_rows[pos[own]]
+        out[~own] = attrs.default_row
+        return out + attrs.parts(keys)
+
+    @cached_property
+    def served_hist_rows(self) -> np.ndarray:
+        """The rows histories are pooled from, aligned with ``hist_keys``: the history rows,
+        with attribute slots each plus its item's attribute part (a full version's
+        ``item_hist_rows``)."""
+        if self.attributes is None:
+            return self.hist_rows
+        return self.hist_rows + self.attributes.parts(self.hist_keys)
 
     def item_vectors(self) -> np.ndarray:
         """Scoring vectors of the catalog, in its row order (``Trainer._scoring_items``)."""
@@ -215,7 +281,7 @@ class ModelState:
             "item_ids": self.item_ids,
             "item_vectors": self.item_vectors(),
             "item_hist_keys": self.hist_keys,
-            "item_hist_rows": self.hist_rows,
+            "item_hist_rows": self.served_hist_rows,
             "user_keys": self.user_keys,
             "user_rows": self.user_rows,
             "default_user_row": self.default_user_row,
@@ -268,6 +334,10 @@ def state_checksum(state: ModelState) -> str:
         put(state.item_popularity()[order])
     if state.history_groups is not None:
         h.update(json.dumps(state.history_groups, sort_keys=True).encode())
+    if state.attributes is not None:
+        a = state.attributes
+        for arr in (a.keys, a.rows, a.item_keys, a.tokens, a.weights, a.default_row):
+            put(arr)
     if state.sessions is not None:
         # replicas that replayed the same positives hold the same dense ids: the arrays as
         # they are, by name

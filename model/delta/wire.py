@@ -30,7 +30,7 @@ import numpy as np
 
 from model.artifact.manifest import ArtifactError, check_history_groups
 from model.artifact.sessions import ARRAY_NAMES as SESSION_ARRAYS
-from model.delta.state import Constants, Layer
+from model.delta.state import Attributes, Constants, Layer
 from model.errors import ModelError
 from model.scoring.cold import CHOICES, MIX
 
@@ -40,6 +40,10 @@ SNAPSHOT_FILE = "delta_snapshot.bin"
 CODECS = ("float32", "float16", "bfloat16", "int8")
 #: A delta's session-kNN positives: user keys, item keys, positives per ``learn`` call.
 POSITIVES = ("sessions_pos_users", "sessions_pos_items", "sessions_pos_calls")
+#: The arrays of a record's :class:`Attributes` (its rows travel as ``attr_rows.*`` in the
+#: record's codec).
+ATTRIBUTE_ARRAYS = ("attr_keys", "attr_item_keys", "attr_tokens", "attr_weights",
+                    "default_item_row")
 
 
 class DeltaError(ModelError):
@@ -186,10 +190,14 @@ class Delta:
     #: entry, ``model.scoring.selector``; None: the weights alone). Every record carries the
     #: trainer's current entry.
     history_groups: Mapping[str, Any] | None = None
+    #: With attribute slots (``constants.attr_tokens``): the attribute rows and item
+    #: entries that changed, and the default item row (every record of such a lineage).
+    attributes: Attributes | None = None
 
     @property
     def rows_changed(self) -> int:
-        return int(self.user_keys.size + self.hist_keys.size)
+        extra = 0 if self.attributes is None else int(self.attributes.keys.size)
+        return int(self.user_keys.size + self.hist_keys.size) + extra
 
     @property
     def carries_sessions(self) -> bool:
@@ -222,6 +230,14 @@ def encode(delta: Delta, codec: str = "float32", *, compress: bool = False) -> b
         arrays[f"layer_{i}_w"], arrays[f"layer_{i}_b"] = w, b
     if delta.history_groups is not None:
         meta["history_groups"] = dict(delta.history_groups)
+    if delta.attributes is not None:
+        a = delta.attributes
+        for part, arr in encode_rows(a.rows, codec).items():
+            arrays[f"attr_rows.{part}"] = arr
+        arrays.update(zip(ATTRIBUTE_ARRAYS, (
+            np.asarray(a.keys, np.int64), np.asarray(a.item_keys, np.int64),
+            np.asarray(a.tokens, np.int64), np.asarray(a.weights, np.float32),
+            np.asarray(a.default_row, np.float32)), strict=True))
     if delta.carries_sessions:
         meta["sessions_weight"] = float(delta.sessions_weight)
         if delta.sessions is not None:
@@ -270,6 +286,7 @@ def decode(record: bytes) -> Delta:
             state_checksum=str(meta.get("state_checksum", "")), extra=meta.get("extra", {}),
             cold_start=_cold_start(meta.get("cold_start", MIX)),
             history_groups=_history_groups(meta.get("history_groups")),
+            attributes=_attributes(arrays, codec),
             **_sessions(meta, arrays),
         )
     except (KeyError, TypeError, ValueError, ArtifactError) as exc:
@@ -297,6 +314,24 @@ def _sessions(meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> dict
     if not out.keys() & {"sessions", "sessions_positives"}:
         raise ValueError("sessions_weight without the session-kNN index or positives")
     return out
+
+
+def _attributes(arrays: Mapping[str, np.ndarray], codec: str) -> Attributes | None:
+    """The record's :class:`Attributes` (None in a record without attribute slots)."""
+    held = [name in arrays for name in ATTRIBUTE_ARRAYS]
+    if not any(held):
+        return None
+    if not all(held):
+        raise ValueError(f"attributes need every one of {ATTRIBUTE_ARRAYS}")
+    rows = decode_rows({k.split(".", 1)[1]: v for k, v in arrays.items()
+                        if k.startswith("attr_rows.")}, codec)
+    keys, items, tokens, weights, default = (arrays[n] for n in ATTRIBUTE_ARRAYS)
+    if (keys.ndim != 1 or rows.shape[0] != keys.size or items.ndim != 1
+            or tokens.ndim != 2 or tokens.shape[0] != items.size or weights.shape != tokens.shape
+            or default.ndim != 1 or (keys.size and rows.shape[1] != default.size)):
+        raise ValueError("attribute arrays of mismatched shapes")
+    return Attributes(keys=keys, rows=rows, item_keys=items, tokens=tokens, weights=weights,
+                      default_row=default)
 
 
 def _prior_count(arrays: Mapping[str, np.ndarray]) -> np.ndarray:

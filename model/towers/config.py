@@ -102,7 +102,7 @@ class ModelConfig:
     #: its catalogue slots, ``feature_store.catalogue``); 0: ids only. With them an item's row
     #: is its id row plus, per slot, the mean of the slot's token rows (a TFRA table of its
     #: own), so an item nobody chose yet has a vector from what the catalogue says of it.
-    attr_tokens: int = 0
+    attr_tokens: int = trainer_default("attr_tokens")
     #: How the parts of the score (towers, prior, co-visitation, session-kNN) are weighted:
     #: "learned" — weights start at 1, ``prior_weight``, ``covisit_weight`` and
     #: ``sknn_weight`` and are learnt from the stream by softmax cross-entropy on
@@ -146,6 +146,7 @@ class ModelConfig:
             admit_after=t.admit_after,
             compute_dtype="bfloat16" if t.mixed_precision else "float32",
             train_history=t.train_history,
+            attr_tokens=t.attr_tokens,
         )
 
     @property

@@ -272,6 +272,14 @@ class TwoTower(tf.Module):
             raise ValueError("the model has no attribute table (ModelConfig.attr_tokens = 0)")
         self.attr_keys.insert(tf.constant(item_keys, tf.int64), tf.constant(keys, tf.int64))
         self.attr_weights.insert(tf.constant(item_keys, tf.int64), tf.constant(weights, tf.float32))
+        # every attribute key gets its row stored now (a key without one reads a fresh draw
+        # at each lookup), so an item nobody chose has one vector until its keys train
+        used = np.unique(np.asarray(keys, np.int64)[np.asarray(weights) > 0])
+        if used.size:
+            t = tf.constant(used, tf.int64)
+            rows, exists = self.attrs.params.lookup(t, return_exists=True)
+            missing = tf.logical_not(exists)
+            self.attrs.params.upsert(tf.boolean_mask(t, missing), tf.boolean_mask(rows, missing))
 
     def attr_plan(self, item_keys: tf.Tensor) -> tuple[tf.Tensor, ...]:
         """``(distinct attribute keys, entry -> distinct key, entry weights, entry -> item)``
@@ -309,6 +317,21 @@ class TwoTower(tf.Module):
             return zeros
         plan = self.attr_plan(keys)
         return self.attr_compose(zeros, plan, self.attrs.params.lookup(plan[0]))
+
+    def remove_attributes(self, item_keys: np.ndarray) -> None:
+        """Items leave the catalogue: their attribute keys and weights are dropped."""
+        if self.attrs is None or not len(item_keys):
+            return
+        keys = tf.constant(item_keys, tf.int64)
+        self.attr_keys.remove(keys)
+        self.attr_weights.remove(keys)
+
+    def has_attributes(self, item_keys: np.ndarray) -> np.ndarray:
+        """bool per item key: whether the catalogue gave it attributes."""
+        if self.attrs is None or not len(item_keys):
+            return np.zeros(len(item_keys), bool)
+        w = self.attr_weights.lookup(tf.constant(item_keys, tf.int64)).numpy()
+        return (w > 0).any(axis=1)
 
     def attributed_items(self) -> np.ndarray:
         """Keys of the items with attributes (candidates before anybody chose them)."""

@@ -23,6 +23,7 @@ import numpy as np
 
 from model.delta import (
     SNAPSHOT_FILE,
+    Attributes,
     Constants,
     Delta,
     ModelState,
@@ -70,9 +71,11 @@ class DeltaBuilder:
         self._users: list[np.ndarray] = []
         self._items: list[np.ndarray] = []
         self._targets: list[np.ndarray] = []
+        self._catalogue: list[np.ndarray] = []
         self._evicted_seen = trainer.evicted_rows
         self._covisit_ref = 0
         trainer.on_step = self.record
+        trainer.on_catalogue = self.record_catalogue
         if trainer.sessions is not None:  # from now on; the snapshot drops what came before
             trainer.sessions.keep_journal()
 
@@ -84,14 +87,22 @@ class DeltaBuilder:
         self._targets.append(batch.item_keys)
         self._items.extend((batch.item_keys, batch.history[:, :window], negatives))
 
+    def record_catalogue(self, item_keys: np.ndarray) -> None:
+        """``Trainer.on_catalogue``: items whose catalogue entry changed (their rows, their
+        place in the catalog)."""
+        self._catalogue.append(np.asarray(item_keys, np.int64))
+
     @property
     def pending(self) -> bool:
-        """Whether any step ran since the last delta."""
-        return bool(self._targets)
+        """Whether any step ran, or the catalogue changed, since the last delta."""
+        return bool(self._targets) or bool(self._catalogue)
 
-    def _take(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        out = _unique(self._users), _unique(self._items), _unique(self._targets)
-        self._users, self._items, self._targets = [], [], []
+    def _take(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(users, items, targets) the steps touched, and the items whose catalogue entry
+        changed, since the last call."""
+        out = (_unique(self._users), _unique(self._items), _unique(self._targets),
+               _unique(self._catalogue))
+        self._users, self._items, self._targets, self._catalogue = [], [], [], []
         return out
 
     # -- reading the trainer -------------------------------------------------------------------
@@ -122,6 +133,31 @@ class DeltaBuilder:
             return base, scalars, -math.inf
         gap = tf.gather(freq.gap, b).numpy().astype(np.float64)
         return -np.log(gap), (0.0, -math.inf, 0.0), -math.log(INITIAL_GAP)
+
+    def _attributes(self, items: np.ndarray | None, touched: np.ndarray) -> Attributes | None:
+        """The attribute parts to send (None: no attribute slots): the entries of ``items``
+        (None: every item with attributes) and the rows of their attribute keys and of
+        those of the ``touched`` items (the rows a step moved), with the default row."""
+        tr = self.trainer
+        model = tr.model
+        if model.attrs is None:
+            return None
+        if items is None:
+            items = np.sort(model.attributed_items())
+        tokens, weights = tr.attribute_entries(items)
+        moved = tr.attribute_entries(touched) if touched.size else (tokens[:0], weights[:0])
+        keys, rows = tr.attribute_rows(np.concatenate([tokens[weights > 0],
+                                                       moved[0][moved[1] > 0]]))
+        return Attributes(keys=keys, rows=rows, item_keys=items, tokens=tokens,
+                          weights=weights.astype(np.float32),
+                          default_row=tr.default_row(model.items).astype(np.float32))
+
+    def _catalog(self, keys: np.ndarray, own: np.ndarray) -> np.ndarray:
+        """Which of item ``keys`` (``own``: which have their own row) are in the catalog:
+        named, with a row of their own or (attribute slots) attributes."""
+        names = self.item_ids()
+        named = np.fromiter((int(k) in names for k in keys), bool, keys.size)
+        return named & (own | self.trainer.model.has_attributes(keys))
 
     def _covisit(self) -> tuple[np.ndarray, np.ndarray, float]:
         """(codes, values relative to the lineage's reference, scale) of the pairs now."""
@@ -159,6 +195,7 @@ class DeltaBuilder:
             covisit_decay=cv.decay if cv is not None else 1.0,
             sknn=({name: int(value or 0) for name, value in self.trainer.sessions.params().items()}
                   if self.trainer.sessions is not None else None),
+            attr_tokens=config.attr_tokens,
         )
 
     # -- snapshots and deltas ------------------------------------------------------------------
@@ -180,8 +217,8 @@ class DeltaBuilder:
         ukeys, urows = tr.known_rows(tr.model.users)
         hkeys, hrows = tr.known_rows(tr.model.items)
         names = self.item_ids()
-        named = np.fromiter((int(k) in names for k in hkeys), bool, hkeys.size)
-        cat = hkeys[named]
+        every = np.concatenate([hkeys, np.setdiff1d(tr.model.attributed_items(), hkeys)])
+        cat = every[self._catalog(every, np.arange(every.size) < hkeys.size)]
         buckets = np.unique(np.mod(cat, np.int64(tr.freq.buckets)))
         base, scalars, _ = self._prior(buckets)
         cv = tr.covisit
@@ -201,7 +238,8 @@ class DeltaBuilder:
             covisit_first_id=0, covisit_new_keys=cv.keys.copy() if cv is not None else _I64,
             covisit_codes=codes.copy(), covisit_values=values, covisit_removed=_I64,
             covisit_scale=scale, constants=self._constants(), sessions=sessions,
-            created_at=meta.get("created_at"), **self._common(),
+            created_at=meta.get("created_at"), attributes=self._attributes(None, _I64),
+            **self._common(),
         )
         self.mirror = from_snapshot(delta)
         return _with_checksum(delta, self.mirror) if self.checksums else delta
@@ -213,7 +251,7 @@ class DeltaBuilder:
             raise ValueError("no snapshot yet: a lineage starts with snapshot()")
         tr = self.trainer
         tr.wait_evaluation()  # every positive learnt so far is in the session-kNN journal
-        users, items, targets = self._take()
+        users, items, targets, catalogued = self._take()
         positives = tr.sessions.drain() if tr.sessions is not None else None
         if tr.evicted_rows != self._evicted_seen:  # evicted keys leave, touched or not
             self._evicted_seen = tr.evicted_rows
@@ -224,8 +262,12 @@ class DeltaBuilder:
         gone_items = items[~hkn]
         names = self.item_ids()
         known_items = items[hkn]
-        named = np.fromiter((int(k) in names for k in known_items), bool, known_items.size)
-        new_items = np.setdiff1d(known_items[named], mirror.item_keys)
+        # an item joins the catalog with a row or attributes, and leaves it with both gone
+        # or with its name (deleted from the catalogue; its row stays for the histories)
+        changed = np.union1d(items, catalogued)
+        listed = self._catalog(changed, np.isin(changed, known_items))
+        new_items = np.setdiff1d(changed[listed], mirror.item_keys)
+        unlisted = changed[~listed]
         buckets = np.unique(np.mod(np.concatenate([targets, new_items]),
                                    np.int64(tr.freq.buckets)))
         base, scalars, _ = self._prior(buckets)
@@ -244,14 +286,15 @@ class DeltaBuilder:
             removed_hist=np.intersect1d(gone_items, mirror.hist_keys),
             new_item_keys=new_items,
             new_item_ids=np.array([names[int(k)] for k in new_items], np.str_),
-            removed_items=np.intersect1d(gone_items, mirror.item_keys),
+            removed_items=np.intersect1d(unlisted, mirror.item_keys),
             prior_buckets=buckets, prior_base=base,
             prior_count=tr.cold.counts.of_buckets(buckets), prior_scalars=scalars,
             covisit_first_id=first,
             covisit_new_keys=cv.keys[first:].copy() if cv is not None else _I64,
             covisit_codes=codes[changed], covisit_values=values[changed],
             covisit_removed=removed, covisit_scale=scale, sessions_positives=positives,
-            created_at=meta.get("created_at"), **self._common(),
+            created_at=meta.get("created_at"), attributes=self._attributes(catalogued, items),
+            **self._common(),
         )
         self.mirror = apply(mirror, delta)
         return _with_checksum(delta, self.mirror) if self.checksums else delta

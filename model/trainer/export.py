@@ -40,7 +40,7 @@ def artifact_arrays(trainer: Trainer, item_ids: Mapping[int, str]) -> dict[str, 
     trainer.wait_evaluation()  # the counted parts learn on the evaluation thread
     model = trainer.model
     ukeys, urows = trainer.known_rows(model.users)
-    hkeys, hrows = trainer.known_rows(model.items)
+    hkeys, hrows = trainer.item_hist_rows()  # with attribute parts: serving pools these
     vkeys, vecs = trainer.item_vectors()
     named = np.fromiter((int(k) in item_ids for k in vkeys), bool, vkeys.size)
     config = model.config

@@ -160,22 +160,23 @@ def open_source(
     max_records: int,
     monotonic: Callable[[], float],
     wait: Callable[[float], Any],
+    topic: str | None = None,
 ) -> RecordSource:
-    """A source assigned every partition of ``kafka.samples_topic``, each at its offset in
-    ``offsets`` (``"topic:partition"`` -> next offset) or at the beginning. ``backend``:
-    "confluent", "kafka-python" or "auto" (confluent if installed). Waits up to 30 s (with
-    ``wait``) for the topic's partitions."""
+    """A source assigned every partition of ``topic`` (default ``kafka.samples_topic``),
+    each at its offset in ``offsets`` (``"topic:partition"`` -> next offset) or at the
+    beginning. ``backend``: "confluent", "kafka-python" or "auto" (confluent if installed).
+    Waits up to 30 s (with ``wait``) for the topic's partitions."""
     from stream.kafka_client import assigned_consumer, consumer_backend
 
     backend = consumer_backend(backend)
-    topic = kafka.samples_topic
+    topic = topic or kafka.samples_topic
     prefix = f"{topic}:"
     starts = {int(key[len(prefix):]): at for key, at in offsets.items() if key.startswith(prefix)}
     consumer, saved = assigned_consumer(
         kafka, topic, starts, backend=backend, group_id=group_id,
         client_id=f"{group_id}-trainer", max_records=max_records, monotonic=monotonic, wait=wait,
     )
-    log.info("samples consumer %s on %s at %s", backend, topic, saved)
+    log.info("consumer %s on %s at %s", backend, topic, saved)
     if backend == "confluent":
         return ConfluentSource(consumer, max_records, monotonic)
     return KafkaPythonSource(consumer)

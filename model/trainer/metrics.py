@@ -34,6 +34,11 @@ class TrainerMetrics:
             names.TRAINER_SAMPLES_LIFETIME, "Samples trained, restored across restarts", registry=r
         )
         self.dlq = Counter(names.TRAINER_DLQ, "Samples sent to the dead-letter topic", registry=r)
+        self.catalogue_items = Counter(
+            names.TRAINER_CATALOGUE_ITEMS,
+            "Catalogue records (upserts and deletes) the trainer applied to its attribute slots",
+            registry=r,
+        )
         self.duplicates = Counter(
             names.TRAINER_DUPLICATES, "Samples skipped: their sample_id was trained already",
             registry=r,

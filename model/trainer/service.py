@@ -25,6 +25,7 @@ import numpy as np
 
 from model.artifact.files import ArtifactError
 from model.artifact.registry import Registry, RegistryError
+from model.trainer.catalogue_feed import CatalogueFeed
 from model.trainer.checkpoint import CheckpointStore, LoopState, check_offsets
 from model.trainer.dedupe import TrainedIds
 from model.trainer.deltas import DeltaPublisher
@@ -75,6 +76,10 @@ class TrainerService:
         )
         self.state = LoopState()
         self.item_ids: dict[int, str] = {}
+        #: The catalogue read live (a model with attribute slots; made when ``run()`` starts)
+        #: and the keys of the items it deleted (not named again by their clicks).
+        self.catalogue: CatalogueFeed | None = None
+        self.deleted_items: set[int] = set()
         self.trained_ids = TrainedIds()
         self.stop_event = threading.Event()
         self.running = False
@@ -223,6 +228,50 @@ class TrainerService:
         self._source = open_source(*source_args, self.monotonic, self.stop_event.wait)
         return ChunkFetcher(self._source, *fetch_args, self.monotonic)
 
+    def _start_catalogue(self) -> None:
+        """With attribute slots (``ModelConfig.attr_tokens``), read the ``items`` topic from
+        its beginning on a thread (``model.trainer.catalogue_feed``)."""
+        if self.trainer.model.attrs is None or self.catalogue is not None:
+            return
+        from feature_store.catalogue import FeatureSpec
+        from stream.kafka_client import ensure_topics
+
+        kafka = self.settings.kafka
+        ensure_topics(kafka, [kafka.items_topic])
+
+        def source() -> RecordSource:
+            return open_source(kafka, f"{self.settings.trainer.group_id}-catalogue", {},
+                               self.loop.consumer, 5000, self.monotonic, self.stop_event.wait,
+                               topic=kafka.items_topic)
+
+        self.catalogue = CatalogueFeed(source, FeatureSpec.load(self.settings.features.spec_file))
+        self.catalogue.start()
+
+    def _apply_catalogue(self) -> None:
+        """Give the items the feed read since the last call their attributes (or take them
+        out of the catalogue), on the training thread."""
+        if self.catalogue is None:
+            return
+        items = self.catalogue.take()
+        if not items:
+            return
+        from streamrec.ids import item_key
+
+        upserts = [it for it in items if not it["deleted"]]
+        deletes = [it["item_id"] for it in items if it["deleted"]]
+        self.trainer.set_catalogue(self.catalogue.spec,
+                                   ((it["item_id"], it["attributes"]) for it in upserts))
+        for it in upserts:
+            key = item_key(it["item_id"])
+            self.item_ids[key] = it["item_id"]
+            self.deleted_items.discard(key)
+        self.trainer.remove_catalogue(deletes)
+        for item_id in deletes:
+            key = item_key(item_id)
+            self.item_ids.pop(key, None)
+            self.deleted_items.add(key)
+        self.metrics.catalogue_items.inc(len(items))
+
     def _dead_letter(self, record: Rejected, reason: str) -> None:
         from stream.kafka_client import dlq_record, make_producer
 
@@ -248,6 +297,7 @@ class TrainerService:
         last_sample = self.monotonic()  # when a chunk last brought samples
         with process_tuning(self.loop):
             fetcher.start()
+            self._start_catalogue()
             self.trainer.warm()  # the step's trace overlaps the fetch process's start
             source: ChunkFetcher | ProcessFetcher | Preparer = fetcher
             if self.loop.prepare_ahead:
@@ -263,6 +313,7 @@ class TrainerService:
                         waited = True
                     if chunk is not None and len(chunk):
                         last_sample = self.monotonic()
+                    self._apply_catalogue()
                     if chunk is None:  # idle: the evaluation catches up (a cluster's
                         self.trainer.wait_evaluation()  # heads are fetched steps later)
                     if chunk is not None:
@@ -307,6 +358,9 @@ class TrainerService:
                     self.trained_ids = self._preparer.stop()
                     self._preparer = None
                 fetcher.stop()
+                if self.catalogue is not None:
+                    self.catalogue.stop()
+                    self.catalogue = None
                 self.close()
 
     def _export_logged(self) -> None:
@@ -375,6 +429,9 @@ class TrainerService:
             fit = self.trainer.fit_batch
             self._last_loss = fit(batch) if got.prepared is None else fit(batch, got.prepared)
             self.item_ids.update(zip(batch.item_keys.tolist(), item_ids, strict=True))
+            if self.deleted_items:  # clicks do not bring a deleted item back
+                for key in self.deleted_items.intersection(batch.item_keys.tolist()):
+                    self.item_ids.pop(key, None)
             st.samples_trained += len(sample_ids)
             st.digest = (st.digest + digest_of_hashes(hashes)) % (1 << 64)
             newest = int(ts.max())
@@ -407,6 +464,7 @@ class TrainerService:
         sizes = self.trainer.table_sizes()
         if len(self.item_ids) > 2 * sizes["item_rows"] + 1000:  # rows were evicted
             live = set(self.trainer.known_keys(self.trainer.model.items).tolist())
+            live.update(self.trainer.model.attributed_items().tolist())  # catalogued
             self.item_ids = {k: v for k, v in self.item_ids.items() if k in live}
         self.checkpoint()
         summary = self.trainer.quality()

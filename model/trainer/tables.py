@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from feature_store.catalogue import FeatureSpec, attribute_row
+from model.scoring.attributes import attribute_parts
 from model.scoring.prior import user_scoring_vectors
 from model.towers.frequency import CountFrequencyEstimator
 from model.towers.loss import FrequencyEstimator
@@ -39,6 +40,9 @@ class TrainerTables:
     evicted_rows: int
     _evict_in: int | None
     _user_vec_fn: Callable[..., Any]
+    #: Hears the item keys whose catalogue entry changed (:meth:`set_catalogue`,
+    #: :meth:`remove_catalogue`): the delta stream re-sends their rows.
+    on_catalogue: Callable[[np.ndarray], None] | None = None
 
     def user_vectors(self, user_keys: np.ndarray, history: np.ndarray) -> np.ndarray:
         """Scoring vectors of users (the user tower, plus the prior's 1: ``model.scoring.prior``)."""
@@ -66,18 +70,64 @@ class TrainerTables:
 
     def _item_rows(self) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """What :meth:`item_vectors` reads of the model now: (keys, rows, log q or None)."""
-        keys, rows = self.known_rows(self.model.items)
-        if self.model.attrs is not None:
-            keys, rows = self.attributed_rows(keys, rows)
+        keys, rows = self.item_table_rows()
         if not self.config.prior_weight:
             return keys, rows, None
         return keys, rows, self.freq.log_q(tf.constant(keys, tf.int64)).numpy()
+
+    def item_table_rows(self) -> tuple[np.ndarray, np.ndarray]:
+        """(keys, rows) of every candidate item: the ids with an own row and, with attribute
+        slots (``ModelConfig.attr_tokens``), every catalogued item (an item nobody chose
+        has the table's default row), each row plus its attribute part
+        (:meth:`attribute_parts`)."""
+        keys, rows = self.known_rows(self.model.items)
+        model = self.model
+        if model.attrs is None:
+            return keys, rows
+        extra = np.setdiff1d(model.attributed_items(), keys)
+        base = np.broadcast_to(model.default_row(model.items), (extra.size, rows.shape[1]))
+        keys = np.concatenate([keys, extra])
+        rows = np.concatenate([rows, base]).astype(np.float32)
+        return keys, rows + self.attribute_parts(keys)
+
+    def item_hist_rows(self) -> tuple[np.ndarray, np.ndarray]:
+        """(keys, rows) of the ids with an own row, each plus its attribute part: the rows a
+        version pools histories from (an item without an own row is unknown there, as in
+        the user tower)."""
+        keys, rows = self.known_rows(self.model.items)
+        if self.model.attrs is None:
+            return keys, rows
+        return keys, rows + self.attribute_parts(keys)
+
+    def attribute_entries(self, item_keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(tokens, weights)`` ``[n, attr_tokens]`` of items (zeros: no attributes)."""
+        model = self.model
+        k = tf.constant(np.asarray(item_keys, np.int64), tf.int64)
+        return model.attr_keys.lookup(k).numpy(), model.attr_weights.lookup(k).numpy()
+
+    def attribute_rows(self, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(sorted distinct attribute keys of ``tokens``, their rows float32); key 0 (the
+        padding) left out."""
+        model = self.model
+        keys = np.unique(np.asarray(tokens, np.int64))
+        keys = keys[keys != 0]
+        if model.attrs is None or not keys.size:
+            return keys, np.zeros((keys.size, self.config.embedding_dim), np.float32)
+        return keys, model.attrs.params.lookup(tf.constant(keys, tf.int64)).numpy()
+
+    def attribute_parts(self, item_keys: np.ndarray) -> np.ndarray:
+        """``[n, d]``: the attribute parts of items (``model.scoring.attributes``; zeros
+        without attributes), as versions and serving compute them."""
+        tokens, weights = self.attribute_entries(item_keys)
+        table_keys, table_rows = self.attribute_rows(tokens[weights > 0])
+        return attribute_parts(tokens, weights, table_keys, table_rows)
 
     def set_catalogue(
         self, spec: FeatureSpec, items: Iterable[tuple[str, Mapping[str, Any]]]
     ) -> int:
         """Give items their attributes (checked ``attributes`` of ``spec``'s item slots;
-        ``feature_store.catalogue.attribute_row``); returns how many items were set."""
+        ``feature_store.catalogue.attribute_row``); returns how many items were set.
+        ``on_catalogue`` hears the keys."""
         width = self.config.attr_tokens
         keys: list[int] = []
         a_keys: list[np.ndarray] = []
@@ -88,21 +138,21 @@ class TrainerTables:
             a_keys.append(k)
             a_weights.append(w)
         if keys:
-            self.model.set_attributes(np.asarray(keys, np.int64), np.stack(a_keys),
-                                      np.stack(a_weights))
+            item_keys = np.asarray(keys, np.int64)
+            self.model.set_attributes(item_keys, np.stack(a_keys), np.stack(a_weights))
+            if self.on_catalogue is not None:
+                self.on_catalogue(item_keys)
         return len(keys)
 
-    def attributed_rows(self, keys: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The items of ``keys`` (their id ``rows``) and every other item with attributes
-        (the default row): each row plus its attribute part (``ModelConfig.attr_tokens``)."""
-        model = self.model
-        extra = np.setdiff1d(model.attributed_items(), keys)
-        keys = np.concatenate([keys, extra])
-        base = np.broadcast_to(model.default_row(model.items), (extra.size, rows.shape[1]))
-        rows = np.concatenate([rows, base]).astype(np.float32)
+    def remove_catalogue(self, item_ids: Iterable[str]) -> int:
+        """Items leave the catalogue (their attributes are dropped; ``on_catalogue`` hears
+        the keys); returns how many."""
+        keys = np.fromiter((item_key(i) for i in item_ids), np.int64)
         if keys.size:
-            rows = rows + model.attr_part(tf.constant(keys, tf.int64)).numpy()
-        return keys, rows
+            self.model.remove_attributes(keys)
+            if self.on_catalogue is not None:
+                self.on_catalogue(keys)
+        return int(keys.size)
 
     def _history(self, history: np.ndarray) -> np.ndarray:
         """The user tower's window of a (most recent first) history:

@@ -199,3 +199,58 @@ def test_a_trainer_and_a_composer_killed_mid_stream_leave_every_worker_exactly_o
     wait_until(both_workers_converged, 120, "both workers at the trainer's last delta",
                process=serving)
     assert _get(model_url)["delta"]["composer"]["pid"] not in (None, composer)
+
+
+def test_a_catalogued_item_reaches_serving_before_its_first_click(
+    settings: Settings, procs: dict[str, Any]
+) -> None:
+    """With attribute slots the trainer reads the items topic: an item posted there is in
+    serving's catalog with the next delta, never clicked; a deleted one leaves it; serving's
+    state is the trainer's (checksum) with the attribute parts in it."""
+    from stream.items import item_record
+    from tests.support import produce
+
+    stream = SyntheticStream(SyntheticConfig(users=300, items=200, history_len=20, seed=5))
+    samples = stream.take(3_000)
+    catalogue = [{"item_id": i, "attributes": {"category": f"c{n % 5}", "tags": [f"t{n % 7}"]},
+                  "ts": 1, "deleted": False}
+                 for n, i in enumerate(sorted({s.item_id for s in samples}))]
+    def post(items: list[dict[str, Any]]) -> None:
+        produce(settings, settings.kafka.items_topic,
+                ((it["item_id"], item_record(it)[1]) for it in items))
+
+    post(catalogue)
+    produce_samples(settings, samples)
+    trainer = procs["launch"]("trainer", [
+        "train", "--batch-size", "128", "--export-every-s", "3600", "--eval-rows", "32"],
+        STREAMREC_TRAINER__DELTA_CODEC="float32", STREAMREC_TRAINER__ATTR_TOKENS="8",
+        STREAMREC_KAFKA__ITEMS_TOPIC=settings.kafka.items_topic)
+    serve_port = free_port()
+    base_url = f"http://127.0.0.1:{serve_port}"
+    serving = procs["launch"]("serve", ["serve", "--port", str(serve_port), "--workers", "1"])
+    wait_until(lambda: httpx.get(base_url + "/model", timeout=2.0).status_code == 200, 90,
+               "serving up", process=serving)
+    trainer_url = f"http://127.0.0.1:{procs['trainer_port']}"
+    wait_until(lambda: _get(trainer_url + "/health")["samples_trained"] == len(samples), 180,
+               "all samples trained", process=trainer)
+    wait_until(lambda: (_get(base_url + "/model")["delta"].get("seq") or 0) >= 1, 60,
+               "serving applies deltas", process=serving)
+
+    def in_catalog(item: str) -> bool:
+        return bool(_get(f"{base_url}/model/items/{item}").get("in_catalog"))
+
+    assert not in_catalog("brand-new")
+    post([{"item_id": "brand-new", "attributes": {"category": "c1", "tags": ["t3"]}, "ts": 2,
+           "deleted": False}])
+    wait_until(lambda: in_catalog("brand-new"), 30, "the new item in serving's catalog",
+               process=trainer)
+    post([{"item_id": "brand-new", "attributes": {}, "ts": 3, "deleted": True}])
+    wait_until(lambda: not in_catalog("brand-new"), 30, "the deleted item out of the catalog",
+               process=trainer)
+
+    def converged() -> bool:
+        t = _get(trainer_url + "/delta")
+        s = _get(base_url + "/model?checksum=true")["delta"]
+        return s["seq"] == t["seq"] and s["state_checksum"] == t["state_checksum"]
+
+    wait_until(converged, 60, "serving holds the trainer's state", process=serving)
