@@ -30,10 +30,11 @@ def _pct(values: list[float]) -> dict[str, float]:
             "mean": float(arr.mean())}
 
 
-def synthetic_trainer(users: int, items: int, batch_size: int) -> tuple[Any, dict[int, str],
-                                                                      Callable[[int], None], Any]:
+def synthetic_trainer(users: int, items: int, batch_size: int, attr_tokens: int = 0
+                      ) -> tuple[Any, dict[int, str], Callable[[int], None], Any]:
     """A live-model Trainer on a synthetic stream: (trainer, key -> item id, ``train(n)``
-    training the next ``n`` samples test-then-train, the stream)."""
+    training the next ``n`` samples test-then-train, the stream). ``attr_tokens`` > 0:
+    attribute slots, every item of the stream catalogued (``bench.catalogue``)."""
     from model.evaluation.synthetic import SyntheticConfig, SyntheticStream
     from model.towers.two_tower import ModelConfig
     from model.trainer.samples import KeyCache, to_batch
@@ -42,10 +43,12 @@ def synthetic_trainer(users: int, items: int, batch_size: int) -> tuple[Any, dic
     hist = ModelConfig().history_len
     stream = SyntheticStream(SyntheticConfig(users=users, items=items, clusters=50,
                                              history_len=hist, seed=4))
-    trainer = Trainer(ModelConfig(), TrainOptions(batch_size=batch_size, evict_every_steps=0,
-                                                    spare_epochs=1))
+    trainer = Trainer(ModelConfig(attr_tokens=attr_tokens),
+                      TrainOptions(batch_size=batch_size, evict_every_steps=0, spare_epochs=1))
     keys = KeyCache()
     item_ids: dict[int, str] = {}
+    if attr_tokens:
+        catalogue(trainer, item_ids, [stream.item_id(j) for j in range(items)])
 
     def train(n: int) -> None:
         for start in range(0, n, batch_size):
@@ -58,18 +61,35 @@ def synthetic_trainer(users: int, items: int, batch_size: int) -> tuple[Any, dic
     return trainer, item_ids, train, stream
 
 
+def catalogue(trainer: Any, item_ids: dict[int, str], items: list[str]) -> None:
+    """Give ``items`` the attributes of ``bench.catalogue`` (and their names)."""
+    from bench.catalogue import catalogue_of
+    from feature_store.catalogue import FeatureSpec
+    from streamrec.ids import item_key
+
+    trainer.set_catalogue(FeatureSpec(), ((it["item_id"], it["attributes"])
+                                          for it in catalogue_of(items)))
+    item_ids.update({item_key(i): i for i in items})
+
+
 def fill_tables(trainer: Any, item_ids: dict[int, str], n: int) -> None:
-    """Add ``n`` random rows to each table (a large model's catalog; items named fill-j)."""
+    """Add ``n`` random rows to each table (a large model's catalog; items named fill-j;
+    catalogued too with attribute slots)."""
     from model.towers.tf_env import tf
+    from streamrec.ids import item_key
 
     rng = np.random.default_rng(1)
     d = trainer.config.embedding_dim
     for table, kind in ((trainer.model.users, "u"), (trainer.model.items, "i")):
         fill_keys = rng.integers(1 << 40, 1 << 62, n, dtype=np.int64)
+        if kind == "i":  # the keys of their names (the catalogue finds them by name)
+            fill_keys = np.fromiter((item_key(f"fill-{j}") for j in range(n)), np.int64, n)
         table.params.upsert(tf.constant(fill_keys), tf.constant(
             rng.normal(scale=0.1, size=(n, d)), tf.float32))
         if kind == "i":
             item_ids.update({int(k): f"fill-{j}" for j, k in enumerate(fill_keys.tolist())})
+            if trainer.model.attrs is not None:
+                catalogue(trainer, item_ids, [f"fill-{j}" for j in range(n)])
 
 
 def main(argv: list[str] | None = None) -> int:

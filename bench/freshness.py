@@ -3,7 +3,8 @@
 Needs the stack up (``streamrec up``). Under background load from the simulator, probes click
 items and time (a) the click in the user's features, (b) a served model trained through it,
 (c) the user's recommendations changing and, with ``--new-items``, (d) a brand-new item
-becoming recommendable. Probe gaps are drawn at random so they do not lock onto the delta
+becoming recommendable: posted to the catalogue and never clicked (the trainer needs
+attribute slots, ``trainer.attr_tokens``), or clicked once (``--new-item-by click``). Probe gaps are drawn at random so they do not lock onto the delta
 period; a warm-up waits for a steady stack (exit 3 if it never gets there); the guard's holds
 and the deltas/s of the run are reported beside the figures. Details: docs/internals.md.
 
@@ -135,13 +136,20 @@ def probe(client: Client, user: str, item: str | None,
 
 
 def new_item_probe(client: Client, serving: str, user: str, item: str, timeout_s: float,
-                   out: dict[str, list[float]], lock: threading.Lock) -> None:
-    """(d): one click of ``user`` on the never-seen ``item`` until serving can recommend it."""
+                   out: dict[str, list[float]], lock: threading.Lock,
+                   by: str = "catalogue") -> None:
+    """(d): a never-seen ``item`` posted to the catalogue (``by`` "catalogue": no click; the
+    trainer needs attribute slots, ``trainer.attr_tokens``) or clicked once by ``user``
+    ("click"), timed until serving's catalog holds it (a candidate of every request)."""
     import httpx
 
     ts = time.time_ns() // 1_000_000
     t0 = time.monotonic()
-    client.send([Event(user, item, "click", ts=ts)])
+    if by == "catalogue":
+        client.upsert_items([{"item_id": item, "ts": ts, "attributes": {
+            "category": "probe", "tags": ["fresh", item[-1]]}}])
+    else:
+        client.send([Event(user, item, "click", ts=ts)])
     while time.monotonic() - t0 < timeout_s:
         try:
             found = httpx.get(f"{serving}/model/items/{item}", timeout=5.0).json()["in_catalog"]
@@ -283,7 +291,11 @@ def main(argv: list[str] | None = None) -> int:
                         "any: any simulator item (see above)")
     add_endpoint_args(p, s)
     p.add_argument("--new-items", type=int, default=0,
-                   help="probes clicking a never-seen item, timed until it is recommendable")
+                   help="probes of a never-seen item, timed until serving's catalog holds it")
+    p.add_argument("--new-item-by", choices=("catalogue", "click"), default="catalogue",
+                   help="catalogue: the item is posted to POST /items and never clicked (the "
+                        "trainer needs attribute slots: trainer.attr_tokens > 0); click: one "
+                        "click on it (default catalogue)")
     p.add_argument("--warmup", type=float, default=20.0,
                    help="seconds of background load before the first probe (default 20)")
     p.add_argument("--steady-lag", type=float, default=2.0,
@@ -333,7 +345,8 @@ def main(argv: list[str] | None = None) -> int:
         if n < args.new_items:
             t = threading.Thread(target=new_item_probe, args=(
                 client, args.serving, sim.user_id(rng.randrange(config.users)),
-                f"new-{time.time_ns()}-{n}", args.timeout, out, lock), daemon=True)
+                f"new-{time.time_ns()}-{n}", args.timeout, out, lock, args.new_item_by),
+                daemon=True)
             t.start()
             threads.append(t)
         delta = client.model().get("delta") or {}
@@ -373,6 +386,7 @@ def main(argv: list[str] | None = None) -> int:
     result["warmup"] = {"seconds": args.warmup, "steady_lag_s": args.steady_lag,
                         "lag_at_start_s": lag_at_start}
     result["probe_items"] = args.probe_items
+    result["new_item_by"] = args.new_item_by
     result["background_rate"] = args.rate
     result["host"] = host()
     for name in ("feature_s", "model_s", "recommendation_s", "new_item_s"):

@@ -50,7 +50,8 @@ def _lineage(args: argparse.Namespace, registry: Any) -> tuple[bytes, list[bytes
     from model.trainer.deltas import DeltaBuilder
     from model.trainer.export import publish_version
 
-    trainer, item_ids, train, _ = synthetic_trainer(args.users, args.items, 512)
+    trainer, item_ids, train, _ = synthetic_trainer(args.users, args.items, 512,
+                                                    args.attr_tokens)
     builder = DeltaBuilder(trainer, lambda: item_ids)
     train(args.warm_samples)
     fill_tables(trainer, item_ids, args.fill)
@@ -142,6 +143,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--items", type=int, default=20_000)
     p.add_argument("--warm-samples", type=int, default=40_000)
     p.add_argument("--fill", type=int, default=100_000)
+    p.add_argument("--attr-tokens", type=int, default=0,
+                   help="attribute slots: every item catalogued with this many attribute keys "
+                        "(bench.catalogue fills 11; default 0, ids only)")
     p.add_argument("--rate", type=int, default=2000, help="samples per delta")
     p.add_argument("--codec", choices=("float32", "float16", "bfloat16", "int8"),
                    help="row codec of the deltas sent (default: trainer.delta_codec, what "

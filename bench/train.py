@@ -127,6 +127,7 @@ def _settings(root: Path) -> Any:
     s = base.model_copy(update={
         "kafka": base.kafka.model_copy(update={
             "samples_topic": f"{uid}.samples", "dlq_topic": f"{uid}.events.dlq",
+            "items_topic": f"{uid}.items",
         }),
         "trainer": base.trainer.model_copy(update={
             "registry_dir": root / uid / "models", "checkpoint_dir": root / uid / "ckpt",
@@ -136,10 +137,11 @@ def _settings(root: Path) -> Any:
     return s
 
 
-def _service(settings: Any, consumer: str = "auto", fused_loss: bool = True, **loop: Any) -> Any:
+def _service(settings: Any, consumer: str = "auto", fused_loss: bool = True,
+             attr_tokens: int = 0, **loop: Any) -> Any:
     """The trainer service as ``streamrec train`` builds it: the live model defaults
     (``ModelConfig()``), the settings' batch size and export cadence (``fused_loss=False``:
-    as ``streamrec train --no-fused-loss``)."""
+    as ``streamrec train --no-fused-loss``; ``attr_tokens``: as ``--attr-tokens``)."""
     from model.towers.two_tower import ModelConfig
     from model.trainer.build import build_service
     from model.trainer.loop_options import LoopOptions
@@ -152,7 +154,7 @@ def _service(settings: Any, consumer: str = "auto", fused_loss: bool = True, **l
                             delta_history_lag_s=0.0)
     service = build_service(
         settings,
-        ModelConfig(),
+        ModelConfig(attr_tokens=attr_tokens),
         TrainOptions.from_settings(settings),
         LoopOptions.from_settings(settings, consumer=consumer, **loop),
         clock=lambda: datetime.now(UTC),
@@ -182,7 +184,7 @@ def time_fits(trainer: Any) -> list[float]:
 
 def bench_e2e(
     n: int, root: Path, consumer: str = "auto", warm: int = WARM_SAMPLES,
-    fused_loss: bool = True, **loop: Any
+    fused_loss: bool = True, attr_tokens: int = 0, **loop: Any
 ) -> dict[str, float]:
     """Figures of ``run()`` with the samples consumer ``consumer`` (``LoopOptions.consumer``)
     on the ``n`` samples after the first ``warm`` of the synthetic stream (full histories;
@@ -190,7 +192,8 @@ def bench_e2e(
     ``cpu`` (examples per CPU second of this process: the samples fetch process is not
     counted), ``steady`` (examples per wall second from the first batch's start to the last
     one's end: the rate of a running trainer, exports at the default cadence included),
-    ``startup_s`` (run start to the first batch: consumer start and partition assignment)
+    with ``attr_tokens`` > 0 every item catalogued on the items topic first
+    (``bench.catalogue.catalogue_of``) and read by the trainer, ``startup_s`` (run start to the first batch: consumer start and partition assignment)
     and ``tail_s`` (the last batch's end to the run's end: the final checkpoint and
     export)."""
     from model.evaluation.synthetic import SyntheticConfig, SyntheticStream
@@ -203,11 +206,19 @@ def bench_e2e(
         stream.next()
     producer = make_producer(settings.kafka, linger_ms=50, batch_size=512 * 1024,
                              max_in_flight_requests_per_connection=5)
-    for s in stream.take(n):
+    samples = stream.take(n)
+    if attr_tokens:
+        from bench.catalogue import catalogue_of
+        from stream.items import item_record
+
+        for item in catalogue_of(sorted({s.item_id for s in samples})):
+            key, value = item_record(item)
+            producer.send(settings.kafka.items_topic, key=key, value=value)
+    for s in samples:
         producer.send(settings.kafka.samples_topic, key=s.user_id.encode(), value=encode_sample(s))
     producer.flush(timeout=300)
     producer.close()
-    service = _service(settings, consumer, fused_loss, **loop)
+    service = _service(settings, consumer, fused_loss, attr_tokens, **loop)
     service.loop = replace(service.loop, max_samples=n)
     fits = time_fits(service.trainer)
     started, cpu = time.perf_counter(), time.process_time()
@@ -338,6 +349,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="comma list of samples consumers (LoopOptions.consumer: auto, "
                              "confluent, kafka-python) timed in alternating order; the JSON "
                              "e2e figures are the first one's")
+    parser.add_argument("--e2e-attr-tokens", default="0",
+                        help="attribute keys per item of the e2e trainer, a comma list to "
+                        "alternate (e.g. 0,16: ids only against every item slot filled; "
+                        "default 0)")
     parser.add_argument("--e2e-rounds", type=int, default=1,
                         help="rounds of the e2e run per consumer (medians reported)")
     parser.add_argument("--no-fused-loss", action="store_true",
@@ -389,12 +404,16 @@ def main(argv: list[str] | None = None) -> int:
             for name, fig in cmp.items():
                 print(f"step batch 512 {name}: median {fig['median']:,} examples/s, rounds {fig['runs']}")
         if "e2e" not in skip:
-            consumers = args.e2e_consumer.split(",")
+            attrs = [int(t) for t in args.e2e_attr_tokens.split(",")]
+            variants = {(c if len(attrs) == 1 else f"{c}/attr_tokens={t}"): (c, t)
+                        for c in args.e2e_consumer.split(",") for t in attrs}
+            consumers = list(variants)
             runs: dict[str, list[dict[str, float]]] = {c: [] for c in consumers}
             for r in range(args.e2e_rounds):
                 for c in consumers if r % 2 == 0 else consumers[::-1]:
-                    fig = bench_e2e(args.e2e_samples, root, c, args.warm_samples,
-                                    fused_loss=not args.no_fused_loss)
+                    fig = bench_e2e(args.e2e_samples, root, variants[c][0], args.warm_samples,
+                                    fused_loss=not args.no_fused_loss,
+                                    attr_tokens=variants[c][1])
                     runs[c].append(fig)
                     print(f"end to end from Kafka ({c}): {fig['wall']:,.0f} examples/s "
                           f"({fig['cpu']:,.0f} per CPU second); while training "

@@ -6,7 +6,9 @@ probe asks the serving API for recommendations of simulated users; both go throu
 events/s accepted by ingest, samples/s on the ``samples`` topic, examples/s trained, the served
 model version (``+N``: with N deltas applied) and its age (of the last delta, if any), the
 trainer's rolling test-then-train Recall@10, and the serving p99 latency seen by the probe
-with the share of ``popular``/``degraded`` answers.
+with the share of ``popular``/``degraded`` answers. With attribute slots
+(``trainer.attr_tokens`` > 0) a new item is posted to the catalogue every
+``NEW_ITEM_EVERY_S`` and a line tells when serving's catalog held it, never clicked.
 """
 
 from __future__ import annotations
@@ -90,6 +92,45 @@ def _probe_loop(serving: Client, users: int, probe: Probe, stop: threading.Event
         stop.wait(0.1)
 
 
+#: Seconds between the demo's new catalogue items.
+NEW_ITEM_EVERY_S = 15.0
+#: Categories the demo's new items are drawn from.
+NEW_ITEM_CATEGORIES = ("books", "music", "garden", "toys", "kitchen")
+
+
+def _new_items_loop(ingest: Client, serving_url: str, stop: threading.Event,
+                    every_s: float = NEW_ITEM_EVERY_S, timeout_s: float = 30.0) -> None:
+    """Post a never-seen item to the catalogue every ``every_s`` and print how long until
+    serving's catalog holds it (a candidate of every request, before any click)."""
+    n = 0
+    while not stop.wait(every_s if n else 5.0):
+        n += 1
+        item = f"demo-new-{int(time.time())}-{n}"
+        category = NEW_ITEM_CATEGORIES[n % len(NEW_ITEM_CATEGORIES)]
+        t0 = time.monotonic()
+        try:
+            ingest.upsert_items([{"item_id": item, "attributes": {
+                "category": category, "tags": ["new", category]}}])
+        except StreamrecError as exc:
+            print(f"new item {item}: not posted ({exc})", flush=True)
+            continue
+        while not stop.is_set() and time.monotonic() - t0 < timeout_s:
+            try:
+                held = httpx.get(f"{serving_url}/model/items/{item}", timeout=2.0).json()
+            except (httpx.HTTPError, ValueError):
+                held = {}
+            if held.get("in_catalog"):
+                print(f"new item {item} ({category}): recommendable "
+                      f"{time.monotonic() - t0:.1f} s after POST /items, never clicked",
+                      flush=True)
+                break
+            stop.wait(0.1)
+        else:
+            if not stop.is_set():
+                print(f"new item {item}: not in serving's catalog after {timeout_s:.0f} s",
+                      flush=True)
+
+
 def _model(serving: Client) -> dict[str, Any]:
     try:
         return serving.model()
@@ -128,10 +169,18 @@ def run_demo(settings: Settings, rate: float, duration_s: float | None, users: i
     status_client = Client(None, serving, timeout_s=2.0)
     probe_thread = threading.Thread(target=_probe_loop, args=(prober, users, probe, stop),
                                     name="probe", daemon=True)
+    poster = Client(ingest, serving, api_key=key, timeout_s=5.0)
+    new_items = threading.Thread(target=_new_items_loop, args=(poster, serving, stop),
+                                 name="new-items", daemon=True)
     print(f"demo: {users} simulated users, {items} items, {rate:.0f} events/s -> {ingest}; "
           f"recommendations from {serving}; Ctrl-C stops (the stack keeps running).")
     sim_thread.start()
     probe_thread.start()
+    if settings.trainer.attr_tokens:
+        new_items.start()
+    else:
+        print("catalogue items are not in the model (trainer.attr_tokens is 0): no new-item "
+              "lines", flush=True)
     t0 = time.monotonic()
     prev: dict[str, float] = {}
     prev_t = t0
@@ -180,6 +229,9 @@ def run_demo(settings: Settings, rate: float, duration_s: float | None, users: i
         stop.set()
         sim_thread.join(timeout=5)
         probe_thread.join(timeout=5)
+        if new_items.is_alive():
+            new_items.join(timeout=5)
         prober.close()
+        poster.close()
         status_client.close()
     return 0
