@@ -133,7 +133,7 @@ def _settings(root: Path) -> Any:
             "registry_dir": root / uid / "models", "checkpoint_dir": root / uid / "ckpt",
         }),
     })
-    ensure_topics(s.kafka, [s.kafka.samples_topic, s.kafka.dlq_topic])
+    ensure_topics(s.kafka, [s.kafka.samples_topic, s.kafka.dlq_topic, s.kafka.items_topic])
     return s
 
 

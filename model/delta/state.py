@@ -244,7 +244,19 @@ class ModelState:
         out = np.empty((keys.size, self.hist_rows.shape[1]), np.float32)
         out[own] = self.hist_rows[pos[own]]
         out[~own] = attrs.default_row
-        return out + attrs.parts(keys)
+        return out + self._parts_of(keys)
+
+    @cached_property
+    def _item_parts(self) -> tuple[np.ndarray, np.ndarray]:
+        """(sorted keys of the catalog and the history rows, their attribute parts):
+        composed once per state for both (they are nearly the same items)."""
+        assert self.attributes is not None
+        keys = np.union1d(self.hist_keys, self.item_keys)
+        return keys, self.attributes.parts(keys)
+
+    def _parts_of(self, keys: np.ndarray) -> np.ndarray:
+        held, parts = self._item_parts
+        return parts[np.searchsorted(held, keys)]
 
     @cached_property
     def served_hist_rows(self) -> np.ndarray:
@@ -253,7 +265,7 @@ class ModelState:
         ``item_hist_rows``)."""
         if self.attributes is None:
             return self.hist_rows
-        return self.hist_rows + self.attributes.parts(self.hist_keys)
+        return self.hist_rows + self._parts_of(self.hist_keys)
 
     def item_vectors(self) -> np.ndarray:
         """Scoring vectors of the catalog, in its row order (``Trainer._scoring_items``)."""

@@ -19,7 +19,8 @@ def attribute_parts(tokens: np.ndarray, weights: np.ndarray, table_keys: np.ndar
     """``[n, d]`` float32: per item (a row of ``tokens`` ``[n, T]`` int64 and ``weights``
     ``[n, T]``), the sum of its tokens' rows times their weights, token by token in order.
     ``table_keys`` sorted, ``table_rows`` ``[a, d]`` theirs; a token with weight 0, or
-    without a row, adds nothing."""
+    without a row, adds nothing. One dense pass per token position (an unused entry adds
+    ``0 * row``): fancy-indexed updates of the used entries only took ~3x as long."""
     tokens = np.asarray(tokens, np.int64)
     weights = np.asarray(weights, np.float32)
     n = tokens.shape[0]
@@ -28,9 +29,10 @@ def attribute_parts(tokens: np.ndarray, weights: np.ndarray, table_keys: np.ndar
     if not n or not table_keys.size:
         return out
     pos = np.minimum(np.searchsorted(table_keys, tokens), table_keys.size - 1)
-    use = (table_keys[pos] == tokens) & (weights > 0)
-    for j in range(tokens.shape[1]):
-        m = np.flatnonzero(use[:, j])
-        if m.size:
-            out[m] += weights[m, j, None] * table_rows[pos[m, j]]
+    w = np.where((table_keys[pos] == tokens) & (weights > 0), weights, np.float32(0.0))
+    used = np.flatnonzero(w.any(axis=0))
+    term = np.empty((n, d), np.float32)
+    for j in range(int(used[-1]) + 1 if used.size else 0):
+        np.multiply(table_rows[pos[:, j]], w[:, j, None], out=term)
+        out += term
     return out

@@ -294,10 +294,13 @@ class TwoTower(tf.Module):
     def attr_compose(self, rows: tf.Tensor, plan: tuple[tf.Tensor, ...], a_rows: tf.Tensor) -> tf.Tensor:
         """``rows`` (the id rows of the plan's items) plus their attribute parts; ``a_rows``
         are the rows of the plan's distinct attribute keys."""
-        _, idx, w, owner = plan
-        part = tf.math.unsorted_segment_sum(
-            tf.gather(a_rows, idx) * w[:, None], owner, tf.shape(rows)[0]
-        )
+        uniq, idx, w, owner = plan
+        # one sparse [items, keys] x [keys, d] product (its gradient is the transposed
+        # product): no [entries, d] gather and segment sum, forward or backward
+        weights = tf.SparseTensor(
+            tf.cast(tf.stack([owner, idx], axis=1), tf.int64), w,
+            tf.cast(tf.stack([tf.shape(rows)[0], tf.size(uniq)]), tf.int64))
+        part = tf.sparse.sparse_dense_matmul(weights, tf.cast(a_rows, tf.float32))
         return rows + tf.cast(part, rows.dtype)
 
     def item_rows(self, keys: tf.Tensor) -> tf.Tensor:
