@@ -52,7 +52,7 @@ def _lineage(args: argparse.Namespace, registry: Any) -> tuple[bytes, list[bytes
 
     trainer, item_ids, train, _ = synthetic_trainer(args.users, args.items, 512,
                                                     args.attr_tokens)
-    builder = DeltaBuilder(trainer, lambda: item_ids)
+    builder = DeltaBuilder(trainer, lambda: item_ids, attr_every=args.attr_every)
     train(args.warm_samples)
     fill_tables(trainer, item_ids, args.fill)
     now = datetime.now(UTC)
@@ -146,6 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--attr-tokens", type=int, default=0,
                    help="attribute slots: every item catalogued with this many attribute keys "
                         "(bench.catalogue fills 11; default 0, ids only)")
+    p.add_argument("--attr-every", type=int, default=None,
+                   help="with --attr-tokens: the attribute rows travel with every N-th delta "
+                        "(default: trainer.delta_attr_every)")
     p.add_argument("--rate", type=int, default=2000, help="samples per delta")
     p.add_argument("--codec", choices=("float32", "float16", "bfloat16", "int8"),
                    help="row codec of the deltas sent (default: trainer.delta_codec, what "
@@ -155,6 +158,10 @@ def main(argv: list[str] | None = None) -> int:
                    "each round (before/after in one run)")
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
+    if args.attr_every is None:
+        from streamrec.settings import load_settings
+
+        args.attr_every = load_settings().trainer.delta_attr_every
     trees = 2 if args.baseline else 1
     args.deltas = int(trees * args.rounds * (args.duration + 3) / args.every) + 2
 
@@ -265,6 +272,7 @@ def main(argv: list[str] | None = None) -> int:
                 "loadavg_1m": [x["loadavg_1m"] for x in mine],
             }
     results["summary"] = summary
+    results["attr_tokens"], results["attr_every"] = args.attr_tokens, args.attr_every
     print(f"rows per delta {results['rows_per_delta']}")
     for name, cost in results["apply_ms_in_process"].items():
         print(f"apply (decode + apply + compose) in process, {name}: {cost} ms")

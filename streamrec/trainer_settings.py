@@ -57,6 +57,12 @@ class TrainerSettings(BaseModel):
         0.5, ge=0.0,
         description="Seconds between deltas on kafka.updates_topic (0 = no deltas; model/delta).",
     )
+    delta_attr_every: int = Field(
+        10, ge=1, description="With attribute slots (attr_tokens): the attribute rows the "
+        "steps moved travel with every this-many-th delta, when serving recomposes every "
+        "catalogued item's row (1 = every delta: exact at each, costlier; a new item and its "
+        "new attribute keys travel at once)."
+    )
     delta_catchup_every_s: float = Field(
         10.0, ge=0.0,
         description="Seconds between deltas while the trainer catches up (a backlog, a "

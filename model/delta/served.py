@@ -220,11 +220,10 @@ class Composer:
             self._buckets, self._bucket_rows = insert_sorted(
                 self._buckets, self._bucket_rows, at, buckets[order], added[order])
         pause()
-        if state.attributes is not None:  # attribute rows move many items' rows at once
-            touched = np.arange(n, dtype=np.int64)
-        else:
-            touched = state.catalog_rows(delta.hist_keys)
-            touched = np.union1d(touched[touched >= 0], added)
+        touched = state.catalog_rows(delta.hist_keys)
+        touched = np.union1d(touched[touched >= 0], added)
+        if state.attributes is not None and delta.attributes is not None:
+            touched = np.union1d(touched, _attributes_moved(prev, state, delta))
         self._rows = _grown(self._rows, n)
         if touched.size:
             rows = state.catalog_hist_rows(touched)
@@ -311,6 +310,24 @@ class Composer:
         """The CSR arrays over the catalog's rows from the cached pairs."""
         return pairs_csr(self._pair_codes, self._pair_values * state.covisit_scale,
                          state.item_keys.size)
+
+
+def _attributes_moved(prev: ModelState, state: ModelState, delta: Delta) -> np.ndarray:
+    """Catalog rows of ``state`` whose attribute part or default row ``delta`` changed: the
+    items whose entry changed; with rows of attribute keys the state held moved, every item
+    with attributes (an attribute key's items are many: no index of them is kept; a key new
+    to the state is only in the entries that came with it); with the default row moved, the
+    items without a history row."""
+    got, now = delta.attributes, state.attributes
+    assert got is not None and now is not None
+    rows = [state.catalog_rows(got.item_keys)]
+    before = prev.attributes
+    if got.keys.size and (before is None or np.isin(got.keys, before.keys).any()):
+        rows.append(state.catalog_rows(now.item_keys))
+    if before is None or not np.array_equal(before.default_row, now.default_row):
+        rows.append(np.flatnonzero(~np.isin(state.item_keys, state.hist_keys)))
+    out = np.unique(np.concatenate(rows))
+    return out[out >= 0]
 
 
 def _no_pause() -> None:

@@ -244,7 +244,7 @@ class ModelState:
         out = np.empty((keys.size, self.hist_rows.shape[1]), np.float32)
         out[own] = self.hist_rows[pos[own]]
         out[~own] = attrs.default_row
-        return out + self._parts_of(keys)
+        return out + self._parts_of(keys) if attrs.keys.size else out
 
     @cached_property
     def _item_parts(self) -> tuple[np.ndarray, np.ndarray]:
@@ -263,7 +263,7 @@ class ModelState:
         """The rows histories are pooled from, aligned with ``hist_keys``: the history rows,
         with attribute slots each plus its item's attribute part (a full version's
         ``item_hist_rows``)."""
-        if self.attributes is None:
+        if self.attributes is None or not self.attributes.keys.size:
             return self.hist_rows
         return self.hist_rows + self._parts_of(self.hist_keys)
 

@@ -60,12 +60,23 @@ class DeltaBuilder:
     """Tracks touched keys of a trainer and builds snapshots and deltas (module doc)."""
 
     def __init__(
-        self, trainer: Trainer, item_ids: Callable[[], Mapping[int, str]], checksums: bool = False
+        self, trainer: Trainer, item_ids: Callable[[], Mapping[int, str]], checksums: bool = False,
+        attr_every: int = 1,
     ) -> None:
         """``checksums``: every delta carries the checksum of the state it leads to (costs a
-        pass over the whole state each time; otherwise ask ``state_checksum(mirror)``)."""
+        pass over the whole state each time; otherwise ask ``state_checksum(mirror)``).
+        ``attr_every``: with attribute slots, the attribute rows the steps moved travel with
+        every this-many-th delta (``trainer.delta_attr_every``; a new attribute key's row
+        with the delta that names it): serving recomposes every attributed item's row when
+        they do."""
+        if attr_every < 1:
+            raise ValueError("attr_every must be >= 1")
         self.trainer = trainer
         self.checksums = checksums
+        self.attr_every = attr_every
+        #: Attribute keys the steps moved since their rows last travelled, and the deltas since.
+        self._attr_moved: list[np.ndarray] = []
+        self._attr_deltas = 0
         self.item_ids = item_ids
         self.mirror: ModelState | None = None
         self._users: list[np.ndarray] = []
@@ -136,18 +147,33 @@ class DeltaBuilder:
 
     def _attributes(self, items: np.ndarray | None, touched: np.ndarray) -> Attributes | None:
         """The attribute parts to send (None: no attribute slots): the entries of ``items``
-        (None: every item with attributes) and the rows of their attribute keys and of
-        those of the ``touched`` items (the rows a step moved), with the default row."""
+        (None, a snapshot: every item with attributes and the whole attribute table) with the
+        default row; the rows of the keys the ``touched`` items' steps moved travel with every
+        ``attr_every``-th delta (accumulated until then), a key the state lacks at once."""
         tr = self.trainer
         model = tr.model
         if model.attrs is None:
             return None
+        snapshot = items is None
         if items is None:
             items = np.sort(model.attributed_items())
         tokens, weights = tr.attribute_entries(items)
-        moved = tr.attribute_entries(touched) if touched.size else (tokens[:0], weights[:0])
-        keys, rows = tr.attribute_rows(np.concatenate([tokens[weights > 0],
-                                                       moved[0][moved[1] > 0]]))
+        named = tokens[weights > 0]
+        if snapshot:
+            self._attr_moved, self._attr_deltas = [], 0
+            send = named
+        else:
+            if touched.size:
+                moved, w = tr.attribute_entries(touched)
+                self._attr_moved.append(np.unique(moved[w > 0]))
+            self._attr_deltas += 1
+            held = self.mirror.attributes.keys if self.mirror and self.mirror.attributes \
+                else _I64
+            send = np.setdiff1d(named, held)
+            if self._attr_deltas >= self.attr_every:
+                send = np.concatenate([send, *self._attr_moved])
+                self._attr_moved, self._attr_deltas = [], 0
+        keys, rows = tr.attribute_rows(send)
         return Attributes(keys=keys, rows=rows, item_keys=items, tokens=tokens,
                           weights=weights.astype(np.float32),
                           default_row=tr.default_row(model.items).astype(np.float32))
@@ -364,7 +390,8 @@ class DeltaPublisher:
 
         kafka, tcfg = settings.kafka, settings.trainer
         ensure_updates_topic(kafka)
-        return cls(DeltaBuilder(trainer, item_ids), updates_producer(kafka), kafka.updates_topic,
+        return cls(DeltaBuilder(trainer, item_ids, attr_every=tcfg.delta_attr_every),
+                   updates_producer(kafka), kafka.updates_topic,
                    tcfg.model_name, tcfg.delta_codec, tcfg.delta_compress)
 
     def status(self, checksum: bool = False) -> dict[str, Any]:

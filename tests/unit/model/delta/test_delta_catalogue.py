@@ -32,7 +32,7 @@ def _rows_of(keys: np.ndarray, rows: np.ndarray, want: np.ndarray) -> np.ndarray
 def test_catalogued_items_join_and_leave_serving_through_the_deltas(tmp_path: Path) -> None:
     stream = SyntheticStream(SyntheticConfig(users=200, items=80, clusters=4,
                                              history_len=HISTORY))
-    samples = iter(stream.take(10 * BATCH))
+    samples = iter(stream.take(16 * BATCH))
     trainer = Trainer(ModelConfig(history_len=HISTORY, attr_tokens=4),
                       TrainOptions(batch_size=BATCH, eval_rows=0), tag="delta_cat")
     item_ids: dict[int, str] = {}
@@ -95,6 +95,21 @@ def test_catalogued_items_join_and_leave_serving_through_the_deltas(tmp_path: Pa
         state = apply(state, decode(encode(delta)))
         assert state_checksum(state) == delta.state_checksum
     same_as_a_version(state)
+    # attribute rows every third delta: in between serving's parts lag, then they are exact
+    builder.attr_every = 3
+    for n in range(3):
+        train(1)
+        delta = builder.delta({})
+        state = apply(state, decode(encode(delta)))
+        assert delta.attributes is not None
+        if n < 2:
+            assert not delta.attributes.keys.size
+            d = trainer.config.embedding_dim
+            full = artifact_arrays(trainer, item_ids)["item_vectors"][:, :d]
+            assert not np.array_equal(np.sort(state.artifact_arrays()["item_vectors"][:, :d],
+                                              axis=0), np.sort(full, axis=0))
+    same_as_a_version(state)
+    builder.attr_every = 1
     # what serving composes patch by patch is what it composes from scratch
     composer = Composer()
     states = [from_snapshot(decode(encode(builder.snapshot("v2", {}))))]
