@@ -12,6 +12,8 @@
 * ``sessions`` — the session-kNN part and its index of recent histories.
 * ``cold`` — what a row with no history is ranked by: the mix, the prior or all-time
   popularity alone.
+* ``attributes`` — an item's attribute part (catalogue slots), composed alike by versions,
+  deltas and serving.
 
 Numpy only: never imports TensorFlow (a test checks it).
 """

@@ -7,6 +7,7 @@
   (the train-step variants) <- ``scoring_head`` (the served score, live evaluation).
 * ``rolling`` — the rolling test-then-train figures; ``checkpoint`` — model and consumed
   offsets saved together; ``export`` — versions; ``deltas`` — the delta stream between them.
+* ``catalogue_feed`` — the ``items`` topic read for the attribute slots.
 * ``guard_rule`` — the quality guard's decisions; ``guard_publishing`` — the service's use.
 * ``service`` — the service loop (exactly once); ``loop_options`` — how it runs; ``build`` —
   the service built from settings; ``metrics`` — its metrics and HTTP server.
