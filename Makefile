@@ -7,9 +7,12 @@ SR := $(VENV)/bin/streamrec
 setup:
 	@bash deploy/setup.sh
 
+# The demo's stack reads the catalogue (attribute slots): new items are recommendable on arrival.
+DEMO_ENV := STREAMREC_TRAINER__ATTR_TOKENS=$${STREAMREC_TRAINER__ATTR_TOKENS:-16}
+
 run: setup
-	@$(SR) up
-	@$(SR) demo
+	@$(DEMO_ENV) $(SR) up
+	@$(DEMO_ENV) $(SR) demo
 
 # Tiers: the unit tests first (no services, a few minutes) and nothing else when one fails;
 # then the integration, e2e and chaos tests on the real stack. Each prints its slowest tests.
