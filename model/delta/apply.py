@@ -23,6 +23,7 @@ import numpy as np
 
 from model.delta.state import Attributes, Constants, ModelState
 from model.delta.wire import Delta, DeltaError
+from model.scoring.attributes import attribute_parts
 from model.scoring.sessions import SessionIndex
 
 _I64 = np.zeros(0, np.int64)
@@ -224,8 +225,15 @@ def _attributes(state: ModelState, delta: Delta, constants: Constants) -> Attrib
                                   got.tokens[held], gone)
     _, weights = upsert_sorted(old.item_keys, old.weights, got.item_keys[held],
                                got.weights[held], gone)
-    return Attributes(keys=keys, rows=rows, item_keys=items, tokens=tokens, weights=weights,
-                      default_row=np.asarray(got.default_row, np.float32))
+    new = Attributes(keys=keys, rows=rows, item_keys=items, tokens=tokens, weights=weights,
+                     default_row=np.asarray(got.default_row, np.float32))
+    if "item_parts" in old.__dict__ and not np.isin(got.keys, old.keys).any():
+        # no row an item read moved: the parts carry over, the changed entries' recomputed
+        # (a cached_property of a frozen dataclass: its slot is the instance dict)
+        fresh = attribute_parts(got.tokens[held], got.weights[held], keys, rows)
+        new.__dict__["item_parts"] = upsert_sorted(old.item_keys, old.item_parts,
+                                                   got.item_keys[held], fresh, gone)[1]
+    return new
 
 
 def _no_pause() -> None:

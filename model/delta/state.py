@@ -114,10 +114,22 @@ class Attributes:
             tokens[hit], weights[hit] = self.tokens[pos[hit]], self.weights[pos[hit]]
         return tokens, weights
 
+    @cached_property
+    def item_parts(self) -> np.ndarray:
+        """``[m, d]``: the attribute part of each item of ``item_keys`` (computed on first use;
+        ``model.delta.apply`` carries it to the next state, recomputing only what changed,
+        when no attribute row it read moved)."""
+        return attribute_parts(self.tokens, self.weights, self.keys, self.rows)
+
     def parts(self, item_keys: np.ndarray) -> np.ndarray:
         """``[n, d]``: the attribute parts of items (zeros without an entry)."""
-        tokens, weights = self.entries(item_keys)
-        return attribute_parts(tokens, weights, self.keys, self.rows)
+        item_keys = np.asarray(item_keys, np.int64)
+        out = np.zeros((item_keys.size, self.default_row.shape[0]), np.float32)
+        if self.item_keys.size and item_keys.size:
+            pos = np.minimum(np.searchsorted(self.item_keys, item_keys), self.item_keys.size - 1)
+            hit = self.item_keys[pos] == item_keys
+            out[hit] = self.item_parts[pos[hit]]
+        return out
 
     def has(self, item_keys: np.ndarray) -> np.ndarray:
         """bool per item: whether it has attributes."""
@@ -244,19 +256,7 @@ class ModelState:
         out = np.empty((keys.size, self.hist_rows.shape[1]), np.float32)
         out[own] = self.hist_rows[pos[own]]
         out[~own] = attrs.default_row
-        return out + self._parts_of(keys) if attrs.keys.size else out
-
-    @cached_property
-    def _item_parts(self) -> tuple[np.ndarray, np.ndarray]:
-        """(sorted keys of the catalog and the history rows, their attribute parts):
-        composed once per state for both (they are nearly the same items)."""
-        assert self.attributes is not None
-        keys = np.union1d(self.hist_keys, self.item_keys)
-        return keys, self.attributes.parts(keys)
-
-    def _parts_of(self, keys: np.ndarray) -> np.ndarray:
-        held, parts = self._item_parts
-        return parts[np.searchsorted(held, keys)]
+        return out + attrs.parts(keys) if attrs.keys.size else out
 
     @cached_property
     def served_hist_rows(self) -> np.ndarray:
@@ -265,7 +265,7 @@ class ModelState:
         ``item_hist_rows``)."""
         if self.attributes is None or not self.attributes.keys.size:
             return self.hist_rows
-        return self.hist_rows + self._parts_of(self.hist_keys)
+        return self.hist_rows + self.attributes.parts(self.hist_keys)
 
     def item_vectors(self) -> np.ndarray:
         """Scoring vectors of the catalog, in its row order (``Trainer._scoring_items``)."""

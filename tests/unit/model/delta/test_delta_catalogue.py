@@ -12,6 +12,7 @@ from feature_store.catalogue import FeatureSpec
 from model.delta import Composer, apply, compose, decode, encode, from_snapshot, state_checksum
 from model.delta.shared import map_slot, mark_writing, read_shared, write_shared
 from model.evaluation.synthetic import SyntheticConfig, SyntheticStream
+from model.scoring.attributes import attribute_parts
 from model.towers.two_tower import ModelConfig
 from model.trainer.deltas import DeltaBuilder
 from model.trainer.export import artifact_arrays
@@ -99,11 +100,19 @@ def test_catalogued_items_join_and_leave_serving_through_the_deltas(tmp_path: Pa
     builder.attr_every = 3
     for n in range(3):
         train(1)
+        catalogue([(f"late-{n}", {"genres": ["g3"], "tags": [f"late{n}"]})])
         delta = builder.delta({})
+        before = state.attributes
         state = apply(state, decode(encode(delta)))
-        assert delta.attributes is not None
+        assert delta.attributes is not None and state.attributes is not None
+        if n < 2:  # the parts carried over, the new entry's computed: as from scratch
+            assert before is not None and "item_parts" in before.__dict__
+            assert "item_parts" in state.attributes.__dict__
+            a = state.attributes
+            np.testing.assert_array_equal(a.item_parts,
+                                          attribute_parts(a.tokens, a.weights, a.keys, a.rows))
         if n < 2:
-            assert not delta.attributes.keys.size
+            assert not np.isin(delta.attributes.keys, before.keys).any()  # new keys only
             d = trainer.config.embedding_dim
             full = artifact_arrays(trainer, item_ids)["item_vectors"][:, :d]
             assert not np.array_equal(np.sort(state.artifact_arrays()["item_vectors"][:, :d],
