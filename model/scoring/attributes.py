@@ -31,8 +31,10 @@ def attribute_parts(tokens: np.ndarray, weights: np.ndarray, table_keys: np.ndar
     pos = np.minimum(np.searchsorted(table_keys, tokens), table_keys.size - 1)
     w = np.where((table_keys[pos] == tokens) & (weights > 0), weights, np.float32(0.0))
     used = np.flatnonzero(w.any(axis=0))
+    rows = np.ascontiguousarray(table_rows, np.float32)
     term = np.empty((n, d), np.float32)
     for j in range(int(used[-1]) + 1 if used.size else 0):
-        np.multiply(table_rows[pos[:, j]], w[:, j, None], out=term)
+        np.take(rows, pos[:, j], axis=0, out=term)
+        term *= w[:, j, None]
         out += term
     return out
