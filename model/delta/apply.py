@@ -25,6 +25,7 @@ from model.delta.state import Attributes, Constants, ModelState
 from model.delta.wire import Delta, DeltaError
 from model.scoring.attributes import attribute_parts
 from model.scoring.sessions import SessionIndex
+from model.scoring.sorted_keys import find_sorted
 
 _I64 = np.zeros(0, np.int64)
 
@@ -155,9 +156,7 @@ def apply(state: ModelState, delta: Delta, pause: Callable[[], None] | None = No
         check = np.union1d(added, np.intersect1d(
             np.union1d(delta.removed_hist, delta.attributes.item_keys),  # type: ignore[union-attr]
             item_keys))
-        pos = np.minimum(np.searchsorted(hist[0], check), max(hist[0].size - 1, 0))
-        own = hist[0][pos] == check if hist[0].size else np.zeros(check.size, bool)
-        if not (own | attributes.has(check)).all():
+        if not (find_sorted(hist[0], check)[1] | attributes.has(check)).all():
             raise DeltaError(f"delta {delta.seq}: a catalog item has neither a history row "
                              "nor attributes")
     pause()

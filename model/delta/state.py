@@ -29,6 +29,7 @@ from model.scoring.cold import MIX, POPULAR, popularity_scores
 from model.scoring.covisit import LOW32, pairs_csr, row_pairs
 from model.scoring.prior import served_item_vectors
 from model.scoring.sessions import SessionIndex
+from model.scoring.sorted_keys import find_sorted
 
 Layer = tuple[np.ndarray, np.ndarray, str]
 #: The session-kNN index's parameters in :attr:`Constants.sknn` (``k`` 0: all neighbours).
@@ -108,10 +109,8 @@ class Attributes:
         t = self.tokens.shape[1] if self.tokens.ndim == 2 else 0
         tokens = np.zeros((item_keys.size, t), np.int64)
         weights = np.zeros((item_keys.size, t), np.float32)
-        if self.item_keys.size and item_keys.size:
-            pos = np.minimum(np.searchsorted(self.item_keys, item_keys), self.item_keys.size - 1)
-            hit = self.item_keys[pos] == item_keys
-            tokens[hit], weights[hit] = self.tokens[pos[hit]], self.weights[pos[hit]]
+        pos, hit = find_sorted(self.item_keys, item_keys)
+        tokens[hit], weights[hit] = self.tokens[pos[hit]], self.weights[pos[hit]]
         return tokens, weights
 
     @cached_property
@@ -125,10 +124,8 @@ class Attributes:
         """``[n, d]``: the attribute parts of items (zeros without an entry)."""
         item_keys = np.asarray(item_keys, np.int64)
         out = np.zeros((item_keys.size, self.default_row.shape[0]), np.float32)
-        if self.item_keys.size and item_keys.size:
-            pos = np.minimum(np.searchsorted(self.item_keys, item_keys), self.item_keys.size - 1)
-            hit = self.item_keys[pos] == item_keys
-            out[hit] = self.item_parts[pos[hit]]
+        pos, hit = find_sorted(self.item_keys, item_keys)
+        out[hit] = self.item_parts[pos[hit]]
         return out
 
     def has(self, item_keys: np.ndarray) -> np.ndarray:
@@ -251,8 +248,7 @@ class ModelState:
         attrs = self.attributes
         if attrs is None:
             return self.hist_rows[np.searchsorted(self.hist_keys, keys)]
-        pos = np.minimum(np.searchsorted(self.hist_keys, keys), max(self.hist_keys.size - 1, 0))
-        own = (self.hist_keys[pos] == keys) if self.hist_keys.size else np.zeros(keys.size, bool)
+        pos, own = find_sorted(self.hist_keys, keys)
         out = np.empty((keys.size, self.hist_rows.shape[1]), np.float32)
         out[own] = self.hist_rows[pos[own]]
         out[~own] = attrs.default_row

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from model.scoring.sorted_keys import find_sorted
+
 
 def attribute_parts(tokens: np.ndarray, weights: np.ndarray, table_keys: np.ndarray,
                     table_rows: np.ndarray) -> np.ndarray:
@@ -28,8 +30,8 @@ def attribute_parts(tokens: np.ndarray, weights: np.ndarray, table_keys: np.ndar
     out = np.zeros((n, d), np.float32)
     if not n or not table_keys.size:
         return out
-    pos = np.minimum(np.searchsorted(table_keys, tokens), table_keys.size - 1)
-    w = np.where((table_keys[pos] == tokens) & (weights > 0), weights, np.float32(0.0))
+    pos, found = find_sorted(table_keys, tokens)
+    w = np.where(found & (weights > 0), weights, np.float32(0.0))
     used = np.flatnonzero(w.any(axis=0))
     rows = np.ascontiguousarray(table_rows, np.float32)
     term = np.empty((n, d), np.float32)

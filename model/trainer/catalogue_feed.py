@@ -6,7 +6,8 @@ a vector before anybody clicks it, reaching serving with the next delta. :class:
 reads the whole ``items`` topic from its beginning at every start (a catalogue is small next
 to the events, and the topic is what the catalogue *is*: no offsets to keep), checks each
 record as the feature job does (``stream.items.parse_item_record``) and keeps, per item, the
-newest record by ``ts`` (only-if-newer, as the online store keeps it; a delete wins a tie).
+record the online store keeps (``feature_store/FORMAT.md``): an older ``ts`` is skipped, and
+of two with the same ``ts`` the later in the topic wins.
 The training thread takes what arrived (:meth:`CatalogueFeed.take`) between chunks: the TF
 tables are written on that thread only, and an error that stopped the feed is raised there
 (the trainer stops, as on a failed samples fetch). A record that does not check is counted
@@ -40,8 +41,8 @@ class CatalogueFeed:
         self.poll_timeout_s = poll_timeout_s
         self._lock = threading.Lock()
         self._pending: dict[str, dict[str, Any]] = {}
-        #: Newest ``(ts, deleted)`` applied per item id (only-if-newer).
-        self._newest: dict[str, tuple[int, bool]] = {}
+        #: Newest ``ts`` kept per item id (only-if-newer).
+        self._newest: dict[str, int] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         #: Records read, and those that did not check.
@@ -85,16 +86,16 @@ class CatalogueFeed:
                 self.rejected += 1
                 log.warning("catalogue record skipped: %s", exc)
                 continue
-            key = (item["ts"], item["deleted"])
             with self._lock:
-                if key <= self._newest.get(item["item_id"], (-1, False)):
+                if item["ts"] < self._newest.get(item["item_id"], -1):
                     continue
-                self._newest[item["item_id"]] = key
+                self._newest[item["item_id"]] = item["ts"]
+                self._pending.pop(item["item_id"], None)  # arrival order: the latest's
                 self._pending[item["item_id"]] = item
 
     def take(self) -> list[dict[str, Any]]:
-        """The records that arrived since the last call (one per item, the newest), in
-        arrival order of their items; raises what stopped the feed's thread."""
+        """The records kept since the last call (one per item), in the order their latest
+        arrived; raises what stopped the feed's thread."""
         if self.error is not None:
             raise self.error
         with self._lock:

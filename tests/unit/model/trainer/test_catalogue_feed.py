@@ -14,7 +14,7 @@ def _record(item_id: str, ts: int, deleted: bool = False, **attributes: object) 
                          "deleted": deleted})
 
 
-def test_the_feed_keeps_each_items_newest_record_and_skips_bad_ones() -> None:
+def test_the_feed_keeps_what_the_online_store_keeps_and_skips_bad_ones() -> None:
     feed = CatalogueFeed(lambda: None, FeatureSpec())
     feed.offer([
         _record("a", 10, category="x"),
@@ -22,7 +22,7 @@ def test_the_feed_keeps_each_items_newest_record_and_skips_bad_ones() -> None:
         _record("a", 7, category="old"),  # older than what came: ignored
         b"{not json",
         _record("c", 1, colour="red"),  # not an attribute of the spec
-        _record("b", 5, deleted=True),  # a delete wins a tie
+        _record("b", 5, deleted=True),  # the same ts: the later record wins
     ])
     got = {it["item_id"]: it for it in feed.take()}
     assert set(got) == {"a", "b"}
@@ -32,6 +32,8 @@ def test_the_feed_keeps_each_items_newest_record_and_skips_bad_ones() -> None:
     assert feed.take() == []
     feed.offer([_record("a", 10, category="x"), _record("a", 11, category="z")])
     assert [it["attributes"] for it in feed.take()] == [{"category": "z"}]
+    feed.offer([_record("b", 5, category="back")])  # a tie again: the upsert after the delete
+    assert [(it["item_id"], it["deleted"]) for it in feed.take()] == [("b", False)]
 
 
 def test_a_feed_that_cannot_read_raises_on_the_training_thread() -> None:
