@@ -115,6 +115,7 @@ def summarise(log: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
         "peak_rss_mb": max(r["peak_rss_mb"] for r in runs),
         "score_weights": [r["doc"].get("score_weights") for r in runs],
         "history_groups": [r["doc"].get("history_groups") for r in runs],
+        "item_groups": [r["doc"].get("item_groups") for r in runs],
     }
 
 

@@ -133,6 +133,11 @@ def register(sub: Any) -> None:
                    help="per history size (1-4, 5+ items), serve the scales of the neighbour "
                    "parts' learnt weights that have ranked best (model.scoring.selector; "
                    "default: ModelConfig, on)")
+    g.add_argument("--rare-select", action=argparse.BooleanOptionalAction, default=None,
+                   help="serve the scales of the towers' part on rarely chosen items (never "
+                   "chosen, 1-4 positives so far) that have ranked best "
+                   "(model.scoring.rarity; default: ModelConfig, on with attribute slots: "
+                   "--items without --no-slots)")
     g.add_argument("--covisit-window", type=int, default=None, help="default: ModelConfig")
     g.add_argument("--covisit-decay", type=float, default=None, help="default: ModelConfig")
     g.add_argument(
@@ -296,6 +301,7 @@ def _handle(args: argparse.Namespace) -> int:
     doc["config"] = run_config(args, settings)
     doc["score_weights"] = args.score_weights
     doc["history_groups"] = args.history_groups
+    doc["item_groups"] = args.item_groups
     if args.retrieval == "ann":
         # how much of the catalogue the two stages scored per event (the rest: left out)
         doc["retrieval_share"] = round(args.retrieval_share, 4)
@@ -312,6 +318,12 @@ def _handle(args: argparse.Namespace) -> int:
         print("scales of the learned weights per history size (co-visitation, session-kNN): "
               + ", ".join(f"{name} items {a:g}, {b:g}" for name, (a, b) in
                           zip(names, args.history_groups["scales"], strict=True)))
+    if args.item_groups:
+        print("scales of the towers' part on rare items: " + ", ".join(
+            f"{s} positives {x:g}" if s + 1 == e else f"{s}-{e - 1} positives {x:g}"
+            for s, e, x in zip(args.item_groups["starts"],
+                               [*args.item_groups["starts"][1:], args.item_groups["below"]],
+                               args.item_groups["scales"], strict=True)))
     if args.retrieval == "ann":
         print(f"retrieval ann: each event ranked over {100 * args.retrieval_share:.1f}% of the "
               "items the model has a row for, on average")
@@ -397,6 +409,7 @@ def _run_in(args: argparse.Namespace, settings: Any, stream: Any, stack: Any) ->
             mix=cfg["mix"],
             mix_lr=cfg["mix_lr"],
             mix_select=cfg["mix_select"],
+            rare_select=cfg["rare_select"],
             covisit_window=cfg["covisit_window"],
             covisit_decay=cfg["covisit_decay"],
             covisit_half_life=cfg["covisit_half_life"],
@@ -496,6 +509,7 @@ def _run_in(args: argparse.Namespace, settings: Any, stream: Any, stack: Any) ->
         result = evaluate(stream, learners, options, progress)
         args.score_weights = trainer.mixer.as_dict()
         args.history_groups = trainer.history_groups()
+        args.item_groups = trainer.item_groups()
         args.retrieval_share = model.retrieval_share
         if args.codecs:
             args.codec_bytes, args.codec_deltas = rows.bytes, rows.deltas

@@ -28,6 +28,7 @@ def run_config(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
         "retrieval": getattr(args, "retrieval", "exact"),
         "mix_lr": _default(args.mix_lr, "mix_lr"),
         "mix_select": bool(_default(args.mix_select, "mix_select")),
+        "rare_select": _default(getattr(args, "rare_select", None), "rare_select"),
         "covisit_window": _default(args.covisit_window, "covisit_window"),
         "covisit_decay": _default(args.covisit_decay, "covisit_decay"),
         "covisit_half_life": _default(args.covisit_half_life, "covisit_half_life"),

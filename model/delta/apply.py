@@ -194,7 +194,8 @@ def apply(state: ModelState, delta: Delta, pause: Callable[[], None] | None = No
         created_at=delta.created_at or state.created_at, cold_start=delta.cold_start,
         sessions=sessions,
         sessions_weight=delta.sessions_weight if delta.carries_sessions else state.sessions_weight,
-        history_groups=delta.history_groups, attributes=attributes,
+        history_groups=delta.history_groups, item_groups=delta.item_groups,
+        attributes=attributes,
     )
     if not removed:
         seed_catalog_index(new, state, added)

@@ -244,7 +244,8 @@ class Composer:
         log_q = state.log_q_of_base(self._base[:n]) if c.score_bias else None
         vectors = served_item_vectors(item_rows, log_q, normalize=False,
                                       tower_weight=state.weights[0],
-                                      prior_weight=state.weights[1], temperature=c.temperature)
+                                      prior_weight=state.weights[1], temperature=c.temperature,
+                                      item_scale=state.item_scales(self._count[:n]))
         if np.shares_memory(vectors, self._rows):
             vectors = vectors.copy()  # the cache is rewritten next delta; the served is not
         pause()

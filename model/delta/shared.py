@@ -113,6 +113,8 @@ def write_shared(f: BinaryIO, state: ModelState, artifact: ServingArtifact,
         meta["sessions_weight"] = float(state.sessions_weight)
     if state.history_groups is not None:
         meta["history_groups"] = dict(state.history_groups)
+    if state.item_groups is not None:
+        meta["item_groups"] = dict(state.item_groups)
     specs: list[dict[str, Any]] = []
     contiguous: dict[str, np.ndarray] = {}
     at = 0
@@ -198,6 +200,7 @@ def read_shared(buf: Any, gen: int, previous: ServingArtifact | None = None,
             cold_start=str(meta.get("cold_start", "mix")),
             sessions=sessions, sessions_weight=float(meta.get("sessions_weight", 0.0)),
             history_groups=meta.get("history_groups"),
+            item_groups=meta.get("item_groups"),
             attributes=(Attributes(**{n: arrays[f"attr_{n}"] for n in _ATTRIBUTES})
                         if constants.attr_tokens else None),
             **{name: arrays[name] for name in STATE_ARRAYS},

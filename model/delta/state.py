@@ -28,6 +28,7 @@ from model.scoring.attributes import attribute_parts
 from model.scoring.cold import MIX, POPULAR, popularity_scores
 from model.scoring.covisit import LOW32, pairs_csr, row_pairs
 from model.scoring.prior import served_item_vectors
+from model.scoring.rarity import scales_of
 from model.scoring.sessions import SessionIndex
 from model.scoring.sorted_keys import find_sorted
 
@@ -178,6 +179,8 @@ class ModelState:
     #: Per history group, the neighbour parts' scales (the artifact's ``history_groups``
     #: entry, ``model.scoring.selector``; None: the weights alone).
     history_groups: Mapping[str, Any] | None = None
+    #: The towers' scales on rarely chosen items (``model.scoring.rarity``; None: 1).
+    item_groups: Mapping[str, Any] | None = None
     #: The item attribute parts (``constants.attr_tokens`` > 0; else None).
     attributes: Attributes | None = None
 
@@ -269,7 +272,15 @@ class ModelState:
         log_q = self.log_q(self.item_keys) if c.score_bias else None
         return served_item_vectors(self.catalog_hist_rows(), log_q, normalize=c.normalize,
                                    tower_weight=self.weights[0], prior_weight=self.weights[1],
-                                   temperature=c.temperature)
+                                   temperature=c.temperature, item_scale=self.item_scales())
+
+    def item_scales(self, counts: np.ndarray | None = None) -> np.ndarray | None:
+        """The towers' scale of each catalog item (``model.scoring.rarity``, by its all-time
+        positives, or by ``counts`` given in catalog order); None: 1 for every item."""
+        if self.item_groups is None:
+            return None
+        return scales_of(self.item_groups,
+                         self.prior_count_of(self.item_keys) if counts is None else counts)
 
     def covisit_csr(self, pause: Callable[[], None] | None = None
                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -342,6 +353,8 @@ def state_checksum(state: ModelState) -> str:
         put(state.item_popularity()[order])
     if state.history_groups is not None:
         h.update(json.dumps(state.history_groups, sort_keys=True).encode())
+    if state.item_groups is not None:
+        h.update(json.dumps(state.item_groups, sort_keys=True).encode())
     if state.attributes is not None:
         a = state.attributes
         for arr in (a.keys, a.rows, a.item_keys, a.tokens, a.weights, a.default_row):

@@ -33,6 +33,7 @@ from model.artifact.sessions import ARRAY_NAMES as SESSION_ARRAYS
 from model.delta.state import Attributes, Constants, Layer
 from model.errors import ModelError
 from model.scoring.cold import CHOICES, MIX
+from model.scoring.rarity import check_item_groups
 
 MAGIC = b"SRD1"
 #: The snapshot (``seq == 0``) of a full version's lineage, beside its artifact files.
@@ -190,6 +191,9 @@ class Delta:
     #: entry, ``model.scoring.selector``; None: the weights alone). Every record carries the
     #: trainer's current entry.
     history_groups: Mapping[str, Any] | None = None
+    #: The towers' scales on rarely chosen items (``model.scoring.rarity.item_groups_entry``;
+    #: None: 1 for every item). Every record carries the trainer's current entry.
+    item_groups: Mapping[str, Any] | None = None
     #: With attribute slots (``constants.attr_tokens``): the attribute rows and item
     #: entries that changed, and the default item row (every record of such a lineage).
     attributes: Attributes | None = None
@@ -230,6 +234,8 @@ def encode(delta: Delta, codec: str = "float32", *, compress: bool = False) -> b
         arrays[f"layer_{i}_w"], arrays[f"layer_{i}_b"] = w, b
     if delta.history_groups is not None:
         meta["history_groups"] = dict(delta.history_groups)
+    if delta.item_groups is not None:
+        meta["item_groups"] = dict(delta.item_groups)
     if delta.attributes is not None:
         a = delta.attributes
         for part, arr in encode_rows(a.rows, codec).items():
@@ -286,6 +292,7 @@ def decode(record: bytes) -> Delta:
             state_checksum=str(meta.get("state_checksum", "")), extra=meta.get("extra", {}),
             cold_start=_cold_start(meta.get("cold_start", MIX)),
             history_groups=_history_groups(meta.get("history_groups")),
+            item_groups=_item_groups(meta.get("item_groups")),
             attributes=_attributes(arrays, codec),
             **_sessions(meta, arrays),
         )
@@ -351,6 +358,14 @@ def _history_groups(entry: Any) -> dict[str, Any] | None:
     if entry is None:
         return None
     check_history_groups(entry, "delta: ")
+    return dict(entry)
+
+
+def _item_groups(entry: Any) -> dict[str, Any] | None:
+    """The record's ``item_groups`` entry, checked (``model.scoring.rarity``)."""
+    if entry is None:
+        return None
+    check_item_groups(entry, "delta: ")
     return dict(entry)
 
 

@@ -181,7 +181,7 @@ class TwoTowerLearner:
         users = trainer.tower_users(train_batch.user_keys, train_batch.history)
         parts = trainer.score_parts(users, tower, log_q, train_batch.history, keys,
                                     train_batch.user_keys)
-        mixed = trainer.mixer.score(trainer.selected_parts(parts, train_batch.history))
+        mixed = trainer.mixer.score(trainer.selected_parts(parts, train_batch.history, keys))
         at = np.full(out.shape[1], -1, np.int64)
         at[cols] = np.arange(cols.size)
         target = np.array([at[p.item] if p.item < at.size else -1 for p in batch])
@@ -201,7 +201,7 @@ class TwoTowerLearner:
         out[:, cols] = mixed
         self._parts = (batch, dict(zip(trainer.mixer.names, parts, strict=True)), cols,
                        out.shape[1])
-        trainer.learn_selection(learn, target, train_batch.history)
+        trainer.learn_selection(learn, target, train_batch.history, keys)
         trainer.learn_mix(learn, target)
         return out
 
@@ -224,7 +224,8 @@ class TwoTowerLearner:
         tower_w, prior_w, _ = trainer.score_weights()
         # the served vectors and queries (``tower`` is already normalised, over T)
         served = served_item_vectors(tower, log_q, normalize=False, tower_weight=tower_w,
-                                     prior_weight=prior_w, temperature=1.0)
+                                     prior_weight=prior_w, temperature=1.0,
+                                     item_scale=trainer.item_scales(keys))
         queries = user_scoring_vectors(users, trainer.config.prior_weight)
         vectors = np.zeros((n_candidates, served.shape[1]), np.float32)
         vectors[cols] = served

@@ -9,6 +9,8 @@
 * ``attention`` — the attention user tower in numpy (the served twin of the TF one).
 * ``mixer`` — the learned weights of the score's parts.
 * ``selector`` — per history size, the scales of the neighbour parts' weights that hit most.
+* ``rarity`` — per item count group (never chosen, 1-4 positives), the towers' scale that hits
+  most, folded into the served item vectors.
 * ``sessions`` — the session-kNN part and its index of recent histories.
 * ``cold`` — what a row with no history is ranked by: the mix, the prior or all-time
   popularity alone.

@@ -56,15 +56,18 @@ def normalized_rows(rows: np.ndarray) -> np.ndarray:
 
 def served_item_vectors(
     rows: np.ndarray, log_q: np.ndarray | None, *, normalize: bool, tower_weight: float,
-    prior_weight: float, temperature: float,
+    prior_weight: float, temperature: float, item_scale: np.ndarray | None = None,
 ) -> np.ndarray:
     """The served scoring vectors of items from their table ``rows``: L2-normalised (with
-    ``normalize``), times the towers' weight of the mix, then the prior's dimension when
-    the model has one (``log_q`` not None; a mix that switched the prior off keeps the
-    dimension, at 0). One rule for a full version (``Trainer.item_vectors``) and the state
-    deltas build (``model.delta``)."""
+    ``normalize``), times each item's towers' scale (``item_scale`` ``[N]`` float32, the
+    rare items' of ``model.scoring.rarity``; None: 1), times the towers' weight of the mix,
+    then the prior's dimension when the model has one (``log_q`` not None; a mix that
+    switched the prior off keeps the dimension, at 0). One rule for a full version
+    (``Trainer.item_vectors``) and the state deltas build (``model.delta``)."""
     if normalize and rows.size:
         rows = normalized_rows(rows)
+    if item_scale is not None:
+        rows = np.asarray(rows, np.float32) * np.asarray(item_scale, np.float32)[:, None]
     if log_q is None:
         if tower_weight != 1.0:
             rows = rows * tower_weight

@@ -115,6 +115,12 @@ class ModelConfig:
     #: parts' learnt weights that have ranked best (``model.scoring.selector``; learned mix
     #: only). Why: the real-log panel, docs/decisions.md#mix-selector.
     mix_select: bool = True
+    #: Serve the scales of the towers' part on rarely chosen items (never chosen; 1-4
+    #: positives so far) that have ranked best (``model.scoring.rarity``; learned mix only).
+    #: None: on with attribute slots (``attr_tokens`` > 0), off with ids only. Why (the
+    #: catalogue's rare items gain, the real-log panel of ids-only logs does not):
+    #: docs/decisions.md#item-attributes.
+    rare_select: bool | None = None
     #: "pool": the user tower reads the history through its recency pool alone. "attention":
     #: it also reads the output of a small causal Transformer over the last ``attention_len``
     #: items (``model.towers.attention``; MLP input ``concat(user row, attention, pool)``, the

@@ -206,6 +206,7 @@ class DeltaBuilder:
             "default_user_row": tr.default_row(tr.model.users),
             "sessions_weight": tr.sknn_weight(),
             "history_groups": tr.history_groups(),
+            "item_groups": tr.item_groups(),
         }
 
     def _constants(self) -> Constants:

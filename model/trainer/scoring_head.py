@@ -20,6 +20,7 @@ from model.scoring.cold import MIX, POPULAR, PRIOR, ColdStart, no_history
 from model.scoring.covisit import term as covisit_term
 from model.scoring.mixer import ScoreMixer
 from model.scoring.prior import served_item_vectors
+from model.scoring.rarity import RareSelector
 from model.scoring.selector import MixSelector, dense_cells, history_counts, join_cells
 from model.scoring.sessions import part as sknn_part
 from model.trainer.rolling import Evaluator
@@ -44,6 +45,7 @@ class ScoringHead(TrainerStep):
     mixer: ScoreMixer
     cold: ColdStart
     selector: MixSelector | None
+    rarity: RareSelector | None
     _mix_rng: np.random.Generator
     _eval_pool: ThreadPoolExecutor | None
     _eval_pending: deque[Future[None]]
@@ -82,6 +84,19 @@ class ScoringHead(TrainerStep):
         return history_groups_entry({"window": self.config.window,
                                      "starts": list(self.selector.starts),
                                      "scales": self.selector.scales()})
+
+    def item_groups(self) -> dict[str, Any] | None:
+        """The towers' scales served on rarely chosen items as the delta stream's
+        ``item_groups`` entry (``model.scoring.rarity``; None: none, or every scale 1)."""
+        return None if self.rarity is None else self.rarity.entry()
+
+    def item_scales(self, keys: np.ndarray) -> np.ndarray | None:
+        """float32 ``[N]``: the towers' scale served for each item of ``keys`` by its
+        all-time positives so far (``model.scoring.rarity``; None: 1 for every item)."""
+        if self.rarity is None or self.rarity.entry() is None:
+            return None
+        counts = self.cold.counts
+        return self.rarity.item_scales(counts.of_buckets(counts.bucket(keys)))
 
     def item_parts(self) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """(keys, item side of the towers' part, log q or None) of every known item."""
@@ -144,35 +159,60 @@ class ScoringHead(TrainerStep):
         return rows, {PRIOR: np.where(candidate, prior, -np.inf),
                       POPULAR: np.where(candidate, popular, -np.inf)}
 
-    def selected_parts(self, parts: list[np.ndarray], history: np.ndarray) -> list[np.ndarray]:
+    def selected_parts(self, parts: list[np.ndarray], history: np.ndarray,
+                       item_keys: np.ndarray | None = None) -> list[np.ndarray]:
         """``[B, N]`` parts (:meth:`score_parts`) with the neighbour parts times each row's
-        scales of the selector's leaders (``model.scoring.selector``): the mix of these is
-        the served score; ``parts`` themselves without a selector."""
-        if self.selector is None:
-            return parts
-        scale = self.selector.row_scales(history_counts(history))
-        return [np.asarray(f) * scale[:, SCALED[name]:SCALED[name] + 1] if name in SCALED
-                else f for name, f in zip(self.mixer.names, parts, strict=True)]
+        scales of the selector's leaders (``model.scoring.selector``) and the towers' part
+        times each column's scale of the rare items' leaders (``model.scoring.rarity``;
+        ``item_keys``: the columns' items): the mix of these is the served score."""
+        out = list(parts)
+        if self.selector is not None:
+            scale = self.selector.row_scales(history_counts(history))
+            out = [np.asarray(f) * scale[:, SCALED[name]:SCALED[name] + 1] if name in SCALED
+                   else f for name, f in zip(self.mixer.names, out, strict=True)]
+        items = None if item_keys is None else self.item_scales(item_keys)
+        if items is not None:
+            out[0] = np.asarray(out[0]) * items[None, :]
+        return out
 
     def learn_selection(self, parts: list[np.ndarray], target_pos: np.ndarray,
-                        history: np.ndarray) -> None:
-        """Sum the selector's variants' gains on scored rows (dense ``parts`` in
+                        history: np.ndarray, item_keys: np.ndarray | None = None) -> None:
+        """Sum the selectors' variants' gains on scored rows (dense ``parts`` in
         :attr:`mixer` order, before the model learns them; ``-inf`` in the first: not a
-        candidate); a no-op without a selector."""
-        if self.selector is None:
-            return
+        candidate): the history groups' (``model.scoring.selector``) with the towers' part
+        at its served scales, the rare items' (``model.scoring.rarity``; ``item_keys``:
+        the columns' items) with the neighbour parts at theirs."""
         names, weights = self.mixer.names, self.mixer.weights
         first = np.asarray(parts[0])
-        base = np.zeros(first.shape, np.float64)
+        counts = history_counts(history)
+        tower = float(weights[0]) * np.where(np.isfinite(first), first, 0.0)
+        items = None if item_keys is None else self.item_scales(item_keys)
+        rest = np.zeros(first.shape, np.float64)
         cells: dict[int, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {0: [], 1: []}
-        for name, w, f in zip(names, weights, parts, strict=True):
+        for name, w, f in zip(names[1:], weights[1:], parts[1:], strict=True):
             if name in SCALED:
                 cells[SCALED[name]].append(dense_cells(f, float(w)))
             else:
-                base += w * np.where(np.isfinite(f), f, 0.0)
-        base[~np.isfinite(first)] = -np.inf
-        self.selector.observe(base, join_cells(cells[0]), join_cells(cells[1]), target_pos,
-                              history_counts(history))
+                rest += w * np.where(np.isfinite(f), f, 0.0)
+        rest[~np.isfinite(first)] = -np.inf
+        if self.selector is not None:
+            served_tower = tower if items is None else tower * items[None, :]
+            self.selector.observe(rest + served_tower, join_cells(cells[0]),
+                                  join_cells(cells[1]), target_pos, counts)
+        if self.rarity is not None and item_keys is not None:
+            neighbours = rest.copy()
+            if self.selector is not None:
+                scale = self.selector.row_scales(counts)
+                for column, part_cells in cells.items():
+                    r, c, v = join_cells(part_cells)
+                    np.add.at(neighbours, (r, c), v * scale[r, column])
+            else:
+                for part_cells in cells.values():
+                    r, c, v = join_cells(part_cells)
+                    np.add.at(neighbours, (r, c), v)
+            cold = self.cold.counts
+            self.rarity.observe(neighbours, tower, cold.of_buckets(cold.bucket(item_keys)),
+                                target_pos)
 
     def learn_mix(self, parts: list[np.ndarray], target_pos: np.ndarray) -> None:
         """One step of the learned mix on scored rows (before the model learns them)."""
@@ -209,14 +249,19 @@ class ScoringHead(TrainerStep):
         target_pos = ev.positions(head.item_keys)
         tower = vectors @ ev.candidate_tower.T
         w = self.mixer.as_dict()
-        score = tower * np.float32(w["tower"])
+        # the towers' part at each candidate's served scale (model.scoring.rarity)
+        items = self.item_scales(keys)
+        tower_w = (np.float32(w["tower"]) if items is None
+                   else np.float32(w["tower"]) * items[None, :])
+        score = tower * tower_w
         if "prior" in w and ev.candidate_log_q is not None:
             score += np.float32(w["prior"]) * ev.candidate_log_q[None, :]
         # per history group, the neighbour parts' weights scaled (model.scoring.selector),
         # the variants ranked on every SELECT_EVERY-th head
         select = self.selector
         counts = history_counts(history)
-        observe = select is not None and self._heads_scored % SELECT_EVERY == 0
+        observe = ((select is not None or self.rarity is not None)
+                   and self._heads_scored % SELECT_EVERY == 0)
         self._heads_scored += 1
         base = score.copy() if observe else None
         scale = None if select is None else select.row_scales(counts).astype(np.float32)
@@ -261,6 +306,10 @@ class ScoringHead(TrainerStep):
         if observe and select is not None and base is not None:
             select.observe(base, join_cells(weighted[0]), join_cells(weighted[1]), target_pos,
                            counts)
+        if observe and self.rarity is not None:
+            cold_counts = self.cold.counts
+            self.rarity.observe(score - tower * tower_w, np.float32(w["tower"]) * tower,
+                                cold_counts.of_buckets(cold_counts.bucket(keys)), target_pos)
         log_q = ev.candidate_log_q
         cold = np.zeros(0, np.int64)
         if self._cold_applies and log_q is not None:
@@ -336,6 +385,7 @@ class ScoringHead(TrainerStep):
         return keys, served_item_vectors(
             rows, log_q, normalize=self.config.normalize, tower_weight=tower_w,
             prior_weight=prior_w, temperature=self.config.temperature,
+            item_scale=self.item_scales(keys),
         )
 
     def _refresh_candidates(

@@ -136,6 +136,12 @@ class TrainerService:
                 self.trainer.selector.load_state(select)
             except ValueError as exc:  # other parts or scales since: counts begin again
                 log.warning("mix selector state not restored (%s); counting afresh", exc)
+        rare = {k[len("rare_"):]: v for k, v in restored.arrays.items() if k.startswith("rare_")}
+        if rare and self.trainer.rarity is not None:
+            try:
+                self.trainer.rarity.load_state(rare)
+            except ValueError as exc:  # other scales since: counts begin again
+                log.warning("rare-item selector state not restored (%s); counting afresh", exc)
         self.metrics.samples_total.set(self.state.samples_trained)
         self.metrics.consumed_offsets.set(sum(self.state.offsets.values()))
         log.info(
@@ -164,6 +170,8 @@ class TrainerService:
                 **{f"cold_{k}": v for k, v in self.trainer.cold.state().items()},
                 **({f"select_{k}": v for k, v in self.trainer.selector.state().items()}
                    if self.trainer.selector is not None else {}),
+                **({f"rare_{k}": v for k, v in self.trainer.rarity.state().items()}
+                   if self.trainer.rarity is not None else {}),
             },
         )
 

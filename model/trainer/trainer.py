@@ -23,6 +23,7 @@ import numpy as np
 from model.scoring.cold import ColdStart
 from model.scoring.covisit import CoVisitation
 from model.scoring.mixer import ScoreMixer
+from model.scoring.rarity import RareSelector
 from model.scoring.selector import ITEM_SCALES, SKNN_SCALES, MixSelector
 from model.scoring.sessions import SessionIndex
 from model.towers.frequency import CountFrequencyEstimator
@@ -72,6 +73,15 @@ def _selector(config: ModelConfig, covisit: bool, sessions: bool) -> MixSelector
         return None
     return MixSelector(item_scales=ITEM_SCALES if covisit else (1.0,),
                        sknn_scales=SKNN_SCALES if sessions else (1.0,))
+
+
+def _rarity(config: ModelConfig) -> RareSelector | None:
+    """The towers' scales on rarely chosen items (None: a fixed mix, or
+    ``config.rare_select`` off; unset: on with attribute slots)."""
+    on = config.attr_tokens > 0 if config.rare_select is None else config.rare_select
+    if config.mix != "learned" or not on:
+        return None
+    return RareSelector()
 
 
 def _adagrad(lr: float) -> Any:
@@ -146,6 +156,8 @@ class Trainer(ScoringHead):
         #: Per history size, the scales of the neighbour parts' weights served
         #: (``model.scoring.selector``); None: the learnt weights for every row.
         self.selector = _selector(config, self.covisit is not None, self.sessions is not None)
+        #: The towers' scales on rarely chosen items (``model.scoring.rarity``); None: 1.
+        self.rarity = _rarity(config)
         self._mix_rng = np.random.default_rng(config.seed)
         single = self._dedup_step if opts.dedup_lookups else self._single_step
         self._step_fn = tf.function(single, input_signature=STEP_SIGNATURE)

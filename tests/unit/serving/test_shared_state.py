@@ -34,6 +34,7 @@ from tests.support import free_port, wait_until
 from tests.unit.model.delta.test_delta import CREATED, shared_lineage
 from tests.unit.model.delta.test_delta_compose import _assert_same
 from tests.unit.model.delta.test_delta_groups import GROUPS
+from tests.unit.model.delta.test_delta_rarity import ITEMS
 from tests.unit.serving.test_serving_deltas import Seeks, _publish
 
 
@@ -56,7 +57,8 @@ def test_a_shared_state_maps_back_bit_for_bit(records: list[bytes], tmp_path: Pa
     for n, record in enumerate([None, *records[1:]]):
         if record is not None:  # each cold start in turn: "popular" shares its scores too
             delta = replace(decode(record), cold_start=("mix", "prior", "popular")[n % 3],
-                            history_groups=GROUPS if n % 2 else None)
+                            history_groups=GROUPS if n % 2 else None,
+                            item_groups=ITEMS if n % 2 == 0 else None)
             state = apply(state, delta)
             artifact = composer.compose(state, delta)
         mark_writing(f)
@@ -69,6 +71,7 @@ def test_a_shared_state_maps_back_bit_for_bit(records: list[bytes], tmp_path: Pa
         _assert_same(served, artifact)
         assert served.cold_start == state.cold_start
         assert served.manifest.get("history_groups") == state.history_groups
+        assert mapped.item_groups == state.item_groups
         assert (served.item_popularity is not None) == (state.cold_start == "popular")
         assert not served.user_rows.flags.writeable
         previous = served

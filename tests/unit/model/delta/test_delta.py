@@ -79,7 +79,8 @@ class Run:
         self.samples = iter(stream.take(40 * BATCH))
         self.keys = KeyCache()
         self.trainer = Trainer(
-            ModelConfig(history_len=HISTORY, sknn_weight=1.0, sknn_max_sessions=150),
+            ModelConfig(history_len=HISTORY, sknn_weight=1.0, sknn_max_sessions=150,
+                        rare_select=True),
             TrainOptions(batch_size=BATCH, eval_rows=32, eval_refresh_steps=3,
                          evict_every_steps=4, max_user_rows=250, max_item_rows=200),
             tag="delta",
