@@ -492,6 +492,8 @@ class TrainerService:
                 "mix": self.trainer.config.mix,
                 "score_weights": self.trainer.mixer.as_dict(),
                 "cold_start": self.trainer.cold_start(),
+                # the towers' scales baked into this version's rare items (model.scoring.rarity)
+                "item_groups": self.trainer.item_groups(),
             },
         }
         files = None

@@ -19,6 +19,7 @@ import pytest
 
 from model.artifact.registry import Registry
 from model.evaluation.synthetic import SyntheticConfig, SyntheticStream
+from model.scoring.rarity import check_item_groups
 from streamrec.settings import Settings
 from tests.support import free_port, produce_samples, repo_root, stop_process, wait_until
 
@@ -254,3 +255,9 @@ def test_a_catalogued_item_reaches_serving_before_its_first_click(
         return s["seq"] == t["seq"] and s["state_checksum"] == t["state_checksum"]
 
     wait_until(converged, 60, "serving holds the trainer's state", process=serving)
+    # the version names the towers' scales baked into its rare items (model.scoring.rarity:
+    # on with attribute slots; None while scale 1 leads)
+    registry = Registry(settings.trainer.registry_dir, settings.trainer.model_name)
+    groups = registry.show(registry.current())["model"]["item_groups"]
+    if groups is not None:
+        check_item_groups(groups)
