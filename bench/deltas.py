@@ -72,6 +72,24 @@ def catalogue(trainer: Any, item_ids: dict[int, str], items: list[str]) -> None:
     item_ids.update({item_key(i): i for i in items})
 
 
+def hold_items(trainer: Any, item_ids: dict[int, str], names: list[str]) -> int:
+    """Give each of ``names`` that the item table holds no row for a random row (ids only:
+    the catalog a catalogued run serves, every item of the stream); returns how many."""
+    from model.towers.tf_env import tf
+    from streamrec.ids import item_key
+
+    keys = np.fromiter((item_key(n) for n in names), np.int64, len(names))
+    held = set(trainer.known_keys(trainer.model.items).tolist())
+    new = np.asarray([k not in held for k in keys.tolist()], bool)
+    rows = np.random.default_rng(2).normal(scale=0.1, size=(int(new.sum()),
+                                                             trainer.config.embedding_dim))
+    if new.any():
+        trainer.model.items.params.upsert(tf.constant(keys[new]), tf.constant(rows, tf.float32))
+    item_ids.update({int(k): n for k, n, add in zip(keys.tolist(), names, new.tolist(),
+                                                    strict=True) if add})
+    return int(new.sum())
+
+
 def fill_tables(trainer: Any, item_ids: dict[int, str], n: int) -> None:
     """Add ``n`` random rows to each table (a large model's catalog; items named fill-j;
     catalogued too with attribute slots)."""

@@ -4,11 +4,14 @@ errors, while a delta applies every second).
 
     python -m bench.serve_deltas [--concurrency 16] [--workers 2] [--duration 10]
                                  [--rounds 2] [--every 1] [--fill 100000]
+                                 [--attr-tokens N | --whole-catalogue]
                                  [--baseline REV] [--json FILE]
 
 Deltas are built ahead by a warmed trainer and sent over a throwaway Kafka while the load
 generator runs phases without and with them; ``--baseline REV`` measures another revision's
-serving code side by side in the same run. Reported per phase: latency, rps, the workers' CPU
+serving code side by side in the same run. The cost of attribute slots: ``--attr-tokens 16``
+(every stream item catalogued) against ``--whole-catalogue`` (ids only, every stream item
+given a row), so both serve the same items. Reported per phase: latency, rps, the workers' CPU
 per request, the apply cost, the load and the host record. Details: docs/internals.md.
 """
 
@@ -45,15 +48,17 @@ def _pct(values: list[float]) -> dict[str, float]:
 def _lineage(args: argparse.Namespace, registry: Any) -> tuple[bytes, list[bytes], list[int]]:
     """Publish a version with its snapshot; return the snapshot record, the records of the
     deltas after it and their rows."""
-    from bench.deltas import fill_tables, synthetic_trainer
+    from bench.deltas import fill_tables, hold_items, synthetic_trainer
     from model.delta import SNAPSHOT_FILE, encode
     from model.trainer.deltas import DeltaBuilder
     from model.trainer.export import publish_version
 
-    trainer, item_ids, train, _ = synthetic_trainer(args.users, args.items, 512,
-                                                    args.attr_tokens)
+    trainer, item_ids, train, stream = synthetic_trainer(args.users, args.items, 512,
+                                                         args.attr_tokens)
     builder = DeltaBuilder(trainer, lambda: item_ids, attr_every=args.attr_every)
     train(args.warm_samples)
+    if args.whole_catalogue and not args.attr_tokens:
+        hold_items(trainer, item_ids, [stream.item_id(j) for j in range(args.items)])
     fill_tables(trainer, item_ids, args.fill)
     now = datetime.now(UTC)
     version = now.strftime("%Y%m%dT%H%M%SZ") + "-000001"
@@ -149,6 +154,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--attr-every", type=int, default=None,
                    help="with --attr-tokens: the attribute rows travel with every N-th delta "
                         "(default: trainer.delta_attr_every)")
+    p.add_argument("--whole-catalogue", action="store_true",
+                   help="ids only: give every one of the stream's --items a row, so the catalog "
+                        "is the one an --attr-tokens run serves (all --items + --fill), not "
+                        "only the items trained on: the ids-only side of a comparison")
     p.add_argument("--rate", type=int, default=2000, help="samples per delta")
     p.add_argument("--codec", choices=("float32", "float16", "bfloat16", "int8"),
                    help="row codec of the deltas sent (default: trainer.delta_codec, what "

@@ -23,7 +23,7 @@ import numpy as np
 
 from model.delta.state import Attributes, Constants, ModelState
 from model.delta.wire import Delta, DeltaError
-from model.scoring.attributes import attribute_parts
+from model.scoring.attributes import parts_of, token_rows
 from model.scoring.sessions import SessionIndex
 from model.scoring.sorted_keys import find_sorted
 
@@ -227,12 +227,22 @@ def _attributes(state: ModelState, delta: Delta, constants: Constants) -> Attrib
                                got.weights[held], gone)
     new = Attributes(keys=keys, rows=rows, item_keys=items, tokens=tokens, weights=weights,
                      default_row=np.asarray(got.default_row, np.float32))
-    if "item_parts" in old.__dict__ and not np.isin(got.keys, old.keys).any():
+    known = np.isin(got.keys, old.keys)
+    fresh: tuple[np.ndarray, np.ndarray] | None = None
+    if "token_rows" in old.__dict__ and known.all():
+        # no attribute key added: the entries' positions in the table hold, the changed
+        # entries' found (a cached_property of a frozen dataclass: its slot is the
+        # instance dict)
+        fresh = token_rows(got.tokens[held], got.weights[held], keys)
+        new.__dict__["token_rows"] = tuple(
+            upsert_sorted(old.item_keys, was, got.item_keys[held], now, gone)[1]
+            for was, now in zip(old.token_rows, fresh, strict=True))
+    if "item_parts" in old.__dict__ and not known.any():
         # no row an item read moved: the parts carry over, the changed entries' recomputed
-        # (a cached_property of a frozen dataclass: its slot is the instance dict)
-        fresh = attribute_parts(got.tokens[held], got.weights[held], keys, rows)
+        fresh = fresh or token_rows(got.tokens[held], got.weights[held], keys)
         new.__dict__["item_parts"] = upsert_sorted(old.item_keys, old.item_parts,
-                                                   got.item_keys[held], fresh, gone)[1]
+                                                   got.item_keys[held], parts_of(*fresh, rows),
+                                                   gone)[1]
     return new
 
 

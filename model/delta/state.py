@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from model.artifact.sessions import params_of
-from model.scoring.attributes import attribute_parts
+from model.scoring.attributes import parts_of, token_rows
 from model.scoring.cold import MIX, POPULAR, popularity_scores
 from model.scoring.covisit import LOW32, pairs_csr, row_pairs
 from model.scoring.prior import served_item_vectors
@@ -115,18 +115,28 @@ class Attributes:
         return tokens, weights
 
     @cached_property
+    def token_rows(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(pos, w)`` ``[m, attr_tokens]`` of each item's entry in :attr:`keys`
+        (``model.scoring.attributes.token_rows``; computed on first use; ``model.delta.apply``
+        carries them to the next state, recomputing only the changed entries', while no
+        attribute key is added)."""
+        return token_rows(self.tokens, self.weights, self.keys)
+
+    @cached_property
     def item_parts(self) -> np.ndarray:
         """``[m, d]``: the attribute part of each item of ``item_keys`` (computed on first use;
         ``model.delta.apply`` carries it to the next state, recomputing only what changed,
         when no attribute row it read moved)."""
-        return attribute_parts(self.tokens, self.weights, self.keys, self.rows)
+        return parts_of(*self.token_rows, self.rows)
 
     def parts(self, item_keys: np.ndarray) -> np.ndarray:
         """``[n, d]``: the attribute parts of items (zeros without an entry)."""
         item_keys = np.asarray(item_keys, np.int64)
-        out = np.zeros((item_keys.size, self.default_row.shape[0]), np.float32)
+        if not self.item_keys.size:
+            return np.zeros((item_keys.size, self.default_row.shape[0]), np.float32)
         pos, hit = find_sorted(self.item_keys, item_keys)
-        out[hit] = self.item_parts[pos[hit]]
+        out = np.take(self.item_parts, pos, axis=0)  # a gather, then the misses cleared:
+        out[~hit] = 0.0  # far cheaper than masked reads and writes of the whole
         return out
 
     def has(self, item_keys: np.ndarray) -> np.ndarray:
@@ -252,10 +262,14 @@ class ModelState:
         if attrs is None:
             return self.hist_rows[np.searchsorted(self.hist_keys, keys)]
         pos, own = find_sorted(self.hist_keys, keys)
-        out = np.empty((keys.size, self.hist_rows.shape[1]), np.float32)
-        out[own] = self.hist_rows[pos[own]]
-        out[~own] = attrs.default_row
-        return out + attrs.parts(keys) if attrs.keys.size else out
+        if self.hist_keys.size:
+            out = np.take(self.hist_rows, pos, axis=0).astype(np.float32, copy=False)
+            out[~own] = attrs.default_row
+        else:
+            out = np.repeat(attrs.default_row[None].astype(np.float32), keys.size, axis=0)
+        if attrs.keys.size:
+            out += attrs.parts(keys)
+        return out
 
     @cached_property
     def served_hist_rows(self) -> np.ndarray:
