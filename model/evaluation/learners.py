@@ -120,6 +120,8 @@ class TwoTowerLearner:
         self.ann: Any = None
         self._view: Any = None
         self._ann_scored = [0.0, 0]  # share of the model's columns scored, summed; rows
+        #: With ``ann``: the last scored batch and its scores over every candidate.
+        self._exact: tuple[Sequence[Positive], np.ndarray] | None = None
 
     def bind(
         self, item_ids: list[str], excluded: Callable[[Positive], np.ndarray] | None = None,
@@ -196,6 +198,9 @@ class TwoTowerLearner:
         cold, alone = trainer.cold_rows(train_batch.history, parts, keys)
         trainer.cold.rank(mixed, cold, alone, target[cold], kept=np.isfinite(learn[0][cold]))
         if self.ann is not None:
+            exact = out.copy()
+            exact[:, cols] = mixed
+            self._exact = (batch, exact)
             mixed = np.where(self._retrieved(batch, users, tower, log_q, parts, keys, cols,
                                              out.shape[1]), mixed, -np.inf)
         out[:, cols] = mixed
@@ -245,6 +250,13 @@ class TwoTowerLearner:
         self._ann_scored[1] += len(ok)
         return ok
 
+    def exact_scores(self, batch: Sequence[Positive]) -> np.ndarray:
+        """With ``ann``: ``[B, n_candidates]`` scores of ``batch`` (the batch :meth:`scores`
+        scored last) over every candidate, as the model ranks without the two stages."""
+        if self._exact is None or self._exact[0] is not batch:
+            raise RuntimeError("exact scores are read after the model scored the same batch")
+        return self._exact[1]
+
     @property
     def retrieval_share(self) -> float:
         """Mean share of the model's candidates the two stages let a row rank (1 without
@@ -269,6 +281,26 @@ class TwoTowerLearner:
         train_batch = self._batch(batch)
         for epoch in range(self.epochs):
             self.trainer.train_step(train_batch, count=epoch == 0)
+
+
+class ExactLearner:
+    """With ``--retrieval ann``: the same model ranking every candidate (``model-exact``),
+    from the rows :class:`TwoTowerLearner` scored just before it, so one run gives what
+    the two stages cost. Learns nothing itself."""
+
+    name = "model-exact"
+
+    def __init__(self, model: TwoTowerLearner) -> None:
+        self.model = model
+
+    def scores(self, batch: Sequence[Positive], n_candidates: int) -> np.ndarray:
+        return self.model.exact_scores(batch)
+
+    def tiebreak(self, n_candidates: int) -> np.ndarray | None:
+        return None
+
+    def learn(self, batch: Sequence[Positive]) -> None:
+        return None
 
 
 class PartLearner:

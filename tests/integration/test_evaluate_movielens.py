@@ -6,8 +6,8 @@ The evaluation runs once per module; the tests read its ``--json`` report.
 
 The floors below are Recall@10 ratios in the same run, a margin under what the defaults
 measure (docs/decisions.md#score-mix): the model against popularity and against the best
-baseline, and the two towers on their own (the model without its co-visitation term,
-``model.scoring.covisit``) against popularity and against item co-occurrence.
+baseline, and the towers' part of the learned mix on its own (``model-tower``) against
+popularity and against item co-occurrence.
 """
 
 from __future__ import annotations
@@ -30,10 +30,14 @@ MIN_RATIO = 2.0
 #: Model / the best baseline (item-kNN with popularity damping, tuned across the real-log
 #: panel: measured 1.25x, seed 7; against the untuned session-kNN it was 1.39x).
 MIN_BEST_RATIO = 1.15
-#: Towers and prior alone (``--covisit-weight 0``) / popularity.
-MIN_TOWERS_RATIO = 1.75
-#: Towers and prior alone / item co-occurrence (measured 1.33x with the constant mix).
-MIN_TOWERS_COOC_RATIO = 1.15
+#: The towers' part of the learned mix alone (``model-tower``) / popularity (measured
+#: 1.64x, seed 7).
+MIN_TOWERS_RATIO = 1.5
+#: The towers' part alone / item co-occurrence (measured 1.15x, seed 7).
+MIN_TOWERS_COOC_RATIO = 1.05
+#: Ratings the two-stage ranking is checked on (measured there, seed 7: 0.1500 through the
+#: index, one list probed, and 0.1500 ranking every candidate; 80% of the items scored).
+ANN_LIMIT = 30_000
 
 
 @pytest.fixture(scope="module")
@@ -104,37 +108,35 @@ def test_the_model_beats_the_best_baseline(report: dict[str, Any]) -> None:
 
 
 @pytest.mark.timeout(900)
-def test_towers_alone_against_popularity(tmp_path: Path) -> None:
-    if not RATINGS.is_file():
-        pytest.skip(f"{RATINGS} is not there")
-    out = tmp_path / "towers.json"
-    argv = ["evaluate", str(RATINGS), "--format", "movielens", "--covisit-weight", "0"]
-    assert main([*argv, "--json", str(out)]) == 0
-    doc = json.loads(out.read_text())
-    assert doc["config"]["covisit_weight"] == 0
-    assert _ratio(doc) >= MIN_TOWERS_RATIO, doc["config"]
-    cooc = doc["baselines"]["cooccurrence"]["recall@10"]
-    assert doc["recall@10"] >= MIN_TOWERS_COOC_RATIO * cooc, doc["config"]
+def test_towers_alone_against_popularity(report: dict[str, Any]) -> None:
+    """The towers' part of the learned mix alone, on the same rows (``model-tower``)."""
+    towers = report["side"]["model-tower"]["recall@10"]
+    popularity = report["baselines"]["popularity"]["recall@10"]
+    assert towers >= MIN_TOWERS_RATIO * popularity, report["config"]
+    cooc = report["baselines"]["cooccurrence"]["recall@10"]
+    assert towers >= MIN_TOWERS_COOC_RATIO * cooc, report["config"]
 
 
 @pytest.mark.timeout(900)
-def test_ranking_through_the_ann_index_keeps_the_exact_figures(
-    report: dict[str, Any], tmp_path: Path
-) -> None:
+def test_ranking_through_the_ann_index_keeps_the_exact_figures(tmp_path: Path) -> None:
     """``--retrieval ann``: each event ranked over what serving's two stages would score (one
     list of the index's probed, a quarter of the usual candidates, so the index leaves most
-    items out); Recall@10 within 2% of ranking every candidate (measured: equal at the
-    serving defaults)."""
+    items out); Recall@10 within 2% of the same model ranking every candidate on the same
+    rows (``model-exact``; measured: equal at the serving defaults). The first
+    ANN_LIMIT ratings."""
     if not RATINGS.is_file():
         pytest.skip(f"{RATINGS} is not there")
     out = tmp_path / "ann.json"
     argv = ["evaluate", str(RATINGS), "--format", "movielens", "--retrieval", "ann",
-            "--ann-nprobe", "1", "--ann-candidates", "64", "--json", str(out)]
+            "--ann-nprobe", "1", "--ann-candidates", "64", "--limit", str(ANN_LIMIT),
+            "--json", str(out)]
     assert main(argv) == 0
     doc = json.loads(out.read_text())
     assert doc["config"]["retrieval"] == "ann"
     assert 0.0 < doc["retrieval_share"] < 0.9, doc["retrieval_share"]
-    assert doc["recall@10"] >= 0.98 * report["recall@10"], (doc["recall@10"], report["recall@10"])
+    exact = doc["side"]["model-exact"]["recall@10"]
+    assert exact > 0.0
+    assert doc["recall@10"] >= 0.98 * exact, (doc["recall@10"], exact)
 
 
 @pytest.mark.timeout(900)

@@ -292,3 +292,35 @@ def test_a_catalogue_item_is_a_candidate_from_its_ts_on() -> None:
     assert stream.item_ids.index("early") == 2 and by_id["e2"].n_items == 3
     assert by_id["e4"].n_items == 3 and by_id["e6"].n_items == 5  # C (e5), then "late" at 6
     assert stream.item_ids[3:] == ["C", "late"]
+
+
+def test_the_exact_side_reads_the_rows_the_model_scored_last() -> None:
+    """``model-exact`` (``--retrieval ann``): the scores over every candidate of the batch the
+    model scored just before, never another batch's."""
+    from model.evaluation.learners import ExactLearner, TwoTowerLearner
+
+    model = TwoTowerLearner(trainer=None, history_len=3)
+    side = ExactLearner(model)
+    batch: list[object] = [object(), object()]
+    with pytest.raises(RuntimeError):
+        side.scores(batch, 4)  # type: ignore[arg-type]
+    exact = np.arange(8, dtype=np.float32).reshape(2, 4)
+    model._exact = (batch, exact)  # type: ignore[assignment]
+    assert side.scores(batch, 4) is exact  # type: ignore[arg-type]
+    with pytest.raises(RuntimeError):
+        side.scores([object()], 4)  # type: ignore[arg-type]
+    assert side.name == "model-exact" and side.tiebreak(4) is None
+
+
+def test_each_evaluation_of_a_process_trains_its_own_tables() -> None:
+    """TFRA tables of one name share their rows within a process: a second ``evaluate`` in
+    the same process (the tests run several) must not start from the first one's rows."""
+    from model.cli.evaluate import _eval_tag
+    from model.towers.tables import EmbeddingTable
+    from model.towers.tf_env import tf
+
+    tags = [_eval_tag(), _eval_tag(), _eval_tag()]
+    assert len(set(tags)) == 3
+    first, second = (EmbeddingTable(f"item_{t}", 4, 0.1, 1, 16) for t in tags[1:])
+    first.params.upsert(tf.constant([5], tf.int64), tf.ones([1, 4]))
+    assert first.size() == 1 and second.size() == 0
