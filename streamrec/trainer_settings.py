@@ -112,7 +112,8 @@ class TrainerSettings(BaseModel):
     max_user_rows: int = Field(2_000_000, ge=1, description="Eviction cap of the user table.")
     max_item_rows: int = Field(1_000_000, ge=1, description="Eviction cap of the item table.")
     evict_every_steps: int = Field(
-        1000, ge=0, description="Steps between evictions of the rows over the caps (0 = never)."
+        1000, ge=0, description="Steps between evictions of the rows over the caps, and of the "
+        "attribute rows no catalogued item names (0 = never)."
     )
     grad_accum_steps: int = Field(
         1, ge=1, description="Micro-batches whose gradients one optimizer step accumulates."

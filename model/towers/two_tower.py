@@ -329,6 +329,36 @@ class TwoTower(tf.Module):
         self.attr_keys.remove(keys)
         self.attr_weights.remove(keys)
 
+    def attribute_keys_in_use(self) -> np.ndarray:
+        """The attribute keys some catalogued item's entry names (weight > 0), sorted."""
+        if self.attrs is None:
+            return np.zeros(0, np.int64)
+        items, tokens = (t.numpy() for t in self.attr_keys.export())
+        w_items, weights = (t.numpy() for t in self.attr_weights.export())
+        # the two tables hold the same items, each in its own order
+        tokens = tokens[np.argsort(items, kind="stable")]
+        weights = weights[np.argsort(w_items, kind="stable")]
+        used = np.unique(tokens[weights > 0])
+        return used[used != 0]
+
+    def evict_attributes(self, slot_tables: Sequence[object] = ()) -> int:
+        """Drop the rows of attribute keys no catalogued item names any more (items left the
+        catalogue or changed their attributes), from the table, its stats and ``slot_tables``
+        (the optimizer's); returns how many. A key named again later gets a fresh row, as a
+        new key does (:meth:`set_attributes`)."""
+        if self.attrs is None:
+            return 0
+        held = self.attrs.params.export()[0].numpy()
+        drop = np.setdiff1d(held, self.attribute_keys_in_use())
+        if drop.size:
+            drop_t = tf.constant(drop, tf.int64)
+            self.attrs.params.remove(drop_t)
+            self.attrs.stats.remove(drop_t)
+            for slot in slot_tables:
+                slot.remove(drop_t)  # type: ignore[attr-defined]
+            log.info("evicted %d attribute rows no catalogued item names", drop.size)
+        return int(drop.size)
+
     def has_attributes(self, item_keys: np.ndarray) -> np.ndarray:
         """bool per item key: whether the catalogue gave it attributes."""
         if self.attrs is None or not len(item_keys):

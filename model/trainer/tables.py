@@ -38,6 +38,8 @@ class TrainerTables:
     step: tf.Variable
     negatives: NegativeSampler
     evicted_rows: int
+    #: Attribute rows dropped because no catalogued item names their key any more.
+    evicted_attr_rows: int
     _evict_in: int | None
     _user_vec_fn: Callable[..., Any]
     #: Hears the item keys whose catalogue entry changed (:meth:`set_catalogue`,
@@ -113,7 +115,12 @@ class TrainerTables:
         keys = keys[keys != 0]
         if model.attrs is None or not keys.size:
             return keys, np.zeros((keys.size, self.config.embedding_dim), np.float32)
-        return keys, model.attrs.params.lookup(tf.constant(keys, tf.int64)).numpy()
+        rows, exists = model.attrs.params.lookup(tf.constant(keys, tf.int64),
+                                                 return_exists=True)
+        # a key without a row (evicted since a step moved it) is left out: a lookup would
+        # draw a fresh row for it
+        exists = exists.numpy()
+        return keys[exists], rows.numpy()[exists]
 
     def attribute_parts(self, item_keys: np.ndarray) -> np.ndarray:
         """``[n, d]``: the attribute parts of items (``model.scoring.attributes``; zeros
@@ -179,6 +186,9 @@ class TrainerTables:
         ):
             removed += self.model.evict(table, cap, self._slot_tables(opt, table))
         self.evicted_rows += removed
+        if self.model.attrs is not None:  # the rows of attribute keys no item names
+            self.evicted_attr_rows += self.model.evict_attributes(
+                self._slot_tables(self.opt_attr, self.model.attrs))
         if removed and self.negatives.count:
             self.negatives.reset(self.known_keys(self.model.items))
         return removed

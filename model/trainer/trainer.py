@@ -171,6 +171,7 @@ class Trainer(ScoringHead):
         self.rows_local = True
         #: Rows removed by eviction so far (a delta rescans its tables when this moves).
         self.evicted_rows = 0
+        self.evicted_attr_rows = 0
         self._user_vec_fn = tf.function(
             self.model.user_vectors,
             input_signature=[tf.TensorSpec([None], tf.int64), tf.TensorSpec([None, None], tf.int64)],

@@ -68,3 +68,44 @@ def test_items_compose_attributes_and_cold_items_are_candidates() -> None:
 def test_attributes_need_the_dedup_step() -> None:
     with pytest.raises(ValueError, match="dedup_lookups"):
         Trainer(ModelConfig(attr_tokens=4), TrainOptions(dedup_lookups=False), tag="attrs_single")
+
+
+def test_rows_of_attribute_keys_no_item_names_are_evicted() -> None:
+    """An item that leaves the catalogue (or changes its attributes) leaves its keys' rows
+    behind; the trainer's eviction drops the rows no item names, with their optimizer
+    slots, and keeps every named one as it was."""
+    history_len, batch_size = 10, 64
+    stream = SyntheticStream(SyntheticConfig(users=100, items=40, clusters=4,
+                                             history_len=history_len))
+    samples = stream.take(batch_size)
+    trainer = Trainer(
+        ModelConfig(history_len=history_len, attr_tokens=4, prior_weight=0.0),
+        TrainOptions(batch_size=batch_size, eval_rows=0, evict_every_steps=1),
+        tag="attr_evict",
+    )
+    first, *rest = sorted({s.item_id for s in samples})
+    trainer.set_catalogue(SPEC, [(first, {"genres": ["g1"], "tags": ["only-first"]})]
+                          + [(i, {"genres": ["g1"], "tags": ["shared"]}) for i in rest])
+    model = trainer.model
+    assert model.attrs is not None
+    trainer.train_step(to_batch(samples, history_len, KeyCache()))
+    only = slot_keys(SPEC.by_name["tags"], ["only-first"])[0]
+    kept = np.asarray(slot_keys(SPEC.by_name["tags"], ["shared"])
+                      + slot_keys(SPEC.by_name["genres"], ["g1"]), np.int64)
+    slots = trainer._slot_tables(trainer.opt_attr, model.attrs)
+    assert slots and only in slots[0].export()[0].numpy().tolist()  # the step gave it a slot
+    before = model.attrs.params.lookup(tf.constant(kept)).numpy()
+    assert trainer.maybe_evict() == 0 and trainer.evicted_attr_rows == 0  # all named
+    trainer.remove_catalogue([first])
+    trainer.maybe_evict()
+    assert trainer.evicted_attr_rows == 1
+    held = model.attrs.params.export()[0].numpy().tolist()
+    assert only not in held and sorted(held) == sorted(kept.tolist())
+    assert only not in slots[0].export()[0].numpy().tolist()
+    np.testing.assert_array_equal(model.attrs.params.lookup(tf.constant(kept)).numpy(), before)
+    # an evicted key no step reads again is left out of the rows sent, not drawn afresh
+    keys, rows = trainer.attribute_rows(np.asarray([only, *kept.tolist()]))
+    assert keys.tolist() == sorted(kept.tolist()) and rows.shape == (2, 32)
+    # named again: a row of its own again
+    trainer.set_catalogue(SPEC, [("back", {"tags": ["only-first"]})])
+    assert only in model.attrs.params.export()[0].numpy().tolist()
