@@ -72,19 +72,24 @@ def catalogue(trainer: Any, item_ids: dict[int, str], items: list[str]) -> None:
     item_ids.update({item_key(i): i for i in items})
 
 
+def _random_rows(trainer: Any, table: Any, keys: np.ndarray, rng: np.random.Generator) -> None:
+    """Upsert a row drawn from ``rng`` (normal, scale 0.1) for each of ``keys`` into ``table``."""
+    from model.towers.tf_env import tf
+
+    if keys.size:
+        rows = rng.normal(scale=0.1, size=(keys.size, trainer.config.embedding_dim))
+        table.params.upsert(tf.constant(keys), tf.constant(rows, tf.float32))
+
+
 def hold_items(trainer: Any, item_ids: dict[int, str], names: list[str]) -> int:
     """Give each of ``names`` that the item table holds no row for a random row (ids only:
     the catalog a catalogued run serves, every item of the stream); returns how many."""
-    from model.towers.tf_env import tf
     from streamrec.ids import item_key
 
     keys = np.fromiter((item_key(n) for n in names), np.int64, len(names))
     held = set(trainer.known_keys(trainer.model.items).tolist())
     new = np.asarray([k not in held for k in keys.tolist()], bool)
-    rows = np.random.default_rng(2).normal(scale=0.1, size=(int(new.sum()),
-                                                             trainer.config.embedding_dim))
-    if new.any():
-        trainer.model.items.params.upsert(tf.constant(keys[new]), tf.constant(rows, tf.float32))
+    _random_rows(trainer, trainer.model.items, keys[new], np.random.default_rng(2))
     item_ids.update({int(k): n for k, n, add in zip(keys.tolist(), names, new.tolist(),
                                                     strict=True) if add})
     return int(new.sum())
@@ -93,17 +98,14 @@ def hold_items(trainer: Any, item_ids: dict[int, str], names: list[str]) -> int:
 def fill_tables(trainer: Any, item_ids: dict[int, str], n: int) -> None:
     """Add ``n`` random rows to each table (a large model's catalog; items named fill-j;
     catalogued too with attribute slots)."""
-    from model.towers.tf_env import tf
     from streamrec.ids import item_key
 
     rng = np.random.default_rng(1)
-    d = trainer.config.embedding_dim
     for table, kind in ((trainer.model.users, "u"), (trainer.model.items, "i")):
         fill_keys = rng.integers(1 << 40, 1 << 62, n, dtype=np.int64)
         if kind == "i":  # the keys of their names (the catalogue finds them by name)
             fill_keys = np.fromiter((item_key(f"fill-{j}") for j in range(n)), np.int64, n)
-        table.params.upsert(tf.constant(fill_keys), tf.constant(
-            rng.normal(scale=0.1, size=(n, d)), tf.float32))
+        _random_rows(trainer, table, fill_keys, rng)
         if kind == "i":
             item_ids.update({int(k): f"fill-{j}" for j, k in enumerate(fill_keys.tolist())})
             if trainer.model.attrs is not None:

@@ -283,26 +283,6 @@ class TwoTowerLearner:
             self.trainer.train_step(train_batch, count=epoch == 0)
 
 
-class ExactLearner:
-    """With ``--retrieval ann``: the same model ranking every candidate (``model-exact``),
-    from the rows :class:`TwoTowerLearner` scored just before it, so one run gives what
-    the two stages cost. Learns nothing itself."""
-
-    name = "model-exact"
-
-    def __init__(self, model: TwoTowerLearner) -> None:
-        self.model = model
-
-    def scores(self, batch: Sequence[Positive], n_candidates: int) -> np.ndarray:
-        return self.model.exact_scores(batch)
-
-    def tiebreak(self, n_candidates: int) -> np.ndarray | None:
-        return None
-
-    def learn(self, batch: Sequence[Positive]) -> None:
-        return None
-
-
 class PartLearner:
     """One part of the model's learned mix alone (``ModelConfig.mix`` learned), e.g. the
     towers: ranked by that part's scores of the rows :class:`TwoTowerLearner` scored just
@@ -321,3 +301,15 @@ class PartLearner:
 
     def learn(self, batch: Sequence[Positive]) -> None:
         return None
+
+
+class ExactLearner(PartLearner):
+    """With ``--retrieval ann``: the same model ranking every candidate (``model-exact``),
+    from the rows :class:`TwoTowerLearner` scored just before it, so one run gives what
+    the two stages cost."""
+
+    def __init__(self, model: TwoTowerLearner) -> None:
+        super().__init__(model, "exact")
+
+    def scores(self, batch: Sequence[Positive], n_candidates: int) -> np.ndarray:
+        return self.model.exact_scores(batch)
