@@ -135,6 +135,12 @@ class TrainerSettings(BaseModel):
         "item slots, features.spec_file; 0 = ids only). With slots the trainer reads the items "
         "topic and a catalogued item is a candidate before its first click."
     )
+    attr_admit_after: int = Field(
+        1, ge=1, description="With attribute slots: the fewest catalogued items that name an "
+        "attribute key (a genre, a title word) before it gets a row; a key below it adds "
+        "nothing to an item's row (1 = every key: a key of one item learns as a second row of "
+        "it, which the real-log panel found worth its memory; raise it to bound the table)."
+    )
     train_history: bool = Field(
         True, description="History rows learn from the history pool too (False: only as "
         "targets; faster steps)."

@@ -240,6 +240,9 @@ def register(sub: Any) -> None:
                     "(--no-slots: ids only, over the same candidates)")
     it.add_argument("--attr-tokens", type=int, default=32,
                     help="most attribute tokens an item's row composes")
+    it.add_argument("--attr-admit-after", type=int, default=None, metavar="N",
+                    help="an attribute key gets a row once N catalogued items name it "
+                    "(default: trainer.attr_admit_after, 1: every key)")
     it.add_argument("--attr-lr", type=float, default=None,
                     help="Adagrad step of the attribute table (default: 3 times the "
                     "tables' step)")
@@ -434,6 +437,7 @@ def _run_in(args: argparse.Namespace, settings: Any, stream: Any, stack: Any) ->
             prior_weight=cfg["prior_weight"],
             seed=cfg["seed"],
             attr_tokens=cfg["attr_tokens"],
+            attr_admit_after=cfg["attr_admit_after"],
         ),
         TrainOptions(
             batch_size=args.batch_size,

@@ -70,6 +70,8 @@ def run_config(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
         "attr_tokens": (args.attr_tokens if getattr(args, "items", None) is not None
                         and args.slots else 0),
         "attr_lr": getattr(args, "attr_lr", None),
+        "attr_admit_after": _default(getattr(args, "attr_admit_after", None),
+                                     "attr_admit_after"),
         "content_window": getattr(args, "content_window", 20),
         "content_gamma": getattr(args, "content_gamma", 1.0),
         "cluster": {"ps": args.ps, "workers": args.workers,

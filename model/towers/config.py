@@ -103,6 +103,11 @@ class ModelConfig:
     #: is its id row plus, per slot, the mean of the slot's token rows (a TFRA table of its
     #: own), so an item nobody chose yet has a vector from what the catalogue says of it.
     attr_tokens: int = trainer_default("attr_tokens")
+    #: Fewest catalogued items that name an attribute key before it gets a row (1: every
+    #: key). A key below it adds nothing to an item's row (``TwoTower.set_attributes``). A
+    #: title word of one item is a second row of it that learns at the attribute step; on
+    #: ml-latest-small those rows earn their memory (docs/decisions.md#item-attributes).
+    attr_admit_after: int = trainer_default("attr_admit_after")
     #: How the parts of the score (towers, prior, co-visitation, session-kNN) are weighted:
     #: "learned" — weights start at 1, ``prior_weight``, ``covisit_weight`` and
     #: ``sknn_weight`` and are learnt from the stream by softmax cross-entropy on
@@ -153,6 +158,7 @@ class ModelConfig:
             compute_dtype="bfloat16" if t.mixed_precision else "float32",
             train_history=t.train_history,
             attr_tokens=t.attr_tokens,
+            attr_admit_after=t.attr_admit_after,
         )
 
     @property
@@ -177,8 +183,8 @@ class ModelConfig:
             raise ValueError("user_layers must end with embedding_dim (the item vector size)")
         if self.compute_dtype not in COMPUTE_DTYPES:
             raise ValueError(f"compute_dtype must be one of {COMPUTE_DTYPES}")
-        if self.admit_after < 1 or (self.user_admit_after or 1) < 1:
-            raise ValueError("admit_after and user_admit_after must be >= 1")
+        if self.admit_after < 1 or (self.user_admit_after or 1) < 1 or self.attr_admit_after < 1:
+            raise ValueError("admit_after, user_admit_after and attr_admit_after must be >= 1")
         if self.covisit_weight < 0.0 or self.covisit_window < 1 or self.covisit_max_pairs < 1:
             raise ValueError("covisit_weight >= 0, covisit_window and covisit_max_pairs >= 1")
         if self.sknn_weight < 0.0 or self.sknn_k < 0 or min(

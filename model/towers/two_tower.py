@@ -96,6 +96,14 @@ class TwoTower(tf.Module):
             self.attr_weights = tf.lookup.experimental.MutableHashTable(
                 tf.int64, tf.float32, tf.zeros([t], tf.float32), name=f"item_attr_weights{sfx}"
             )
+            #: The weights the catalogue gave (``attr_weights`` holds them times the keys'
+            #: admission, :meth:`set_attributes`).
+            self.attr_given = tf.lookup.experimental.MutableHashTable(
+                tf.int64, tf.float32, tf.zeros([t], tf.float32), name=f"item_attr_given{sfx}"
+            )
+        #: Catalogued items naming each attribute key, as sorted ``(keys, counts)`` arrays
+        #: (derived from the entries: rebuilt after a restore, :meth:`attributes_restored`).
+        self._attr_counts: tuple[np.ndarray, np.ndarray] | None = None
         init = tf_keras.initializers.GlorotUniform(seed=config.seed + 2)
         self.kernels: list[tf.Variable] = []
         self.biases: list[tf.Variable] = []
@@ -265,21 +273,99 @@ class TwoTower(tf.Module):
         return tf.gather(u_uniq, plan.user_idx), pooled, attended
 
     # -- item attributes ---------------------------------------------------------------------
-    def set_attributes(self, item_keys: np.ndarray, keys: np.ndarray, weights: np.ndarray) -> None:
-        """Items' attribute keys ``[n, attr_tokens]`` (0-padded) and their weights (0 on the
-        padding): an item's row is its id row plus ``sum(weights * attribute rows)``."""
+    def set_attributes(self, item_keys: np.ndarray, keys: np.ndarray, weights: np.ndarray
+                       ) -> np.ndarray:
+        """Items' attribute keys ``[n, attr_tokens]`` (0-padded, distinct within an item) and
+        their weights (0 on the padding): an item's row is its id row plus ``sum(weights *
+        attribute rows)`` over its admitted keys, those that ``attr_admit_after`` catalogued
+        items name (a key below it adds nothing: its entry weighs 0 and it has no row).
+        Returns the keys of every item whose entry changed: these, and the items naming a key
+        whose admission changed."""
         if self.attrs is None:
             raise ValueError("the model has no attribute table (ModelConfig.attr_tokens = 0)")
+        item_keys = np.asarray(item_keys, np.int64)
+        keys, weights = np.asarray(keys, np.int64), np.asarray(weights, np.float32)
+        old_k, old_w = self._given(item_keys)
+        crossed = self._count_attributes(keys[weights > 0], old_k[old_w > 0])
         self.attr_keys.insert(tf.constant(item_keys, tf.int64), tf.constant(keys, tf.int64))
-        self.attr_weights.insert(tf.constant(item_keys, tf.int64), tf.constant(weights, tf.float32))
-        # every attribute key gets its row stored now (a key without one reads a fresh draw
-        # at each lookup), so an item nobody chose has one vector until its keys train
-        used = np.unique(np.asarray(keys, np.int64)[np.asarray(weights) > 0])
+        self.attr_given.insert(tf.constant(item_keys, tf.int64), tf.constant(weights, tf.float32))
+        return self._admit(item_keys, crossed)
+
+    def _given(self, item_keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The attribute keys and given weights of items (zeros: none)."""
+        k = tf.constant(item_keys, tf.int64)
+        return self.attr_keys.lookup(k).numpy(), self.attr_given.lookup(k).numpy()
+
+    def _count_attributes(self, added: np.ndarray, dropped: np.ndarray) -> np.ndarray:
+        """Count the entries ``added`` and uncount the ``dropped`` ones (attribute keys, one
+        per item naming them); returns the keys whose admission changed."""
+        held, counts = self.attribute_counts()
+        changes = np.concatenate([added, dropped]).astype(np.int64)
+        signs = np.concatenate([np.ones(added.size, np.int64), -np.ones(dropped.size, np.int64)])
+        delta_keys = np.unique(changes)
+        before = self._counts_of(delta_keys)
+        keys, inv = np.unique(np.concatenate([held, changes]), return_inverse=True)
+        total = np.bincount(inv, np.concatenate([counts, signs]).astype(np.float64),
+                            minlength=keys.size).astype(np.int64)
+        self._attr_counts = (keys[total > 0], total[total > 0])
+        after = self._counts_of(delta_keys)
+        need = self.config.attr_admit_after
+        return delta_keys[(before >= need) != (after >= need)]
+
+    def attribute_counts(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(keys, counts)``: how many catalogued items name each attribute key, keys
+        sorted."""
+        if self._attr_counts is None:
+            items, tokens = (t.numpy() for t in self.attr_keys.export())
+            given = self.attr_given.lookup(tf.constant(items, tf.int64)).numpy()
+            keys, counts = np.unique(tokens[given > 0], return_counts=True)
+            self._attr_counts = (keys.astype(np.int64), counts.astype(np.int64))
+        return self._attr_counts
+
+    def _counts_of(self, keys: np.ndarray) -> np.ndarray:
+        """How many catalogued items name each attribute key of ``keys`` (any shape)."""
+        held, counts = self.attribute_counts()
+        keys = np.asarray(keys, np.int64)
+        if not held.size:
+            return np.zeros(keys.shape, np.int64)
+        pos = np.minimum(np.searchsorted(held, keys), held.size - 1)
+        return np.where(held[pos] == keys, counts[pos], 0)
+
+    def admitted(self, keys: np.ndarray) -> np.ndarray:
+        """bool per attribute key: whether ``attr_admit_after`` catalogued items name it."""
+        return self._counts_of(keys) >= self.config.attr_admit_after
+
+    def _admit(self, item_keys: np.ndarray, crossed: np.ndarray) -> np.ndarray:
+        """Set the entry weights (given times admitted) of ``item_keys`` and of the items
+        naming a key of ``crossed``; store a row for every admitted key they name (a key
+        without one reads a fresh draw at each lookup), so an item nobody chose has one
+        vector until its keys train. Returns the items whose entry was set."""
+        if crossed.size:
+            items, tokens = (t.numpy() for t in self.attr_keys.export())
+            item_keys = np.union1d(item_keys, items[np.isin(tokens, crossed).any(axis=1)])
+        if not item_keys.size:
+            return item_keys
+        tokens, given = self._given(item_keys)
+        weights = np.where(self.admitted(tokens), given, np.float32(0.0)).astype(np.float32)
+        self.attr_weights.insert(tf.constant(item_keys, tf.int64), tf.constant(weights))
+        used = np.unique(tokens[weights > 0])
         if used.size:
             t = tf.constant(used, tf.int64)
-            rows, exists = self.attrs.params.lookup(t, return_exists=True)
+            rows, exists = self.attrs.params.lookup(t, return_exists=True)  # type: ignore[union-attr]
             missing = tf.logical_not(exists)
-            self.attrs.params.upsert(tf.boolean_mask(t, missing), tf.boolean_mask(rows, missing))
+            self.attrs.params.upsert(  # type: ignore[union-attr]
+                tf.boolean_mask(t, missing), tf.boolean_mask(rows, missing))
+        return item_keys
+
+    def attributes_restored(self) -> None:
+        """After a checkpoint restore: the counts are derived again from the entries (a
+        checkpoint from before admission has no given weights: the entries' weights are)."""
+        if self.attrs is None:
+            return
+        items = self.attr_keys.export()[0]
+        if int(self.attr_given.size()) < int(items.shape[0]):
+            self.attr_given.insert(items, self.attr_weights.lookup(items))
+        self._attr_counts = None
 
     def attr_plan(self, item_keys: tf.Tensor) -> tuple[tf.Tensor, ...]:
         """``(distinct attribute keys, entry -> distinct key, entry weights, entry -> item)``
@@ -321,13 +407,19 @@ class TwoTower(tf.Module):
         plan = self.attr_plan(keys)
         return self.attr_compose(zeros, plan, self.attrs.params.lookup(plan[0]))
 
-    def remove_attributes(self, item_keys: np.ndarray) -> None:
-        """Items leave the catalogue: their attribute keys and weights are dropped."""
+    def remove_attributes(self, item_keys: np.ndarray) -> np.ndarray:
+        """Items leave the catalogue: their attribute keys and weights are dropped. Returns
+        the other items whose entry changed (they name a key no longer admitted)."""
         if self.attrs is None or not len(item_keys):
-            return
+            return np.zeros(0, np.int64)
+        item_keys = np.asarray(item_keys, np.int64)
+        old_k, old_w = self._given(item_keys)
+        crossed = self._count_attributes(np.zeros(0, np.int64), old_k[old_w > 0])
         keys = tf.constant(item_keys, tf.int64)
         self.attr_keys.remove(keys)
         self.attr_weights.remove(keys)
+        self.attr_given.remove(keys)
+        return self._admit(np.zeros(0, np.int64), crossed)
 
     def attribute_keys_in_use(self) -> np.ndarray:
         """The attribute keys some catalogued item's entry names (weight > 0), sorted."""
@@ -363,7 +455,7 @@ class TwoTower(tf.Module):
         """bool per item key: whether the catalogue gave it attributes."""
         if self.attrs is None or not len(item_keys):
             return np.zeros(len(item_keys), bool)
-        w = self.attr_weights.lookup(tf.constant(item_keys, tf.int64)).numpy()
+        w = self.attr_given.lookup(tf.constant(item_keys, tf.int64)).numpy()
         return (w > 0).any(axis=1)
 
     def attributed_items(self) -> np.ndarray:

@@ -134,7 +134,8 @@ class TrainerTables:
     ) -> int:
         """Give items their attributes (checked ``attributes`` of ``spec``'s item slots;
         ``feature_store.catalogue.attribute_row``); returns how many items were set.
-        ``on_catalogue`` hears the keys."""
+        ``on_catalogue`` hears the keys of every item whose entry changed (these, and
+        those naming a key whose admission changed: ``TwoTower.set_attributes``)."""
         width = self.config.attr_tokens
         keys: list[int] = []
         a_keys: list[np.ndarray] = []
@@ -146,9 +147,9 @@ class TrainerTables:
             a_weights.append(w)
         if keys:
             item_keys = np.asarray(keys, np.int64)
-            self.model.set_attributes(item_keys, np.stack(a_keys), np.stack(a_weights))
+            changed = self.model.set_attributes(item_keys, np.stack(a_keys), np.stack(a_weights))
             if self.on_catalogue is not None:
-                self.on_catalogue(item_keys)
+                self.on_catalogue(changed)
         return len(keys)
 
     def remove_catalogue(self, item_ids: Iterable[str]) -> int:
@@ -156,9 +157,9 @@ class TrainerTables:
         the keys); returns how many."""
         keys = np.fromiter((item_key(i) for i in item_ids), np.int64)
         if keys.size:
-            self.model.remove_attributes(keys)
+            changed = self.model.remove_attributes(keys)
             if self.on_catalogue is not None:
-                self.on_catalogue(keys)
+                self.on_catalogue(np.union1d(keys, changed))
         return int(keys.size)
 
     def _history(self, history: np.ndarray) -> np.ndarray:

@@ -193,7 +193,8 @@ class Trainer(ScoringHead):
     def restored(self, prefix: str) -> None:
         """Called once the trackables are read from the checkpoint at ``prefix`` (a
         ``tf.train.Checkpoint`` path), before training: state saved in an earlier layout is
-        brought forward here. Nothing to do for one process."""
+        brought forward here: the attribute keys' counts are derived again."""
+        self.model.attributes_restored()
 
     def sync(self) -> None:
         """Block until every step handed out is applied to the state a checkpoint saves

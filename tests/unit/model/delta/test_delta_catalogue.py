@@ -34,7 +34,8 @@ def test_catalogued_items_join_and_leave_serving_through_the_deltas(tmp_path: Pa
     stream = SyntheticStream(SyntheticConfig(users=200, items=80, clusters=4,
                                              history_len=HISTORY))
     samples = iter(stream.take(16 * BATCH))
-    trainer = Trainer(ModelConfig(history_len=HISTORY, attr_tokens=4),
+    # keys are admitted once two items name them: entries change with admission too
+    trainer = Trainer(ModelConfig(history_len=HISTORY, attr_tokens=4, attr_admit_after=2),
                       TrainOptions(batch_size=BATCH, eval_rows=0), tag="delta_cat")
     item_ids: dict[int, str] = {}
     builder = DeltaBuilder(trainer, lambda: item_ids, checksums=True)
@@ -100,7 +101,9 @@ def test_catalogued_items_join_and_leave_serving_through_the_deltas(tmp_path: Pa
     builder.attr_every = 3
     for n in range(3):
         train(1)
-        catalogue([(f"late-{n}", {"genres": ["g3"], "tags": [f"late{n}"]})])
+        # two items name the new tag: admitted (ModelConfig.attr_admit_after)
+        catalogue([(f"late-{n}", {"genres": ["g3"], "tags": [f"late{n}"]}),
+                   (f"late-{n}-b", {"tags": [f"late{n}"]})])
         delta = builder.delta({})
         before = state.attributes
         state = apply(state, decode(encode(delta)))
@@ -112,6 +115,7 @@ def test_catalogued_items_join_and_leave_serving_through_the_deltas(tmp_path: Pa
             np.testing.assert_array_equal(a.item_parts,
                                           attribute_parts(a.tokens, a.weights, a.keys, a.rows))
         if n < 2:
+            assert delta.attributes.keys.size  # the new key's row
             assert not np.isin(delta.attributes.keys, before.keys).any()  # new keys only
             d = trainer.config.embedding_dim
             full = artifact_arrays(trainer, item_ids)["item_vectors"][:, :d]
@@ -122,7 +126,7 @@ def test_catalogued_items_join_and_leave_serving_through_the_deltas(tmp_path: Pa
     # rows moved and no key added: the entries' table positions carry over (a changed
     # entry's found afresh), and the parts from them are the parts from scratch
     state.attributes.item_parts  # noqa: B018 - computed, so the next state may carry
-    catalogue([("late-0", {"genres": ["g1"], "tags": ["new"]})])  # known keys only
+    catalogue([("late-0", {"genres": ["g1"], "tags": ["late0"]})])  # known keys only
     train(1)
     delta = builder.delta({})
     before = state.attributes
@@ -139,10 +143,14 @@ def test_catalogued_items_join_and_leave_serving_through_the_deltas(tmp_path: Pa
     # what serving composes patch by patch is what it composes from scratch
     composer = Composer()
     states = [from_snapshot(decode(encode(builder.snapshot("v2", {}))))]
+    # "new" (named by cold-b alone until now) is admitted: cold-b's entry travels again
     catalogue([("cold-c", {"tags": ["x", "new"]})])
     train(1)
     d2 = builder.delta({})
+    assert d2.attributes is not None
+    assert item_key("cold-b") in d2.attributes.item_keys.tolist()
     states.append(apply(states[0], decode(encode(d2))))
+    same_as_a_version(states[1])
     composer.compose(states[0])
     patched = composer.compose(states[1], decode(encode(d2)))
     assert composer.last == "patched"

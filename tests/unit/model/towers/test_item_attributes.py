@@ -79,7 +79,8 @@ def test_rows_of_attribute_keys_no_item_names_are_evicted() -> None:
                                              history_len=history_len))
     samples = stream.take(batch_size)
     trainer = Trainer(
-        ModelConfig(history_len=history_len, attr_tokens=4, prior_weight=0.0),
+        ModelConfig(history_len=history_len, attr_tokens=4, prior_weight=0.0,
+                    attr_admit_after=1),
         TrainOptions(batch_size=batch_size, eval_rows=0, evict_every_steps=1),
         tag="attr_evict",
     )
@@ -109,3 +110,58 @@ def test_rows_of_attribute_keys_no_item_names_are_evicted() -> None:
     # named again: a row of its own again
     trainer.set_catalogue(SPEC, [("back", {"tags": ["only-first"]})])
     assert only in model.attrs.params.export()[0].numpy().tolist()
+
+
+def test_attribute_keys_are_admitted_once_enough_items_name_them() -> None:
+    """A key named by fewer than ``attr_admit_after`` catalogued items has no row and adds
+    nothing; the items naming a key whose admission changes are reported (their entries go
+    out again), and the parts versions and serving compute equal the towers' own."""
+    trainer = Trainer(ModelConfig(history_len=10, attr_tokens=4, prior_weight=0.0,
+                                  attr_admit_after=2),
+                      TrainOptions(batch_size=16, eval_rows=0, evict_every_steps=1),
+                      tag="attr_admit")
+    model = trainer.model
+    assert model.attrs is not None and model.config.attr_admit_after == 2
+    heard: list[list[int]] = []
+    trainer.on_catalogue = lambda keys: heard.append(sorted(np.asarray(keys).tolist()))
+    a, b, c = item_key("a"), item_key("b"), item_key("c")
+    trainer.set_catalogue(SPEC, [("a", {"genres": ["g"], "title": "Alpha Common"}),
+                                 ("b", {"genres": ["g"], "title": "Beta Common"})])
+    g = slot_keys(SPEC.by_name["genres"], ["g"])[0]
+    alpha, beta, common = slot_keys(SPEC.by_name["title"], ["alpha", "beta", "common"])
+    held = sorted(model.attrs.params.export()[0].numpy().tolist())
+    assert held == sorted([g, common]) and heard == [sorted([a, b])]
+    tokens, weights = trainer.attribute_entries(np.asarray([a]))
+    assert dict(zip(tokens[0].tolist(), weights[0].tolist(), strict=True)) == {
+        g: 1.0, alpha: 0.0, common: 0.5, 0: 0.0}
+    assert model.admitted(np.asarray([g, alpha, beta, common])).tolist() == [
+        True, False, False, True]
+
+    def parts_agree(keys: list[int]) -> None:  # numpy (versions, serving) against the towers
+        np.testing.assert_allclose(trainer.attribute_parts(np.asarray(keys)),
+                                   model.attr_part(tf.constant(keys, tf.int64)).numpy(),
+                                   rtol=1e-6, atol=1e-7)
+
+    parts_agree([a, b])
+    # a third item names "alpha": admitted, a row of its own, and "a" is heard again
+    trainer.set_catalogue(SPEC, [("c", {"title": "Alpha"})])
+    assert heard[-1] == sorted([a, c]) and alpha in model.attrs.params.export()[0].numpy()
+    assert trainer.attribute_entries(np.asarray([a]))[1][0].tolist() == [1.0, 0.5, 0.5, 0.0]
+    parts_agree([a, b, c])
+    # the counts are derived again after a restore: the same admission
+    before = model.attribute_counts()
+    model.attributes_restored()
+    for got, want in zip(model.attribute_counts(), before, strict=True):
+        np.testing.assert_array_equal(got, want)
+    # "c" leaves: "alpha" is named by one item again, "a" weighs it 0, its row is evicted
+    trainer.remove_catalogue(["c"])
+    assert heard[-1] == sorted([a, c])
+    assert trainer.attribute_entries(np.asarray([a]))[1][0].tolist() == [1.0, 0.0, 0.5, 0.0]
+    trainer.maybe_evict()
+    assert trainer.evicted_attr_rows == 1
+    assert alpha not in model.attrs.params.export()[0].numpy().tolist()
+    parts_agree([a, b])
+    # an item whose every key is below admission is still catalogued: a candidate
+    trainer.set_catalogue(SPEC, [("lone", {"title": "Unique"})])
+    assert model.has_attributes(np.asarray([item_key("lone")])).tolist() == [True]
+    assert item_key("lone") in trainer.item_parts()[0].tolist()
