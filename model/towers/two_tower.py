@@ -358,14 +358,16 @@ class TwoTower(tf.Module):
         return item_keys
 
     def attributes_restored(self) -> None:
-        """After a checkpoint restore: the counts are derived again from the entries (a
-        checkpoint from before admission has no given weights: the entries' weights are)."""
+        """After a checkpoint restore: the counts are derived again from the entries. A
+        checkpoint from before admission has no given weights: its entries' weights are the
+        catalogue's (never reweighed then), and admission is applied to them."""
         if self.attrs is None:
             return
+        self._attr_counts = None
         items = self.attr_keys.export()[0]
         if int(self.attr_given.size()) < int(items.shape[0]):
             self.attr_given.insert(items, self.attr_weights.lookup(items))
-        self._attr_counts = None
+            self._admit(items.numpy(), np.zeros(0, np.int64))
 
     def attr_plan(self, item_keys: tf.Tensor) -> tuple[tf.Tensor, ...]:
         """``(distinct attribute keys, entry -> distinct key, entry weights, entry -> item)``

@@ -148,9 +148,20 @@ def test_attribute_keys_are_admitted_once_enough_items_name_them() -> None:
     assert heard[-1] == sorted([a, c]) and alpha in model.attrs.params.export()[0].numpy()
     assert trainer.attribute_entries(np.asarray([a]))[1][0].tolist() == [1.0, 0.5, 0.5, 0.0]
     parts_agree([a, b, c])
-    # the counts are derived again after a restore: the same admission
+    # the counts are derived again after a restore: the same admission; a checkpoint from
+    # before admission (no given weights) takes them from the entries' weights
     before = model.attribute_counts()
     model.attributes_restored()
+    for got, want in zip(model.attribute_counts(), before, strict=True):
+        np.testing.assert_array_equal(got, want)
+    abc = tf.constant([a, b, c], tf.int64)
+    given, weighed = model.attr_given.lookup(abc).numpy(), model.attr_weights.lookup(abc).numpy()
+    assert not np.array_equal(given, weighed)  # "beta" (b's alone) weighs 0
+    model.attr_given.remove(abc)
+    model.attr_weights.insert(abc, tf.constant(given))
+    model.attributes_restored()
+    np.testing.assert_array_equal(model.attr_given.lookup(abc).numpy(), given)
+    np.testing.assert_array_equal(model.attr_weights.lookup(abc).numpy(), weighed)
     for got, want in zip(model.attribute_counts(), before, strict=True):
         np.testing.assert_array_equal(got, want)
     # "c" leaves: "alpha" is named by one item again, "a" weighs it 0, its row is evicted
