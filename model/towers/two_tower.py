@@ -298,7 +298,9 @@ class TwoTower(tf.Module):
 
     def _count_attributes(self, added: np.ndarray, dropped: np.ndarray) -> np.ndarray:
         """Count the entries ``added`` and uncount the ``dropped`` ones (attribute keys, one
-        per item naming them); returns the keys whose admission changed."""
+        per item naming them); returns the keys whose admission changed and that items are
+        named by both before and after (a key going from or to no item at all has no other
+        item whose entry it changes: at ``attr_admit_after`` 1 no search is needed)."""
         held, counts = self.attribute_counts()
         changes = np.concatenate([added, dropped]).astype(np.int64)
         signs = np.concatenate([np.ones(added.size, np.int64), -np.ones(dropped.size, np.int64)])
@@ -310,7 +312,7 @@ class TwoTower(tf.Module):
         self._attr_counts = (keys[total > 0], total[total > 0])
         after = self._counts_of(delta_keys)
         need = self.config.attr_admit_after
-        return delta_keys[(before >= need) != (after >= need)]
+        return delta_keys[((before >= need) != (after >= need)) & (np.minimum(before, after) > 0)]
 
     def attribute_counts(self) -> tuple[np.ndarray, np.ndarray]:
         """``(keys, counts)``: how many catalogued items name each attribute key, keys
@@ -336,8 +338,8 @@ class TwoTower(tf.Module):
         return self._counts_of(keys) >= self.config.attr_admit_after
 
     def _admit(self, item_keys: np.ndarray, crossed: np.ndarray) -> np.ndarray:
-        """Set the entry weights (given times admitted) of ``item_keys`` and of the items
-        naming a key of ``crossed``; store a row for every admitted key they name (a key
+        """Set the entry weights (given times admitted) of ``item_keys`` and of the other
+        items naming a key of ``crossed`` (found by a pass over every entry); store a row for every admitted key they name (a key
         without one reads a fresh draw at each lookup), so an item nobody chose has one
         vector until its keys train. Returns the items whose entry was set."""
         if crossed.size:
